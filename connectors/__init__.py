@@ -1,0 +1,1 @@
+"""Everything that touches an outside system: day files, decoders, dead letters, MLflow."""

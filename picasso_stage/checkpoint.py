@@ -1,0 +1,104 @@
+"""Checkpoints: one directory per step, written whole or not at all.
+
+A checkpoint is written under a temporary name and renamed into place, so a crash leaves
+either the previous checkpoint or the new one, never half of one. It holds:
+- state.pt: model and optimizer state (embedding rows and their optimizer slots included),
+  all taken at the same step, plus the step, the sample count and the RNG state;
+- positions.json: how far into each source the training went;
+- spec.yaml: the FeatureSpec;
+- metrics.json: whatever the trainer measured.
+Loading uses torch.load(weights_only=True): a checkpoint never runs code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from picasso.spec import FeatureSpec, load_spec
+
+_PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    path: Path
+    state: dict
+    positions: dict[str, int]
+    spec: FeatureSpec
+    metrics: dict
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"])
+
+    @property
+    def checkpoint_id(self) -> str:
+        return self.path.name
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions: dict[str, int], metrics: dict) -> Path:
+    """Write a checkpoint for state["step"] atomically; returns its directory."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"{_PREFIX}{int(state['step']):012d}"
+    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        torch.save(state, tmp / "state.pt")
+        with open(tmp / "state.pt", "rb+") as f:
+            os.fsync(f.fileno())
+        _write(tmp / "positions.json", json.dumps(positions, sort_keys=True, indent=1).encode())
+        _write(tmp / "spec.yaml", spec.to_yaml().encode())
+        _write(tmp / "metrics.json", json.dumps(metrics, sort_keys=True, indent=1).encode())
+        _fsync_dir(tmp)
+        if final.exists():
+            # Same step saved again (a run that saw no new data): the step fixes the state.
+            shutil.rmtree(tmp)
+            return final
+        os.rename(tmp, final)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return final
+
+
+def latest_checkpoint(root: str | Path) -> Path | None:
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+    return steps[-1] if steps else None
+
+
+def load_checkpoint(path: str | Path) -> Checkpoint:
+    path = Path(path)
+    return Checkpoint(
+        path=path,
+        state=torch.load(path / "state.pt", weights_only=True),
+        positions=json.loads((path / "positions.json").read_text()),
+        spec=load_spec(path / "spec.yaml"),
+        metrics=json.loads((path / "metrics.json").read_text()),
+    )

@@ -1,0 +1,220 @@
+"""FeatureSpec: the one description of a model's inputs.
+
+Models read their shapes from the spec and nowhere else; decoders validate raw records
+against it; serving carries it. A spec is YAML, validated on load, and every mistake is
+reported with the name of the field it concerns, all of them at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+POOLING_MODES = ("sum", "mean")
+DENSE_TRANSFORMS = ("identity", "log1p")
+
+
+class SpecError(ValueError):
+    """A FeatureSpec that cannot be used. The message lists every problem found."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid feature spec:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True)
+class DenseField:
+    name: str
+    # log1p tames count-like features (Criteo's integer columns); applied at decode time,
+    # so training and serving see the same values.
+    transform: str = "identity"
+
+
+@dataclass(frozen=True)
+class SparseField:
+    name: str
+    embedding_dim: int
+    # Exactly one of the two: hash_buckets hashes every raw id (string or integer) into
+    # [0, hash_buckets); vocab_size takes integer ids as row indices and rejects the rest.
+    hash_buckets: int | None = None
+    vocab_size: int | None = None
+    pooling: str = "sum"
+    max_len: int = 1
+    group: str | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.hash_buckets if self.hash_buckets is not None else self.vocab_size
+
+    @property
+    def hashed(self) -> bool:
+        return self.hash_buckets is not None
+
+    @property
+    def multi_hot(self) -> bool:
+        return self.max_len > 1
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    label: str
+    dense: tuple[DenseField, ...]
+    sparse: tuple[SparseField, ...]
+    name: str = "spec"
+
+    @property
+    def dense_names(self) -> list[str]:
+        return [f.name for f in self.dense]
+
+    @property
+    def sparse_names(self) -> list[str]:
+        return [f.name for f in self.sparse]
+
+    def sparse_field(self, name: str) -> SparseField:
+        for f in self.sparse:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def to_dict(self) -> dict[str, Any]:
+        def compact(obj) -> dict[str, Any]:
+            defaults = {f.name: f.default for f in dataclasses.fields(obj)}
+            return {k: v for k, v in dataclasses.asdict(obj).items() if k == "name" or v != defaults[k]}
+
+        return {
+            "name": self.name,
+            "label": self.label,
+            "dense": [compact(f) for f in self.dense],
+            "sparse": [compact(f) for f in self.sparse],
+        }
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_yaml())
+
+
+# ---------------------------------------------------------------------------------------
+# Parsing and validation
+
+_TOP_KEYS = {"name", "label", "dense", "sparse"}
+_DENSE_KEYS = {f.name for f in dataclasses.fields(DenseField)}
+_SPARSE_KEYS = {f.name for f in dataclasses.fields(SparseField)}
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _check_unknown(where: str, entry: dict, allowed: set[str], problems: list[str]) -> None:
+    for key in sorted(set(entry) - allowed):
+        problems.append(f"{where}: unknown key '{key}' (allowed: {', '.join(sorted(allowed))})")
+
+
+def _parse_dense(i: int, entry: Any, problems: list[str]) -> DenseField | None:
+    if isinstance(entry, str):  # shorthand: a bare name
+        entry = {"name": entry}
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        problems.append(f"dense field #{i}: needs a 'name'")
+        return None
+    where = f"dense field '{entry['name']}'"
+    _check_unknown(where, entry, _DENSE_KEYS, problems)
+    transform = entry.get("transform", "identity")
+    if transform not in DENSE_TRANSFORMS:
+        problems.append(f"{where}: transform must be one of {DENSE_TRANSFORMS}, got {transform!r}")
+    return DenseField(name=entry["name"], transform=transform)
+
+
+def _parse_sparse(i: int, entry: Any, problems: list[str]) -> SparseField | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        problems.append(f"sparse field #{i}: needs a 'name'")
+        return None
+    where = f"sparse field '{entry['name']}'"
+    before = len(problems)
+    _check_unknown(where, entry, _SPARSE_KEYS, problems)
+    hash_buckets, vocab_size = entry.get("hash_buckets"), entry.get("vocab_size")
+    if (hash_buckets is None) == (vocab_size is None):
+        problems.append(f"{where}: needs exactly one of 'hash_buckets' or 'vocab_size'")
+    for key in ("hash_buckets", "vocab_size"):
+        if entry.get(key) is not None and not _positive_int(entry[key]):
+            problems.append(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
+    if not _positive_int(entry.get("embedding_dim")):
+        problems.append(f"{where}: embedding_dim must be a positive integer, got {entry.get('embedding_dim')!r}")
+    pooling = entry.get("pooling", "sum")
+    if pooling not in POOLING_MODES:
+        problems.append(f"{where}: pooling must be one of {POOLING_MODES}, got {pooling!r}")
+    max_len = entry.get("max_len", 1)
+    if not _positive_int(max_len):
+        problems.append(f"{where}: max_len must be a positive integer, got {max_len!r}")
+    group = entry.get("group")
+    if group is not None and (not isinstance(group, str) or not group.isidentifier()):
+        problems.append(f"{where}: group must be an identifier, got {group!r}")
+    if len(problems) > before:
+        return None
+    return SparseField(
+        name=entry["name"],
+        embedding_dim=entry["embedding_dim"],
+        hash_buckets=hash_buckets,
+        vocab_size=vocab_size,
+        pooling=pooling,
+        max_len=max_len,
+        group=group,
+    )
+
+
+def parse_spec(raw: Any) -> FeatureSpec:
+    """Build a FeatureSpec from parsed YAML, or raise SpecError listing every problem."""
+    if not isinstance(raw, dict):
+        raise SpecError([f"a spec must be a mapping, got {type(raw).__name__}"])
+    problems: list[str] = []
+    _check_unknown("spec", raw, _TOP_KEYS, problems)
+    label = raw.get("label")
+    if not isinstance(label, str) or not label:
+        problems.append("spec: missing 'label' (the name of the click column)")
+    dense_raw, sparse_raw = raw.get("dense") or [], raw.get("sparse") or []
+    for key, value in (("dense", dense_raw), ("sparse", sparse_raw)):
+        if not isinstance(value, list):
+            problems.append(f"spec: '{key}' must be a list of fields")
+    dense = [_parse_dense(i, e, problems) for i, e in enumerate(dense_raw if isinstance(dense_raw, list) else [])]
+    sparse = [_parse_sparse(i, e, problems) for i, e in enumerate(sparse_raw if isinstance(sparse_raw, list) else [])]
+    if isinstance(sparse_raw, list) and not sparse_raw:
+        problems.append("spec: needs at least one sparse field")
+
+    seen: set[str] = set()
+    names = ([label] if isinstance(label, str) else []) + [f.name for f in dense + sparse if f is not None]
+    for name in names:
+        if name in seen:
+            problems.append(f"field '{name}': duplicate name")
+        seen.add(name)
+    if problems:
+        raise SpecError(problems)
+    return FeatureSpec(label=label, dense=tuple(dense), sparse=tuple(sparse), name=str(raw.get("name", "spec")))
+
+
+def load_spec(ref: str | Path | FeatureSpec) -> FeatureSpec:
+    """Resolve a spec reference: a FeatureSpec, a built-in name, or a YAML file.
+
+    Built-ins: ``criteo`` (13 dense, 26 sparse fields) and ``criteo:N`` (the same dense
+    fields with N sparse fields of mixed dims, some multi-hot; see builtin_specs).
+    """
+    if isinstance(ref, FeatureSpec):
+        return ref
+    from picasso.builtin_specs import builtin_spec  # local: builtin_specs imports this module
+
+    text = str(ref)
+    builtin = builtin_spec(text)
+    if builtin is not None:
+        return builtin
+    path = Path(text)
+    if not path.exists():
+        raise SpecError([f"spec '{text}': no such file, and not a built-in (criteo, criteo:N)"])
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise SpecError([f"spec '{text}': not valid YAML: {err}"]) from err
+    return parse_spec(raw)
