@@ -104,7 +104,9 @@ class RecordDecoder:
 
     # -- entry points, one per format -------------------------------------------------
 
-    def decode_table(self, table: pa.Table | pa.RecordBatch, source: str, first_position: int = 0) -> DecodeResult:
+    def decode_table(
+        self, table: pa.Table | pa.RecordBatch, source: str, first_position: int = 0, positions: Sequence[int] | None = None
+    ) -> DecodeResult:
         """Rows of a Parquet file or an Arrow batch, one column per field."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
@@ -113,8 +115,8 @@ class RecordDecoder:
         def payload_of(i: int) -> str:
             return json.dumps(table.slice(i, 1).to_pylist()[0], default=str)
 
-        positions = first_position + np.arange(table.num_rows)
-        return self._validate(columns, table.num_rows, _Verdicts(table.num_rows), source, positions, payload_of)
+        n = table.num_rows
+        return self._validate(columns, n, _Verdicts(n), source, _positions(first_position, positions, n), payload_of)
 
     def decode_json(
         self, messages: Sequence[bytes | str], source: str, first_position: int = 0, positions: Sequence[int] | None = None
@@ -135,7 +137,7 @@ class RecordDecoder:
             records.append(record)
         names = self.known | {key for record in records for key in record} if self.options.unknown_fields == "reject" else self.known
         columns = {name: [record.get(name) for record in records] for name in names}
-        positions = np.asarray(positions) if positions is not None else first_position + np.arange(n)
+        positions = _positions(first_position, positions, n)
         return self._validate(columns, n, verdicts, source, positions, lambda i: _text(messages[i]))
 
     def decode_tsv(
@@ -183,7 +185,7 @@ class RecordDecoder:
                 column = _as_array(table.column(name))
                 columns[name] = self._parse_text_column(name, column)
             columns = {name: _scatter(values, kept, n) for name, values in columns.items()}
-        positions = np.asarray(positions) if positions is not None else first_position + np.arange(n)
+        positions = _positions(first_position, positions, n)
         return self._validate(columns, n, verdicts, source, positions, lambda i: _text(lines[i]))
 
     # -- text parsing for TSV ----------------------------------------------------------
@@ -374,6 +376,11 @@ def _parse_number(text, kind):
         return kind(text)
     except ValueError:
         return text
+
+
+def _positions(first_position: int, positions: Sequence[int] | None, n: int) -> np.ndarray:
+    """Each record's position in its source: given, or consecutive from first_position."""
+    return np.asarray(positions) if positions is not None else first_position + np.arange(n)
 
 
 def _text(raw: bytes | str) -> str:

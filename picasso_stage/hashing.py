@@ -55,7 +55,7 @@ def _fnv1a64_strings(arr: pa.Array) -> np.ndarray:
     return h
 
 
-def _splitmix64_array(values: np.ndarray) -> np.ndarray:
+def splitmix64_array(values: np.ndarray) -> np.ndarray:
     z = values.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -70,7 +70,7 @@ def hash_to_buckets(values: pa.Array, buckets: int) -> np.ndarray:
     """
     with np.errstate(over="ignore"):
         if pa.types.is_integer(values.type):
-            h = _splitmix64_array(values.to_numpy(zero_copy_only=False))
+            h = splitmix64_array(values.to_numpy(zero_copy_only=False))
         else:
             encoded = pc.dictionary_encode(values)
             distinct = _fnv1a64_strings(encoded.dictionary)

@@ -25,6 +25,10 @@ from picasso.spec import FeatureSpec
 
 log = logging.getLogger(__name__)
 
+# Adagrad builds sparse gradients from indices torch itself produced; say so explicitly
+# (torch warns on every step otherwise).
+torch.sparse.check_sparse_tensor_invariants.disable()
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -88,6 +92,7 @@ class Trainer:
         self.sparse_optimizer = torch.optim.Adagrad(embedding_params, lr=config.lr_sparse)
         self.dense_optimizer = torch.optim.Adam(dense_params, lr=config.lr_dense)
         self.step = 0
+        self.start_step = 0  # the step this trainer was built or restored at
         self.samples = 0
         self.positions: dict[str, int] = {}
         self.restored_from: Path | None = None
@@ -95,7 +100,14 @@ class Trainer:
     # -- training ---------------------------------------------------------------------
 
     def train_step(self, batch: PackedBatch) -> float:
-        """One optimizer step on one batch; returns the batch's summed log loss."""
+        """One optimizer step on one batch; returns the batch's summed log loss.
+
+        An empty batch (every record of its chunk was refused) moves the source positions
+        and nothing else.
+        """
+        self.positions = merge_positions(self.positions, batch.positions)
+        if batch.num_samples == 0:
+            return 0.0
         tensors = batch.to_torch()
         self.model.train()
         logits = self.model(tensors)
@@ -107,7 +119,6 @@ class Trainer:
         self.dense_optimizer.step()
         self.step += 1
         self.samples += batch.num_samples
-        self.positions = merge_positions(self.positions, batch.positions)
         return float(loss.detach()) * batch.num_samples
 
     def train(self, batches: Iterable[PackedBatch]) -> TrainStats:
@@ -115,7 +126,7 @@ class Trainer:
         start = time.perf_counter()
         for batch in batches:
             stats.loss_sum += self.train_step(batch)
-            stats.steps += 1
+            stats.steps += 1 if batch.num_samples else 0
             stats.samples += batch.num_samples
             stats.positions = merge_positions(stats.positions, batch.positions)
             if self.config.log_every and self.step % self.config.log_every == 0:
@@ -164,6 +175,7 @@ class Trainer:
         self.dense_optimizer.load_state_dict(state["dense_optimizer"])
         torch.set_rng_state(state["rng"])
         self.step, self.samples = int(state["step"]), int(state["samples"])
+        self.start_step = self.step
         self.positions = dict(checkpoint.positions)
         self.restored_from = Path(path)
 

@@ -1,0 +1,50 @@
+"""The MLflow pyfunc model: raw feature columns in, click probabilities out.
+
+It carries the spec and decodes with the same decoder and hash as training, so serving
+needs no other preprocessing. Ids never seen in training still hash to a row; missing
+fields take their defaults; a row that cannot be decoded (a wrong type, say) scores NaN
+rather than failing the whole request.
+"""
+
+from __future__ import annotations
+
+import json
+
+import mlflow.pyfunc
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import torch
+
+from picasso.batch import pack
+from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.models import build_model
+from picasso.packing import PackingPlan
+from picasso.spec import load_spec
+
+ARTIFACT_WEIGHTS = "weights"
+ARTIFACT_SPEC = "spec"
+ARTIFACT_CONFIG = "model_config"
+
+
+class CtrModel(mlflow.pyfunc.PythonModel):
+    def load_context(self, context):
+        self.spec = load_spec(context.artifacts[ARTIFACT_SPEC])
+        with open(context.artifacts[ARTIFACT_CONFIG]) as f:
+            config = json.load(f)
+        self.plan = PackingPlan.from_spec(self.spec)
+        self.model = build_model(config["model"], self.spec, self.plan, tuple(config["hidden"]))
+        self.model.load_state_dict(torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True))
+        self.model.eval()
+        self.decoder = RecordDecoder(self.spec, DecodeOptions(require_label=False))
+
+    def predict(self, context, model_input, params=None):
+        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+        table = pa.Table.from_pandas(frame, preserve_index=False)
+        decoded = self.decoder.decode_table(table, source="serving")
+        probabilities = np.full(len(frame), np.nan, dtype=np.float64)
+        if decoded.table.num_rows:
+            with torch.no_grad():
+                logits = self.model(pack(decoded.table, self.spec, self.plan).to_torch())
+            probabilities[decoded.valid_mask] = torch.sigmoid(logits).numpy()
+        return probabilities

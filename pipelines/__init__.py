@@ -1,0 +1,1 @@
+"""Beam transforms (PackFeatures, PicassoTrain, ...) and the runnable pipelines."""

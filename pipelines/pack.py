@@ -1,0 +1,31 @@
+"""PackFeatures: decoded chunks in, PackedBatches out."""
+
+from __future__ import annotations
+
+import apache_beam as beam
+
+from picasso.batch import pack
+from picasso.packing import PackingPlan
+from picasso.pipelines.decode import DecodedChunk
+from picasso.spec import FeatureSpec
+
+
+class PackFeatures(beam.PTransform):
+    """One PackedBatch per decoded chunk, carrying the chunk's source positions.
+
+    Chunks whose every record was refused still become (empty) batches, so that their
+    positions reach the checkpoint.
+    """
+
+    def __init__(self, spec: FeatureSpec):
+        super().__init__()
+        self.spec = spec
+        self.plan = PackingPlan.from_spec(spec)
+
+    def expand(self, chunks):
+        spec, plan = self.spec, self.plan
+
+        def pack_chunk(chunk: DecodedChunk):
+            return pack(chunk.table, spec, plan, chunk.positions)
+
+        return chunks | "Pack" >> beam.Map(pack_chunk)

@@ -1,0 +1,169 @@
+"""PicassoTrain and EvaluateCheckpoint: thin Beam wrappers around picasso.Trainer.
+
+Like Beam's RunInference, the heavy object (the Trainer, with its tables) is built by a
+small handler and shared by every DoFn instance in a process through
+apache_beam.utils.shared.Shared, so the training step and the checkpoint step see the same
+model. Training is a sink in Beam terms; its one output is a reference to the checkpoint
+written once every batch has been trained on.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.utils.shared import Shared
+
+from picasso.batch import PackedBatch
+from picasso.spec import FeatureSpec
+from picasso.trainer import EvalMetrics, TrainConfig, Trainer, TrainStats, evaluation_metrics
+
+
+@dataclass(frozen=True)
+class TrainerHandler:
+    """How to build the trainer a pipeline run trains: warm-started from the latest
+    checkpoint under checkpoint_dir, if any."""
+
+    spec: FeatureSpec
+    config: TrainConfig
+    checkpoint_dir: str
+    run_id: str  # one trainer per pipeline run, even when runs share a process
+
+    def load(self) -> Trainer:
+        trainer = Trainer(self.spec, self.config)
+        trainer.warm_start(self.checkpoint_dir)
+        return trainer
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    path: str
+    step: int
+    stats: TrainStats
+
+
+class _TrainDoFn(beam.DoFn):
+    def __init__(self, handler: TrainerHandler, shared: Shared):
+        self.handler = handler
+        self.shared = shared
+
+    def setup(self):
+        self.trainer = self.shared.acquire(self.handler.load, tag=self.handler.run_id)
+
+    def process(self, batch: PackedBatch):
+        loss_sum = self.trainer.train_step(batch)
+        yield TrainStats(steps=1 if batch.num_samples else 0, samples=batch.num_samples, loss_sum=loss_sum,
+                         positions=batch.positions)
+
+
+class _MergeStats(beam.CombineFn):
+    def create_accumulator(self):
+        return TrainStats()
+
+    def add_input(self, accumulator, stats):
+        return accumulator.merge(stats)
+
+    def merge_accumulators(self, accumulators):
+        total = TrainStats()
+        for accumulator in accumulators:
+            total = total.merge(accumulator)
+        return total
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class _CheckpointDoFn(beam.DoFn):
+    def __init__(self, handler: TrainerHandler, shared: Shared):
+        self.handler = handler
+        self.shared = shared
+
+    def process(self, stats: TrainStats):
+        trainer = self.shared.acquire(self.handler.load, tag=self.handler.run_id)
+        if trainer.step != trainer.start_step + stats.steps:
+            # The trainer was rebuilt between stages (its process changed, say): saving it
+            # would silently drop the training this run did.
+            raise RuntimeError(
+                f"trainer holds {trainer.step - trainer.start_step} steps of this run, but {stats.steps} were trained"
+            )
+        path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics={"train_loss": stats.mean_loss})
+        yield CheckpointRef(path=str(path), step=trainer.step, stats=stats)
+
+
+class PicassoTrain(beam.PTransform):
+    """PackedBatches in; one CheckpointRef out, once all of them are trained on."""
+
+    def __init__(self, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path):
+        super().__init__()
+        self.handler = TrainerHandler(spec, config, str(checkpoint_dir), run_id=uuid.uuid4().hex)
+        self.shared = Shared()
+
+    def expand(self, batches):
+        return (
+            batches
+            | "TrainStep" >> beam.ParDo(_TrainDoFn(self.handler, self.shared))
+            | "MergeStats" >> beam.CombineGlobally(_MergeStats())
+            | "Checkpoint" >> beam.ParDo(_CheckpointDoFn(self.handler, self.shared))
+        )
+
+
+class _ScoreDoFn(beam.DoFn):
+    def __init__(self, spec: FeatureSpec, config: TrainConfig, shared: Shared):
+        self.spec = spec
+        self.config = config
+        self.shared = shared
+
+    def process(self, batch: PackedBatch, checkpoint: CheckpointRef):
+        def load() -> Trainer:
+            trainer = Trainer(self.spec, self.config)
+            trainer.restore(checkpoint.path)
+            return trainer
+
+        if batch.num_samples:
+            trainer = self.shared.acquire(load, tag=checkpoint.path)
+            yield batch.data.column("label").to_numpy(), trainer.predict(batch)
+
+
+class _ConcatScores(beam.CombineFn):
+    def create_accumulator(self):
+        return [], []
+
+    def add_input(self, accumulator, scored):
+        accumulator[0].append(scored[0])
+        accumulator[1].append(scored[1])
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        labels, scores = [], []
+        for more_labels, more_scores in accumulators:
+            labels += more_labels
+            scores += more_scores
+        return labels, scores
+
+    def extract_output(self, accumulator) -> EvalMetrics:
+        labels, scores = accumulator
+        return evaluation_metrics(np.concatenate(labels or [np.zeros(0)]), np.concatenate(scores or [np.zeros(0)]))
+
+
+class EvaluateCheckpoint(beam.PTransform):
+    """Holdout PackedBatches in, scored by the checkpoint given as a singleton side input;
+    one EvalMetrics out (exact AUC over every holdout row)."""
+
+    def __init__(self, spec: FeatureSpec, config: TrainConfig, checkpoint):
+        super().__init__()
+        self.spec = spec
+        self.config = config
+        self.checkpoint = checkpoint
+        self.shared = Shared()
+
+    def expand(self, batches):
+        return (
+            batches
+            | "Score" >> beam.ParDo(
+                _ScoreDoFn(self.spec, self.config, self.shared), checkpoint=beam.pvalue.AsSingleton(self.checkpoint)
+            )
+            | "Metrics" >> beam.CombineGlobally(_ConcatScores())
+        )
