@@ -111,11 +111,23 @@ class RecordDecoder:
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
         columns = {name: table.column(name) for name in table.column_names}
+        return self.decode_columns(columns, table.num_rows, source, first_position, positions)
+
+    def decode_columns(
+        self,
+        columns: dict[str, pa.Array | pa.ChunkedArray | list],
+        num_rows: int,
+        source: str,
+        first_position: int = 0,
+        positions: Sequence[int] | None = None,
+    ) -> DecodeResult:
+        """Columns of n rows each: Arrow arrays, or Python lists of any values."""
 
         def payload_of(i: int) -> str:
-            return json.dumps(table.slice(i, 1).to_pylist()[0], default=str)
+            row = {name: values[i] for name, values in columns.items()}
+            return json.dumps({k: v.as_py() if isinstance(v, pa.Scalar) else v for k, v in row.items()}, default=str)
 
-        n = table.num_rows
+        n = num_rows
         return self._validate(columns, n, _Verdicts(n), source, _positions(first_position, positions, n), payload_of)
 
     def decode_json(
@@ -247,8 +259,13 @@ class RecordDecoder:
                 verdicts.refuse(present, lambda _, name=name: f"unknown field '{name}'")
 
         good = ~verdicts.bad
-        arrays = [pa.array(out["label"][good])] + [pa.array(out[f.name][good]) for f in spec.dense]
-        arrays += [out[f.name].filter(pa.array(good)) for f in spec.sparse]
+        if verdicts.bad.any():
+            keep = pa.array(good)
+            arrays = [pa.array(out["label"][good])] + [pa.array(out[f.name][good]) for f in spec.dense]
+            arrays += [out[f.name].filter(keep) for f in spec.sparse]
+        else:
+            arrays = [pa.array(out["label"])] + [pa.array(out[f.name]) for f in spec.dense]
+            arrays += [out[f.name] for f in spec.sparse]
         table = pa.Table.from_arrays(arrays, schema=self.schema)
         dead = [
             DeadLetter(source=source, position=int(positions[i]), payload=payload_of(i), reason=verdicts.reasons[i])
@@ -280,15 +297,10 @@ class RecordDecoder:
         if values is None:
             return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.int64()))
         arr = _as_array(values)
-        if arr is not None and pa.types.is_null(arr.type):
-            arr = pa.array([None] * n, pa.list_(pa.int64()))
-        if arr is not None and not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
-            arr = _scalars_to_lists(arr)
-        if arr is not None and _id_type_ok(arr.type.value_type):
-            lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-            flat = pc.list_flatten(arr)
-            null_ids = _null_mask(flat, len(flat))
-            ids = flat.fill_null(0) if flat.null_count else flat
+        parts = _id_parts(arr, n) if arr is not None else None
+        if parts is not None:
+            lengths, flat, null_ids = parts
+            ids = flat.fill_null(0 if pa.types.is_integer(flat.type) else "") if flat.null_count else flat
             if f.hashed:
                 rows = hash_to_buckets(ids, f.hash_buckets)
             elif pa.types.is_integer(ids.type):
@@ -296,8 +308,10 @@ class RecordDecoder:
             else:
                 rows = np.zeros(len(ids), np.int64)
                 verdicts.refuse(lengths > 0, lambda i: f"field '{f.name}': vocab ids must be integers, got strings")
-            owner = np.repeat(np.arange(n), lengths)
-            verdicts.refuse(owner[null_ids], lambda i: f"field '{f.name}': null id in bag")
+            # owner: the row of each id; built only when some id may need refusing.
+            owner = np.repeat(np.arange(n), lengths) if not f.hashed or null_ids.any() else None
+            if null_ids.any():
+                verdicts.refuse(owner[null_ids], lambda i: f"field '{f.name}': null id in bag")
         else:
             items = values.to_pylist() if isinstance(values, (pa.Array, pa.ChunkedArray)) else list(values)
             lengths, rows, owner = self._sparse_slow(f, items, verdicts)
@@ -337,15 +351,28 @@ def _valid_id(value, f: SparseField) -> bool:
 
 
 def _id_type_ok(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
     return pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_null(t)
 
 
-def _scalars_to_lists(arr: pa.Array) -> pa.Array:
-    """A column of single ids as bags of one (null: an empty bag)."""
-    valid = ~_null_mask(arr, len(arr))
-    offsets = np.zeros(len(arr) + 1, dtype=np.int32)
-    np.cumsum(valid, out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), arr.filter(pa.array(valid)))
+def _id_parts(arr: pa.Array, n: int) -> tuple[np.ndarray, pa.Array, np.ndarray] | None:
+    """Bag lengths, flat ids and the null-id mask of a column of ids or of bags of ids;
+    None when the column's type is neither (floats, say)."""
+    if pa.types.is_null(arr.type):
+        return np.zeros(n, dtype=np.int64), pa.array([], pa.int64()), np.zeros(0, dtype=bool)
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        if not _id_type_ok(arr.type.value_type):
+            return None
+        lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+        flat = pc.list_flatten(arr)
+        return lengths, flat, _null_mask(flat, len(flat))
+    if not _id_type_ok(arr.type):
+        return None
+    # A single id per row is a bag of one; a missing one, an empty bag.
+    present = ~_null_mask(arr, n)
+    flat = arr if arr.null_count == 0 else arr.filter(pa.array(present))
+    return present.astype(np.int64), flat, np.zeros(len(flat), dtype=bool)
 
 
 def _null_mask(values, n: int) -> np.ndarray:

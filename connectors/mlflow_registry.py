@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,18 +105,22 @@ def publish(request: PublishRequest, target: MLflowTarget) -> ModelVersionRef:
         (tmp / "model_config.json").write_text(json.dumps({"model": config["model"], "hidden": list(config["hidden"])}))
         (tmp / "positions.json").write_text(positions)
         mlflow.log_artifact(str(tmp / "positions.json"))
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=pyfunc_model.CtrModel(),
-            artifacts={
-                pyfunc_model.ARTIFACT_WEIGHTS: str(tmp / "weights.pt"),
-                pyfunc_model.ARTIFACT_SPEC: str(checkpoint.path / "spec.yaml"),
-                pyfunc_model.ARTIFACT_CONFIG: str(tmp / "model_config.json"),
-            },
-            code_paths=[str(_stage_code(tmp / "code"))],
-            pip_requirements=SERVING_REQUIREMENTS,
-            registered_model_name=target.model_name,
-        )
+        with warnings.catch_warnings():
+            # MLflow asks for type hints on predict() to infer a signature; the model takes
+            # whatever raw columns events carry, and checks them itself.
+            warnings.filterwarnings("ignore", message=".*type hints to the `predict` method")
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=pyfunc_model.__file__,
+                artifacts={
+                    pyfunc_model.ARTIFACT_WEIGHTS: str(tmp / "weights.pt"),
+                    pyfunc_model.ARTIFACT_SPEC: str(checkpoint.path / "spec.yaml"),
+                    pyfunc_model.ARTIFACT_CONFIG: str(tmp / "model_config.json"),
+                },
+                code_paths=[str(_stage_code(tmp / "code"))],
+                pip_requirements=SERVING_REQUIREMENTS,
+                registered_model_name=target.model_name,
+            )
         version = str(info.registered_model_version)
         for key, value in tags.items():
             client.set_model_version_tag(target.model_name, version, key, value)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import mlflow.models
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
@@ -40,11 +41,29 @@ class CtrModel(mlflow.pyfunc.PythonModel):
 
     def predict(self, context, model_input, params=None):
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
-        table = pa.Table.from_pandas(frame, preserve_index=False)
-        decoded = self.decoder.decode_table(table, source="serving")
+        columns = {str(name): _column(frame[name]) for name in frame.columns}
+        decoded = self.decoder.decode_columns(columns, len(frame), source="serving")
         probabilities = np.full(len(frame), np.nan, dtype=np.float64)
         if decoded.table.num_rows:
             with torch.no_grad():
                 logits = self.model(pack(decoded.table, self.spec, self.plan).to_torch())
             probabilities[decoded.valid_mask] = torch.sigmoid(logits).numpy()
         return probabilities
+
+
+def _column(series: pd.Series) -> pa.Array | list:
+    """An Arrow array, or for a column of mixed values a list the decoder checks one by
+    one (so one bad value fails one row, not the request)."""
+    try:
+        return pa.array(series, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+        return [None if _missing(value) else value for value in series.tolist()]
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+# Models from code: MLflow loads this file and takes the model set here, instead of
+# unpickling an object.
+mlflow.models.set_model(CtrModel())

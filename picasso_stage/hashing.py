@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
@@ -41,13 +40,23 @@ def bucket_of(raw_id: str | int, buckets: int) -> int:
 
 
 def _fnv1a64_strings(arr: pa.Array) -> np.ndarray:
-    """FNV-1a over each string of a (large_)string/binary array without nulls."""
-    arr = arr.cast(pa.large_binary()) if not pa.types.is_large_binary(arr.type) else arr
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + len(arr) + 1]
+    """FNV-1a over each string of a (large_)string or binary array without nulls, read
+    straight from its Arrow buffers."""
+    large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    offset_type = np.int64 if large else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], dtype=offset_type)[arr.offset : arr.offset + len(arr) + 1]
     data = np.frombuffer(arr.buffers()[2], dtype=np.uint8) if arr.buffers()[2] is not None else np.zeros(0, np.uint8)
     starts, lengths = offsets[:-1], np.diff(offsets)
     h = np.full(len(arr), FNV_OFFSET, dtype=np.uint64)
     prime = np.uint64(FNV_PRIME)
+    width = int(lengths[0]) if len(lengths) else 0
+    if len(lengths) and (lengths == width).all():
+        # Ids of one width (hex tokens, say): the bytes form an (n, width) matrix.
+        columns = np.ascontiguousarray(data[offsets[0] : offsets[-1]].reshape(len(arr), width).T)
+        for pos in range(width):
+            h ^= columns[pos]
+            h *= prime
+        return h
     # One pass per byte position, across all strings at once: ids are short, rows many.
     for pos in range(int(lengths.max(initial=0))):
         live = np.flatnonzero(lengths > pos)
@@ -65,14 +74,15 @@ def splitmix64_array(values: np.ndarray) -> np.ndarray:
 def hash_to_buckets(values: pa.Array, buckets: int) -> np.ndarray:
     """Bucket every element of a null-free string or integer array; returns int64 rows.
 
-    Ids repeat heavily (a few carry most of the traffic), so strings are dictionary-encoded
-    first and only the distinct ones are hashed.
+    A dictionary-encoded array (Parquet keeps low-cardinality columns so) hashes only its
+    distinct strings.
     """
     with np.errstate(over="ignore"):
         if pa.types.is_integer(values.type):
             h = splitmix64_array(values.to_numpy(zero_copy_only=False))
+        elif pa.types.is_dictionary(values.type):
+            distinct = _fnv1a64_strings(values.dictionary)
+            h = distinct[values.indices.to_numpy(zero_copy_only=False)]
         else:
-            encoded = pc.dictionary_encode(values)
-            distinct = _fnv1a64_strings(encoded.dictionary)
-            h = distinct[encoded.indices.to_numpy(zero_copy_only=False)]
+            h = _fnv1a64_strings(values)
     return (h % np.uint64(buckets)).astype(np.int64)

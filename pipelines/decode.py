@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
@@ -24,11 +25,12 @@ class DecodedChunk:
 
 
 def holdout_mask(source: str, first_row: int, num_rows: int, fraction: float) -> np.ndarray:
-    """Which rows are held out: a fixed hash of (file, row), so reruns hold out the same
-    rows whatever the chunking."""
+    """Which rows are held out: a fixed hash of (partition/file name, row), so reruns hold
+    out the same rows whatever the chunking and wherever the data root is."""
     if fraction <= 0:
         return np.zeros(num_rows, dtype=bool)
-    salt = np.uint64(fnv1a64(source.encode()) & 0x7FFFFFFFFFFFFFFF)
+    name = f"{Path(source).parent.name}/{Path(source).name}"
+    salt = np.uint64(fnv1a64(name.encode()) & 0x7FFFFFFFFFFFFFFF)
     with np.errstate(over="ignore"):
         h = splitmix64_array(np.arange(first_row, first_row + num_rows, dtype=np.uint64) + salt)
     return (h % np.uint64(1_000_000)) < np.uint64(round(fraction * 1_000_000))

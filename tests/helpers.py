@@ -82,6 +82,8 @@ def reference_pool(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, weight
     rows = table.to_pylist()
     out = {}
     for group in plan.groups:
+        if group.name not in weights:
+            continue
         weight = weights[group.name]
         pooled = torch.zeros(len(rows), group.num_fields, weight.shape[1], dtype=weight.dtype)
         for i, r in enumerate(rows):

@@ -1,0 +1,51 @@
+"""What every benchmark shares: argument parsing, timing, and the report.
+
+A report is a table on stdout and, with --json, one JSON object as the last line:
+{"benchmark": ..., "ratios": {...}, "metrics": {...}}. Ratios are oriented so that higher
+means picasso is better.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+from rich.console import Console
+from rich.table import Table
+
+
+def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--repeat", type=int, default=5, help="timed repetitions; the median is reported")
+    if extra:
+        extra(parser)
+    return parser.parse_args()
+
+
+def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, float], metrics: dict, as_json: bool) -> None:
+    console = Console()
+    table = Table(title=name)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row))
+    console.print(table)
+    for key, value in ratios.items():
+        console.print(f"{key}: {value:.2f}")
+    if as_json:
+        print(json.dumps({"benchmark": name, "ratios": ratios, "metrics": metrics}))

@@ -1,0 +1,175 @@
+"""The `picasso` command line: generate, daily, demo.
+
+Each command shows progress on stderr and ends with a summary; with --json, the last
+line of stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.progress import Progress
+from rich.table import Table
+
+from picasso.spec import SpecError, load_spec
+
+console = Console(stderr=True)
+DEMO_DATE = "2026-11-01"
+
+
+def _add_generate_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=200_000, help="rows per day")
+    parser.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of the ids")
+    parser.add_argument("--seed", type=int, default=0, help="fixes the planted model")
+    parser.add_argument("--format", choices=["parquet", "jsonl", "tsv"], default="parquet")
+    parser.add_argument("--rows-per-file", type=int, default=100_000)
+
+
+def _add_daily_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", required=True, help="checkpoints, dead letters and run results go here")
+    parser.add_argument("--mlflow-uri", help="MLflow tracking URI (default: sqlite:///WORKDIR/mlflow.db)")
+    parser.add_argument("--experiment", default="picasso")
+    parser.add_argument("--model-name", default="picasso-ctr")
+    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--holdout", type=float, default=0.1, help="fraction of the day held out for evaluation")
+    parser.add_argument("--lr-dense", type=float, default=1e-3)
+    parser.add_argument("--lr-sparse", type=float, default=0.05)
+    parser.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
+    parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
+    parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (FnApiRunner, DirectRunner, ...)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="picasso", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    generate = commands.add_parser("generate", help="write synthetic day partitions in a spec's schema")
+    generate.add_argument("--spec", default="criteo", help="YAML file, or built-in: criteo, criteo:N")
+    generate.add_argument("--out", required=True, help="root of the date=YYYY-MM-DD partitions")
+    generate.add_argument("--start-date", default=DEMO_DATE)
+    generate.add_argument("--days", type=int, default=1)
+    _add_generate_args(generate)
+
+    daily = commands.add_parser("daily", help="train on one date partition and publish a model version")
+    daily.add_argument("--spec", default="criteo")
+    daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD partitions")
+    daily.add_argument("--date", required=True)
+    _add_daily_args(daily)
+
+    demo = commands.add_parser("demo", help="generate a small day, then run daily on embedded defaults")
+    demo.add_argument("--spec", default="criteo")
+    _add_generate_args(demo)
+    _add_daily_args(demo)
+
+    for command in (generate, daily, demo):
+        command.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    return parser
+
+
+def _generate(args, out: str, dates: list[str]) -> list:
+    from picasso.pipelines.generate import generate_days
+    from picasso.synthetic import SyntheticConfig
+
+    spec = load_spec(args.spec)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"generating {len(dates)} day(s) of {spec.name}", total=args.rows * len(dates))
+        return generate_days(
+            spec, out, dates, args.rows, args.format, args.rows_per_file,
+            SyntheticConfig(alpha=args.alpha, seed=args.seed),
+            on_part=lambda rows: progress.advance(task, rows),
+        )
+
+
+def _daily(args, data: str, date: str):
+    from picasso.connectors.decoders import DecodeOptions
+    from picasso.connectors.mlflow_registry import MLflowTarget
+    from picasso.pipelines.daily import DailyConfig, run_daily
+    from picasso.trainer import TrainConfig
+
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    target = MLflowTarget(
+        tracking_uri=args.mlflow_uri or f"sqlite:///{workdir / 'mlflow.db'}",
+        experiment=args.experiment,
+        model_name=args.model_name,
+        artifact_location=None if args.mlflow_uri else (workdir / "mlartifacts").as_uri(),
+    )
+    config = DailyConfig(
+        data_root=data,
+        date=date,
+        workdir=str(workdir),
+        spec=load_spec(args.spec),
+        mlflow=target,
+        train=TrainConfig(
+            hidden=tuple(int(size) for size in args.hidden.split(",")), lr_dense=args.lr_dense, lr_sparse=args.lr_sparse
+        ),
+        decode=DecodeOptions(unknown_fields=args.unknown_fields),
+        batch_size=args.batch_size,
+        holdout_fraction=args.holdout,
+        runner=args.runner,
+    )
+    with console.status(f"daily run for {date}: read, decode, pack, train, evaluate, publish"):
+        return run_daily(config), target
+
+
+def _summary(title: str, values: dict) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in values.items():
+        if isinstance(value, float):
+            value = f"{value:.4f}"
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def _finite(value):
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)])
+    for noisy in ("apache_beam", "mlflow", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    started = time.perf_counter()
+    try:
+        if args.command == "generate":
+            from picasso.pipelines.generate import dates_from
+
+            days = _generate(args, args.out, dates_from(args.start_date, args.days))
+            output = {"out": args.out, "days": [asdict(day) for day in days]}
+            _summary("generated", {d.date: f"{d.rows} rows, CTR {d.ctr:.3f}, ceiling AUC {d.auc_ceiling:.4f}" for d in days})
+        else:
+            if args.command == "demo":
+                data = str(Path(args.workdir) / "data")
+                days = _generate(args, data, [DEMO_DATE])
+                result, target = _daily(args, data, DEMO_DATE)
+                if result.auc_ceiling is None:
+                    result = result.__class__(**{**asdict(result), "auc_ceiling": days[0].auc_ceiling})
+            else:
+                result, target = _daily(args, args.data, args.date)
+            output = {**asdict(result), "tracking_uri": target.tracking_uri}
+            _summary(f"daily {result.date}", {k: v for k, v in output.items() if k != "counters"})
+    except (SpecError, FileNotFoundError, ValueError) as err:
+        console.print(f"[red]error:[/red] {err}")
+        if args.json:
+            print(json.dumps({"error": str(err)}))
+        return 2
+    output["seconds"] = round(time.perf_counter() - started, 2)
+    if args.json:
+        print(json.dumps({k: _finite(v) for k, v in output.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""Trainer and checkpoints: restored training continues exactly; checkpoints are atomic;
+AUC is exact; training on planted data learns."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+import picasso.checkpoint as checkpoint_module
+from picasso.batch import pack
+from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from picasso.connectors.decoders import RecordDecoder
+from picasso.metrics import auc, logloss
+from picasso.packing import PackingPlan
+from picasso.spec import load_spec, parse_spec
+from picasso.synthetic import PlantedModel
+from picasso.trainer import TrainConfig, Trainer
+
+from helpers import brute_force_auc
+
+SPEC = parse_spec(
+    {
+        "name": "tiny",
+        "label": "click",
+        "dense": [{"name": "d1", "transform": "log1p"}, {"name": "d2", "transform": "log1p"}],
+        "sparse": [
+            {"name": "a", "embedding_dim": 8, "hash_buckets": 200},
+            {"name": "b", "embedding_dim": 8, "hash_buckets": 100},
+            {"name": "c", "embedding_dim": 4, "vocab_size": 50},
+            {"name": "d", "embedding_dim": 4, "hash_buckets": 300, "max_len": 3, "pooling": "mean"},
+        ],
+    }
+)
+CONFIG = TrainConfig(hidden=(32, 16), lr_dense=1e-2, lr_sparse=0.1, log_every=0)
+
+
+def planted_batches(spec, rows: int, batch_size: int, stream: int = 0, source: str = "day-0"):
+    """Rows from the planted model, decoded and packed like the pipeline does, with the
+    position after each batch."""
+    table, probabilities = PlantedModel(spec).sample(rows, stream)
+    decoded = RecordDecoder(spec).decode_table(table, source)
+    assert decoded.dead_letters == []
+    plan = PackingPlan.from_spec(spec)
+    batches = [
+        pack(decoded.table.slice(start, batch_size), spec, plan, {source: min(start + batch_size, rows)})
+        for start in range(0, rows, batch_size)
+    ]
+    return batches, probabilities
+
+
+def assert_state_equal(a, b, where: str = "state") -> None:
+    """Recursive, bit-exact comparison of state dicts (tensors with torch.equal)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), where
+        assert a.dtype == b.dtype and a.shape == b.shape, where
+        if a.is_sparse:
+            a, b = a.to_dense(), b.to_dense()
+        assert torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for key in a:
+            assert_state_equal(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_state_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or (isinstance(a, float) and math.isnan(a) and math.isnan(b)), f"{where}: {a!r} != {b!r}"
+
+
+def assert_trainers_equal(a: Trainer, b: Trainer) -> None:
+    params_a, params_b = dict(a.model.named_parameters()), dict(b.model.named_parameters())
+    assert set(params_a) == set(params_b)
+    for name in params_a:
+        assert torch.equal(params_a[name], params_b[name]), f"parameter {name} differs"
+    assert_state_equal(a.model.state_dict(), b.model.state_dict(), "model")
+    assert_state_equal(a.sparse_optimizer.state_dict(), b.sparse_optimizer.state_dict(), "sparse_optimizer")
+    assert_state_equal(a.dense_optimizer.state_dict(), b.dense_optimizer.state_dict(), "dense_optimizer")
+    assert (a.step, a.samples, a.positions) == (b.step, b.samples, b.positions)
+
+
+# -- checkpoint equivalence ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_train_n_save_restore_train_n_equals_train_2n(steps, tmp_path):
+    batches, _ = planted_batches(SPEC, rows=2 * steps * 128, batch_size=128)
+    assert len(batches) == 2 * steps
+
+    straight = Trainer(SPEC, CONFIG)
+    initial = {k: v.detach().clone() for k, v in straight.model.state_dict().items()}
+    straight.train(batches)
+
+    first = Trainer(SPEC, CONFIG)
+    first.train(batches[:steps])
+    path = first.save_checkpoint(tmp_path / "ckpt", metrics={"auc": 0.5})
+    del first
+
+    torch.manual_seed(999)  # the global RNG moved on meanwhile
+    resumed = Trainer(SPEC, replace(CONFIG, seed=7))  # new trainer, different initial weights
+    resumed.restore(path)
+    assert resumed.step == steps and resumed.samples == steps * 128
+    assert resumed.positions == {"day-0": steps * 128}
+    assert resumed.restored_from == path
+    resumed.train(batches[steps:])
+
+    assert_trainers_equal(straight, resumed)
+    assert straight.positions == {"day-0": 2 * steps * 128}
+    # and training did move every table (equality above is not of untouched weights)
+    for name, tensor in straight.model.state_dict().items():
+        if ".tables." in name:
+            assert not torch.equal(tensor, initial[name]), name
+    # optimizer slots exist for the embedding rows (Adagrad sums) and the MLP (Adam moments)
+    sparse_state = straight.sparse_optimizer.state_dict()["state"]
+    assert sparse_state and all("sum" in s for s in sparse_state.values())
+    dense_state = straight.dense_optimizer.state_dict()["state"]
+    assert dense_state and all("exp_avg" in s and "exp_avg_sq" in s for s in dense_state.values())
+
+
+def test_restore_then_predict_matches(tmp_path):
+    batches, _ = planted_batches(SPEC, rows=512, batch_size=128)
+    trainer = Trainer(SPEC, CONFIG)
+    trainer.train(batches[:3])
+    path = trainer.save_checkpoint(tmp_path)
+    other = Trainer(SPEC, replace(CONFIG, seed=3))
+    assert not np.array_equal(other.predict(batches[3]), trainer.predict(batches[3]))
+    other.restore(path)
+    np.testing.assert_array_equal(other.predict(batches[3]), trainer.predict(batches[3]))
+
+
+def test_warm_start(tmp_path):
+    batches, _ = planted_batches(SPEC, rows=384, batch_size=128)
+    root = tmp_path / "ckpts"
+    fresh = Trainer(SPEC, CONFIG)
+    assert fresh.warm_start(root) is None and fresh.step == 0
+    trainer = Trainer(SPEC, CONFIG)
+    trainer.train(batches[:1])
+    trainer.save_checkpoint(root)
+    trainer.train(batches[1:])
+    last = trainer.save_checkpoint(root)
+    resumed = Trainer(SPEC, CONFIG)
+    assert resumed.warm_start(root) == last
+    assert_trainers_equal(trainer, resumed)
+
+
+# -- checkpoint files -----------------------------------------------------------------------
+
+
+def test_checkpoint_directory_is_complete_and_atomic(tmp_path):
+    batches, _ = planted_batches(SPEC, rows=256, batch_size=128)
+    root = tmp_path / "ckpts"
+    trainer = Trainer(SPEC, CONFIG)
+    trainer.train(batches[:1])
+    first = trainer.save_checkpoint(root, metrics={"auc": 0.61})
+    trainer.train(batches[1:])
+    second = trainer.save_checkpoint(root, metrics={"auc": 0.62})
+
+    assert first.parent == root and second.parent == root
+    assert first.name < second.name
+    assert sorted(p.name for p in root.iterdir()) == sorted([first.name, second.name])  # no .tmp-* left
+    assert latest_checkpoint(root) == second
+    assert {p.name for p in second.iterdir()} == {"state.pt", "positions.json", "spec.yaml", "metrics.json"}
+
+    checkpoint = load_checkpoint(second)
+    assert checkpoint.step == 2 and checkpoint.checkpoint_id == second.name
+    assert checkpoint.positions == {"day-0": 256}
+    assert json.loads((second / "positions.json").read_text()) == {"day-0": 256}
+    assert checkpoint.spec == SPEC
+    assert load_spec(second / "spec.yaml") == SPEC
+    assert checkpoint.metrics == {"auc": 0.62}
+    assert_state_equal(checkpoint.state["model"], trainer.model.state_dict(), "model")
+
+    # saving the same step again leaves one directory and no temporaries
+    assert trainer.save_checkpoint(root) == second
+    assert sorted(p.name for p in root.iterdir()) == sorted([first.name, second.name])
+
+
+def test_latest_checkpoint_ignores_temporaries_and_files(tmp_path):
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path) is None
+    trainer = Trainer(SPEC, CONFIG)
+    trainer.step = 5
+    saved = trainer.save_checkpoint(tmp_path)
+    (tmp_path / ".tmp-step-000000000009-deadbeef").mkdir()  # a crashed save
+    (tmp_path / "step-000000000010").write_text("not a directory")
+    assert latest_checkpoint(tmp_path) == saved
+    trainer.step = 12
+    later = trainer.save_checkpoint(tmp_path)
+    assert latest_checkpoint(tmp_path) == later
+
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
+    trainer = Trainer(SPEC, CONFIG)
+    trainer.step = 1
+    good = trainer.save_checkpoint(tmp_path)
+
+    real_write = checkpoint_module._write
+
+    def crash_on_metrics(path, data):
+        if path.name == "metrics.json":
+            raise OSError("disk full")
+        real_write(path, data)
+
+    monkeypatch.setattr(checkpoint_module, "_write", crash_on_metrics)
+    trainer.step = 2
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save_checkpoint(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [good.name]
+    assert latest_checkpoint(tmp_path) == good
+
+
+def test_restore_with_a_different_spec_raises(tmp_path):
+    trainer = Trainer(SPEC, CONFIG)
+    path = trainer.save_checkpoint(tmp_path)
+    raw = SPEC.to_dict()
+    raw["sparse"][0]["hash_buckets"] = 201
+    other = parse_spec(raw)
+    with pytest.raises(ValueError, match="spec"):
+        Trainer(other, CONFIG).restore(path)
+    raw = SPEC.to_dict()
+    raw["name"] = "tiny-v2"
+    with pytest.raises(ValueError, match="spec"):
+        Trainer(parse_spec(raw), CONFIG).restore(path)
+
+
+def test_checkpoint_never_runs_code(tmp_path):
+    """state.pt is read with weights_only=True: a pickled object is refused, not built."""
+    trainer = Trainer(SPEC, CONFIG)
+    path = trainer.save_checkpoint(tmp_path)
+    state = trainer.state()
+    state["payload"] = _Exploit()
+    torch.save(state, path / "state.pt")
+    _Exploit.ran = False
+    with pytest.raises(Exception):
+        load_checkpoint(path)
+    assert _Exploit.ran is False
+
+
+class _Exploit:
+    ran = False
+
+    def __reduce__(self):
+        return (_mark_ran, ())
+
+
+def _mark_ran():
+    _Exploit.ran = True
+    return None
+
+
+def test_save_checkpoint_function_with_plain_state(tmp_path):
+    spec = load_spec("criteo")
+    path = save_checkpoint(tmp_path, {"step": 3, "w": torch.arange(4)}, spec, {"f": 9}, {"m": 1})
+    checkpoint = load_checkpoint(path)
+    assert path.name == "step-000000000003"
+    assert checkpoint.spec == spec and checkpoint.positions == {"f": 9} and checkpoint.metrics == {"m": 1}
+    assert torch.equal(checkpoint.state["w"], torch.arange(4))
+
+
+# -- metrics ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_auc_matches_brute_force_with_ties(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 300))
+    labels = rng.integers(0, 2, n)
+    labels[0], labels[1] = 0, 1  # both classes present
+    scores = np.round(rng.random(n), int(rng.integers(0, 3)))  # 1 to 100 distinct values: many ties
+    assert auc(labels, scores) == pytest.approx(brute_force_auc(labels, scores), abs=1e-12)
+
+
+def test_auc_edge_cases():
+    assert auc([0, 1], [0.1, 0.9]) == 1.0
+    assert auc([1, 0], [0.1, 0.9]) == 0.0
+    assert auc([0, 1, 0, 1], [0.5, 0.5, 0.5, 0.5]) == 0.5
+    assert auc([0, 0, 1], [0.2, 0.7, 0.7]) == pytest.approx(0.75)
+    assert math.isnan(auc([1, 1], [0.1, 0.2]))
+    assert math.isnan(auc([0, 0], [0.1, 0.2]))
+    # only the order matters
+    labels = [0, 1, 1, 0, 1]
+    scores = np.array([0.1, 0.4, 0.35, 0.8, 0.7])
+    assert auc(labels, scores) == auc(labels, np.exp(scores * 10))
+    assert auc(labels, scores) == pytest.approx(brute_force_auc(labels, scores))
+    # float labels as they come out of a batch
+    assert auc(np.array([0.0, 1.0, 1.0], np.float32), [0.3, 0.2, 0.9]) == pytest.approx(0.5)
+
+
+def test_logloss():
+    labels = np.array([1, 0, 1, 0])
+    p = np.array([0.9, 0.2, 0.6, 0.4])
+    expected = -np.mean(np.log([0.9, 0.8, 0.6, 0.6]))
+    assert logloss(labels, p) == pytest.approx(expected)
+    assert math.isfinite(logloss([1, 0], [0.0, 1.0]))  # clipped, not infinite
+
+
+# -- learning -----------------------------------------------------------------------------------
+
+
+def test_training_on_planted_data_learns():
+    batches, _ = planted_batches(SPEC, rows=20_480, batch_size=256, stream=0)
+    held_out, probabilities = planted_batches(SPEC, rows=4_000, batch_size=1_000, stream=1, source="day-1")
+    trainer = Trainer(SPEC, CONFIG)
+    before = trainer.evaluate(held_out)
+    stats = trainer.train(batches)
+    after = trainer.evaluate(held_out)
+
+    assert stats.steps == len(batches) == trainer.step
+    assert stats.samples == 20_480 == trainer.samples
+    assert stats.positions == trainer.positions == {"day-0": 20_480}
+    assert math.isfinite(stats.mean_loss)
+    assert after.samples == 4_000
+    labels = np.concatenate([b.data.column("label").to_numpy() for b in held_out])
+    ceiling = auc(labels, probabilities)  # the true click probabilities
+    assert ceiling > 0.68
+    assert after.auc > 0.62, (before, after, ceiling)
+    assert after.auc > before.auc + 0.08
+    assert after.logloss < before.logloss
+    assert abs(after.mean_prediction - after.mean_label) < 0.05
