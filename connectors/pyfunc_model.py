@@ -35,7 +35,7 @@ class CtrModel(mlflow.pyfunc.PythonModel):
             config = json.load(f)
         self.plan = PackingPlan.from_spec(self.spec)
         self.model = build_model(config["model"], self.spec, self.plan, tuple(config["hidden"]))
-        self.model.load_state_dict(torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True))
+        self.model.load_state_dict(torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True, map_location="cpu"))
         self.model.eval()
         self.decoder = RecordDecoder(self.spec, DecodeOptions(require_label=False))
 

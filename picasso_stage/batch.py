@@ -46,6 +46,17 @@ class TorchBatch:
     def num_samples(self) -> int:
         return self.label.shape[0]
 
+    def to(self, device: torch.device) -> "TorchBatch":
+        if device.type == "cpu":
+            return self
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return TorchBatch(
+            label=move(self.label),
+            dense=move(self.dense),
+            ids={k: move(v) for k, v in self.ids.items()},
+            offsets={k: move(v) for k, v in self.offsets.items()},
+        )
+
 
 @dataclass(frozen=True)
 class PackedBatch:

@@ -97,7 +97,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     return Checkpoint(
         path=path,
-        state=torch.load(path / "state.pt", weights_only=True),
+        state=torch.load(path / "state.pt", weights_only=True, map_location="cpu"),
         positions=json.loads((path / "positions.json").read_text()),
         spec=load_spec(path / "spec.yaml"),
         metrics=json.loads((path / "metrics.json").read_text()),

@@ -38,6 +38,7 @@ class TrainConfig:
     lr_sparse: float = 0.05  # Adagrad on embedding rows
     seed: int = 0
     log_every: int = 100  # steps between progress lines
+    device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,12 @@ class TrainStats:
         return self.loss_sum / self.samples if self.samples else float("nan")
 
 
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
 def merge_positions(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     """Positions are 'next row/offset to read' per source: the furthest one wins."""
     merged = dict(a)
@@ -85,7 +92,8 @@ class Trainer:
         self.config = config
         self.plan = PackingPlan.from_spec(spec)
         torch.manual_seed(config.seed)
-        self.model = build_model(config.model, spec, self.plan, config.hidden)
+        self.device = resolve_device(config.device)
+        self.model = build_model(config.model, spec, self.plan, config.hidden).to(self.device)
         embedding_params = [p for name, p in self.model.named_parameters() if ".tables." in name]
         embedding_ids = {id(p) for p in embedding_params}
         dense_params = [p for p in self.model.parameters() if id(p) not in embedding_ids]
@@ -108,7 +116,7 @@ class Trainer:
         self.positions = merge_positions(self.positions, batch.positions)
         if batch.num_samples == 0:
             return 0.0
-        tensors = batch.to_torch()
+        tensors = batch.to_torch().to(self.device)
         self.model.train()
         logits = self.model(tensors)
         loss = F.binary_cross_entropy_with_logits(logits, tensors.label, reduction="mean")
@@ -140,7 +148,7 @@ class Trainer:
     @torch.no_grad()
     def predict(self, batch: PackedBatch) -> np.ndarray:
         self.model.eval()
-        return torch.sigmoid(self.model(batch.to_torch())).numpy()
+        return torch.sigmoid(self.model(batch.to_torch().to(self.device))).cpu().numpy()
 
     def evaluate(self, batches: Iterable[PackedBatch]) -> EvalMetrics:
         labels, scores = [], []

@@ -37,7 +37,11 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_daily_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workdir", required=True, help="checkpoints, dead letters and run results go here")
-    parser.add_argument("--mlflow-uri", help="MLflow tracking URI (default: sqlite:///WORKDIR/mlflow.db)")
+    parser.add_argument(
+        "--mlflow-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db)",
+    )
     parser.add_argument("--experiment", default="picasso")
     parser.add_argument("--model-name", default="picasso-ctr")
     parser.add_argument("--batch-size", type=int, default=2048)
@@ -46,6 +50,7 @@ def _add_daily_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr-sparse", type=float, default=0.05)
     parser.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
     parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
     parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (FnApiRunner, DirectRunner, ...)")
 
 
@@ -111,7 +116,10 @@ def _daily(args, data: str, date: str):
         spec=load_spec(args.spec),
         mlflow=target,
         train=TrainConfig(
-            hidden=tuple(int(size) for size in args.hidden.split(",")), lr_dense=args.lr_dense, lr_sparse=args.lr_sparse
+            hidden=tuple(int(size) for size in args.hidden.split(",")),
+            lr_dense=args.lr_dense,
+            lr_sparse=args.lr_sparse,
+            device=args.device,
         ),
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         batch_size=args.batch_size,

@@ -169,10 +169,31 @@ def test_missing_optional_fields_get_defaults():
     assert decoder.decode_json(['{"label": 1}'], "s").table.to_pylist() == [empty]
     nulls = '{"label": 1, "d1": null, "d2": null, "h": null, "v": null, "bag": null, "vbag": null}'
     assert decoder.decode_json([nulls], "s").table.to_pylist() == [empty]
-    assert decoder.decode_json(['{"label": 1, "bag": [], "vbag": []}'], "s").table.to_pylist() == [empty]
     assert decoder.decode_tsv(["1\t\t\t\t\t\t"], "s").table.to_pylist() == [empty]
     assert decoder.decode_table(pa.table({"label": [1]}), "s").table.to_pylist() == [empty]
     assert decoder.decode_table(to_table([{"label": 1}]), "s").table.to_pylist() == [empty]
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        ['{"label": 1, "bag": [], "vbag": []}'],  # only empty bags: JSON gives them no id type
+        ['{"label": 1, "bag": []}', '{"label": 0, "bag": []}'],
+    ],
+)
+def test_batches_of_only_empty_bags(messages):
+    result = RecordDecoder(SPEC).decode_json(messages, "s")
+    check_accounting(result, len(messages))
+    assert result.dead_letters == []
+    assert result.table.column("bag").to_pylist() == [[]] * len(messages)
+    assert result.table.column("vbag").to_pylist() == [[]] * len(messages)
+
+
+def test_empty_bags_only_in_a_table():
+    table = pa.table({"label": [1, 0], "bag": pa.array([[], []], pa.list_(pa.string())), "vbag": [[], None]})
+    result = RecordDecoder(SPEC).decode_table(table, "s")
+    assert result.dead_letters == []
+    assert result.table.column("bag").to_pylist() == [[], []]
 
 
 def test_log1p_is_signed():
@@ -271,16 +292,23 @@ def test_bad_json_record_becomes_a_dead_letter(message, words, context):
         assert result.valid_mask.tolist() == [True, False, True, True]
 
 
+@pytest.mark.parametrize(
+    "message, field",
+    [
+        ('{"label": 0, "bag": ["a", null]}', "bag"),
+        ('{"label": 0, "bag": [null]}', "bag"),  # no id at all to give the column a type
+        ('{"label": 0, "vbag": [null]}', "vbag"),
+    ],
+)
 @pytest.mark.parametrize("context", ["between-good-rows", "alone"])
-def test_null_id_in_a_hashed_bag_becomes_a_dead_letter(context):
+def test_null_id_in_a_bag_becomes_a_dead_letter(message, field, context):
     decoder = RecordDecoder(SPEC)
-    message = '{"label": 0, "bag": ["a", null]}'
     messages = [to_json(GOOD[0]), message] if context == "between-good-rows" else [message]
     result = decoder.decode_json(messages, "s")  # must not raise
     check_accounting(result, len(messages))
     [letter] = result.dead_letters
     assert letter.position == len(messages) - 1 and letter.payload == message
-    assert "'bag'" in letter.reason and "null" in letter.reason
+    assert f"'{field}'" in letter.reason and ("null" in letter.reason or "None" in letter.reason), letter.reason
 
 
 def test_every_bad_json_record_at_once():
@@ -523,7 +551,7 @@ def test_dictionary_encoded_string_columns_from_parquet(tmp_path):
     assert result.table.to_pylist() == [canonical(r) for r in GOOD]
 
 
-def test_dictionary_encoded_integer_columns():
+def test_dictionary_encoded_integer_ids_in_a_vocab_field():
     # e.g. an Arrow batch built from pandas categoricals: integer ids, dictionary-encoded
     plain = to_table(GOOD)
     encoded = plain.set_column(plain.schema.get_field_index("v"), "v", plain.column("v").dictionary_encode())
@@ -531,6 +559,28 @@ def test_dictionary_encoded_integer_columns():
     result = RecordDecoder(SPEC).decode_table(encoded, "kafka")
     assert [d.reason for d in result.dead_letters] == []
     assert result.table.to_pylist() == [canonical(r) for r in GOOD]
+
+
+def test_dictionary_encoded_integer_ids_in_a_hashed_field():
+    table = pa.table({"label": [1, 0, 1], "h": pa.array([5, 6, 5]).dictionary_encode()})
+    result = RecordDecoder(SPEC).decode_table(table, "kafka")  # must not raise
+    assert [d.reason for d in result.dead_letters] == []
+    assert result.table.column("h").to_pylist() == [[bucket_of(5, 100)], [bucket_of(6, 100)], [bucket_of(5, 100)]]
+
+
+def test_dictionary_encoded_string_ids_with_nulls():
+    table = pa.table(
+        {
+            "label": [1, 0, 1],
+            "h": pa.array(["a", None, "b"]).dictionary_encode(),
+            "bag": pa.array([["a"], ["b", None], []], pa.list_(pa.dictionary(pa.int32(), pa.string()))),
+        }
+    )
+    result = RecordDecoder(SPEC).decode_table(table, "f")
+    check_accounting(result, 3)
+    [letter] = result.dead_letters
+    assert letter.position == 1 and "'bag'" in letter.reason and "null" in letter.reason
+    assert result.table.column("h").to_pylist() == [[bucket_of("a", 100)], [bucket_of("b", 100)]]
 
 
 # -- dead letters ---------------------------------------------------------------------------

@@ -159,3 +159,12 @@ def test_buckets_spread():
     ints = hash_to_buckets(pa.array(np.arange(5000)), 100)
     assert len(set(strings.tolist())) >= 95
     assert len(set(ints.tolist())) >= 95
+
+
+def test_vectorised_dictionary_encoded_strings_match_scalar():
+    encoded = pa.array(STRINGS).dictionary_encode()
+    assert hash_to_buckets(encoded, 1009).tolist() == [bucket_of(s, 1009) for s in STRINGS]
+    for start, length in ((1, 4), (9, 6)):
+        rows = hash_to_buckets(encoded.slice(start, length), 1 << 50)
+        assert rows.tolist() == [bucket_of(s, 1 << 50) for s in STRINGS[start : start + length]]
+
