@@ -161,14 +161,24 @@ class RecordDecoder:
         """
         n = len(lines)
         verdicts = _Verdicts(n)
-        names = ["label", *self.spec.dense_names, *self.spec.sparse_names]
+        names = [self.spec.label, *self.spec.dense_names, *self.spec.sparse_names]
         malformed: list[int] = []
 
         def on_invalid_row(row) -> str:
             malformed.append(row.number - 1)
             return "skip"
 
-        data = b"\n".join(line if isinstance(line, bytes) else line.encode() for line in lines)
+        encoded = [line if isinstance(line, bytes) else line.encode() for line in lines]
+        # One line that is not UTF-8 would make the reader refuse the whole chunk: refuse it
+        # alone, and hand the reader an empty row of the right width in its place.
+        placeholder = b"\t" * (len(names) - 1)
+        for i, line in enumerate(encoded):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as err:
+                verdicts.refuse(np.array([i]), lambda _, err=err: f"TSV line is not UTF-8: {err.reason} at byte {err.start}")
+                encoded[i] = placeholder
+        data = b"\n".join(encoded)
         try:
             table = pa_csv.read_csv(
                 io.BytesIO(data),
@@ -190,7 +200,9 @@ class RecordDecoder:
                 lambda i: f"malformed TSV line: expected {expected} tab-separated values, "
                 f"got {_text(lines[i]).count(chr(9)) + 1}" if table is not None else f"unreadable TSV: {error}",
             )
-        kept = np.flatnonzero(~verdicts.bad)  # lines the CSV reader returned, in order
+        returned = np.ones(n, dtype=bool)
+        returned[malformed] = False
+        kept = np.flatnonzero(returned)  # lines the CSV reader returned, in order
         columns = {}
         if table is not None:
             for name in names:
@@ -208,7 +220,10 @@ class RecordDecoder:
         if name in self.spec.sparse_names:
             f = self.spec.sparse_field(name)
             if f.multi_hot:
-                column = pc.split_pattern(column, ",")
+                bags = pc.split_pattern(column, ",")
+                ids = pc.list_flatten(bags)
+                ids = pc.if_else(pc.equal(ids, ""), pa.scalar(None, pa.string()), ids)
+                column = pa.ListArray.from_arrays(bags.offsets, ids, mask=bags.is_null())
             if f.hashed:
                 return column
             try:
@@ -241,14 +256,21 @@ class RecordDecoder:
             verdicts.refuse(label_null, lambda _: f"missing label '{spec.label}'")
             out_of_range = ~label_null & ((label < 0) | (label > 1))
             verdicts.refuse(out_of_range, lambda i: f"label '{spec.label}' must be in [0, 1], got {label[i]}")
-        out["label"] = np.where(label_null, 0.0, label).astype(np.float32)
+        # Refused or missing labels (any value outside [0, 1]) are zeroed before the cast.
+        out["label"] = np.where(label_null | verdicts.bad, 0.0, label).astype(np.float32)
 
         for f in spec.dense:
             values, null = self._numbers(f.name, columns.get(f.name), n, verdicts)
             values = np.where(null, 0.0, values)
             if f.transform == "log1p":
                 values = np.sign(values) * np.log1p(np.abs(values))
-            out[f.name] = values.astype(np.float32)
+            with np.errstate(over="ignore"):  # overflow is what the next line looks for
+                values = values.astype(np.float32)
+            too_big = ~np.isfinite(values)
+            if too_big.any():
+                verdicts.refuse(too_big, lambda i, name=f.name: f"field '{name}': value does not fit a float32")
+                values[too_big] = 0.0
+            out[f.name] = values
 
         for f in spec.sparse:
             out[f.name] = self._sparse(f, columns.get(f.name), n, verdicts)
@@ -318,9 +340,7 @@ class RecordDecoder:
         verdicts.refuse(lengths > f.max_len, lambda i: f"field '{f.name}': {lengths[i]} ids, more than max_len {f.max_len}")
         if not f.hashed:
             out_of_range = (rows < 0) | (rows >= f.vocab_size)
-            verdicts.refuse(
-                owner[out_of_range], lambda i: f"field '{f.name}': id out of range [0, {f.vocab_size})"
-            )
+            verdicts.refuse(owner[out_of_range], lambda i: _out_of_range(f))
             rows = np.where(out_of_range, 0, rows)
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
@@ -338,10 +358,17 @@ class RecordDecoder:
                 kind = "integer or string" if f.hashed else "integer"
                 verdicts.refuse(np.array([i]), lambda _: f"field '{f.name}': expected {kind} ids, got {_describe(wrong[0])}")
                 continue
+            if not f.hashed and any(not 0 <= v < f.vocab_size for v in bag):
+                verdicts.refuse(np.array([i]), lambda _: _out_of_range(f))
+                continue
             lengths[i] = len(bag)
             rows.extend(bucket_of(v, f.hash_buckets) if f.hashed else v for v in bag)
             owner.extend([i] * len(bag))
         return lengths, np.array(rows, dtype=np.int64), np.array(owner, dtype=np.int64)
+
+
+def _out_of_range(f: SparseField) -> str:
+    return f"field '{f.name}': id out of range [0, {f.vocab_size})"
 
 
 def _valid_id(value, f: SparseField) -> bool:
@@ -365,14 +392,25 @@ def _id_parts(arr: pa.Array, n: int) -> tuple[np.ndarray, pa.Array, np.ndarray] 
         if not _id_type_ok(arr.type.value_type):
             return None
         lengths = pc.list_value_length(arr).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-        flat = pc.list_flatten(arr)
+        flat = _plain_ids(pc.list_flatten(arr))
         return lengths, flat, _null_mask(flat, len(flat))
     if not _id_type_ok(arr.type):
         return None
     # A single id per row is a bag of one; a missing one, an empty bag.
     present = ~_null_mask(arr, n)
-    flat = arr if arr.null_count == 0 else arr.filter(pa.array(present))
+    flat = _plain_ids(arr if arr.null_count == 0 else arr.filter(pa.array(present)))
     return present.astype(np.int64), flat, np.zeros(len(flat), dtype=bool)
+
+
+def _plain_ids(ids: pa.Array) -> pa.Array:
+    """Ids as integers or strings: bags that held only nulls (Arrow's null type) become
+    int64, and integer dictionaries are decoded. String dictionaries stay encoded, so
+    that only their distinct values are hashed."""
+    if pa.types.is_null(ids.type):
+        return ids.cast(pa.int64())
+    if pa.types.is_dictionary(ids.type) and pa.types.is_integer(ids.type.value_type):
+        return ids.dictionary_decode()
+    return ids
 
 
 def _null_mask(values, n: int) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Columns (all N rows long):
 - `label`: float32.
-- `dense`: fixed_size_list<float32>[num_dense].
+- `dense`: fixed_size_list<float32>[num_dense]; absent when the spec has no dense fields.
 - per packing group g:
   - `g.ids`: list<int64>; a sample's ids for all of g's fields, field after field, already
     offset into g's table. Flattened, it is the flat id array of the group.
@@ -75,7 +75,11 @@ class PackedBatch:
         """Views of the Arrow buffers as tensors: nothing is copied."""
         data = self.data
         n = data.num_rows
-        dense = _numpy(data.column("dense").flatten())
+        if "dense" in data.schema.names:
+            width = data.schema.field("dense").type.list_size
+            dense = torch.from_numpy(_numpy(data.column("dense").flatten())).view(n, width)
+        else:  # a spec without dense fields (Arrow has no fixed-size list of size 0)
+            dense = torch.zeros(n, 0)
         ids, offsets = {}, {}
         for name in data.schema.names:
             if name.endswith(".ids"):
@@ -87,7 +91,7 @@ class PackedBatch:
                 offsets[group] = torch.from_numpy(bag_starts - base if base else bag_starts)
         return TorchBatch(
             label=torch.from_numpy(_numpy(data.column("label"))),
-            dense=torch.from_numpy(dense).view(n, -1),
+            dense=dense,
             ids=ids,
             offsets=offsets,
         )
@@ -132,15 +136,10 @@ def _pack_group(table: pa.Table, group: PackedGroup) -> tuple[pa.Array, pa.Array
 def pack(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, positions: dict[str, int] | None = None) -> PackedBatch:
     """Pack a canonical table (see connectors.decoders) into one PackedBatch."""
     dense_names = spec.dense_names
-    n = table.num_rows
+    columns = {"label": pa.array(table.column("label").to_numpy().astype(np.float32, copy=False))}
     if dense_names:
         dense = np.stack([table.column(name).to_numpy() for name in dense_names], axis=1).astype(np.float32)
-    else:
-        dense = np.zeros((n, 0), dtype=np.float32)
-    columns = {
-        "label": pa.array(table.column("label").to_numpy().astype(np.float32, copy=False)),
-        "dense": pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), len(dense_names)),
-    }
+        columns["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), len(dense_names))
     for group in plan.groups:
         columns[f"{group.name}.ids"], columns[f"{group.name}.offsets"] = _pack_group(table, group)
     metadata = {POSITIONS_KEY: json.dumps(positions or {}, sort_keys=True).encode()}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from picasso.spec import DenseField, FeatureSpec, SparseField
+from picasso.spec import DenseField, FeatureSpec, SparseField, SpecError
 
 CRITEO_DENSE = 13
 CRITEO_SPARSE = 26
@@ -64,5 +64,8 @@ def builtin_spec(name: str) -> FeatureSpec | None:
         return criteo_spec()
     match = re.fullmatch(r"criteo:(\d+)", name)
     if match:
-        return scaled_spec(int(match.group(1)))
+        try:
+            return scaled_spec(int(match.group(1)))
+        except ValueError as err:
+            raise SpecError([f"spec '{name}': {err}"]) from err
     return None

@@ -80,9 +80,11 @@ def hash_to_buckets(values: pa.Array, buckets: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         if pa.types.is_integer(values.type):
             h = splitmix64_array(values.to_numpy(zero_copy_only=False))
-        elif pa.types.is_dictionary(values.type):
+        elif pa.types.is_dictionary(values.type) and not pa.types.is_integer(values.type.value_type):
             distinct = _fnv1a64_strings(values.dictionary)
             h = distinct[values.indices.to_numpy(zero_copy_only=False)]
+        elif pa.types.is_dictionary(values.type):
+            h = splitmix64_array(values.dictionary_decode().to_numpy(zero_copy_only=False))
         else:
             h = _fnv1a64_strings(values)
     return (h % np.uint64(buckets)).astype(np.int64)

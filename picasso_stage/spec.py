@@ -176,7 +176,8 @@ def parse_spec(raw: Any) -> FeatureSpec:
     label = raw.get("label")
     if not isinstance(label, str) or not label:
         problems.append("spec: missing 'label' (the name of the click column)")
-    dense_raw, sparse_raw = raw.get("dense") or [], raw.get("sparse") or []
+    # An absent or empty (null) list is no fields; anything else must be a list.
+    dense_raw, sparse_raw = (raw.get(key) if raw.get(key) is not None else [] for key in ("dense", "sparse"))
     for key, value in (("dense", dense_raw), ("sparse", sparse_raw)):
         if not isinstance(value, list):
             problems.append(f"spec: '{key}' must be a list of fields")
@@ -217,4 +218,6 @@ def load_spec(ref: str | Path | FeatureSpec) -> FeatureSpec:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
         raise SpecError([f"spec '{text}': not valid YAML: {err}"]) from err
+    except (OSError, UnicodeDecodeError) as err:
+        raise SpecError([f"spec '{text}': cannot be read: {err}"]) from err
     return parse_spec(raw)

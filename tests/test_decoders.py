@@ -311,6 +311,21 @@ def test_null_id_in_a_bag_becomes_a_dead_letter(message, field, context):
     assert f"'{field}'" in letter.reason and ("null" in letter.reason or "None" in letter.reason), letter.reason
 
 
+@pytest.mark.parametrize(
+    "message, field",
+    [
+        ('{"label": 0, "v": 100000000000000000000}', "v"),  # a JSON integer beyond int64
+        ('{"label": 0, "vbag": [1, -100000000000000000000]}', "vbag"),
+    ],
+)
+def test_vocab_id_beyond_int64_becomes_a_dead_letter(message, field):
+    result = RecordDecoder(SPEC).decode_json([to_json(GOOD[0]), message], "s")  # must not raise
+    check_accounting(result, 2)
+    [letter] = result.dead_letters
+    assert letter.position == 1 and letter.payload == message and f"'{field}'" in letter.reason
+    assert result.table.to_pylist() == [canonical(GOOD[0])]
+
+
 def test_every_bad_json_record_at_once():
     """All the bad records of BAD_JSON in one batch, between good ones: each is refused
     for its own field (the wording may differ: a mixed column takes the slow path), and
@@ -383,6 +398,64 @@ def test_dense_values_are_finite_in_float32():
     assert np.isfinite(np.array(result.table.column("d1").to_pylist(), dtype=np.float32)).all()
     for letter in result.dead_letters:
         assert "'d1'" in letter.reason
+
+
+# -- anything at all: no exception, every row accounted for, valid rows within the spec ------
+
+FUZZ_VALUES = [
+    None, 0, 1, -1, 0.5, 2, 1.5, -0.0, 7, 19, 10**20, 1e300, float("nan"), float("inf"),
+    "a", "", "7", "日本", True, False, [], [None], ["a"], ["a", "b"], ["a", "b", "c", "d"],
+    [1], [1, 2, 3], [1, 2, 3, 4], [1.5], [-1], [[1]], {"x": 1},
+]
+
+
+def assert_valid_canonical(table: pa.Table) -> None:
+    for row in table.to_pylist():
+        assert 0.0 <= row["label"] <= 1.0
+        assert math.isfinite(row["d1"]) and math.isfinite(row["d2"])
+        for name, rows, max_len in (("h", 100, 1), ("v", 10, 1), ("bag", 50, 3), ("vbag", 20, 3)):
+            assert len(row[name]) <= max_len
+            assert all(0 <= i < rows for i in row[name]), (name, row[name])
+
+
+def test_json_fuzz_never_raises():
+    import random
+
+    problems = []
+    for seed in range(300):
+        decoder = RecordDecoder(SPEC, DecodeOptions(unknown_fields="reject" if seed % 2 else "ignore"))
+        rng = random.Random(seed)
+        messages = []
+        for _ in range(rng.randint(1, 6)):
+            record = {name: rng.choice(FUZZ_VALUES) for name in ORDER + ["extra"] if rng.random() < 0.6}
+            messages.append(json.dumps(record))
+        if rng.random() < 0.2:
+            messages.insert(rng.randint(0, len(messages)), rng.choice(["garbage", "[]", "{", "null"]))
+        try:
+            result = decoder.decode_json(messages, "fuzz", first_position=seed * 10)
+        except Exception as err:  # collected, so the report shows every distinct failure
+            problems.append(f"{type(err).__name__}: {err} <- {messages}")
+            continue
+        assert result.rows_in == len(messages)
+        for letter in result.dead_letters:
+            assert letter.payload == messages[letter.position - seed * 10]
+        assert_valid_canonical(result.table)
+    assert not problems, "\n".join(sorted(set(p.split(" <- ")[0] for p in problems))) + "\n" + problems[0]
+
+
+def test_tsv_fuzz_never_raises():
+    import random
+
+    cells = ["", "0", "1", "2", "-3", "0.5", "nan", "inf", "abc", "a,b", "a,b,c,d", "1,2", "1,,2", "19", "20", "-1", "1e300", "日本"]
+    decoder = RecordDecoder(SPEC)
+    for seed in range(200):
+        rng = random.Random(seed)
+        lines = ["\t".join(rng.choice(cells) for _ in range(rng.choice([7, 7, 7, 6, 8, 1]))) for _ in range(rng.randint(1, 6))]
+        result = decoder.decode_tsv(lines, "fuzz")
+        assert result.rows_in == len(lines)
+        for letter in result.dead_letters:
+            assert letter.payload == lines[letter.position]
+        assert_valid_canonical(result.table)
 
 
 # -- bad TSV lines ------------------------------------------------------------------------
