@@ -96,6 +96,7 @@ class RecordDecoder:
         self.spec = spec
         self.options = options
         self.known = {spec.label, *spec.dense_names, *spec.sparse_names}
+        self._log1p = np.array([f.transform == "log1p" for f in spec.dense], dtype=bool)
         self.schema = pa.schema(
             [pa.field("label", pa.float32())]
             + [pa.field(f.name, pa.float32()) for f in spec.dense]
@@ -254,23 +255,16 @@ class RecordDecoder:
         label, label_null = self._numbers(spec.label, label_values, n, verdicts)
         if self.options.require_label:
             verdicts.refuse(label_null, lambda _: f"missing label '{spec.label}'")
-            out_of_range = ~label_null & ((label < 0) | (label > 1))
+            not_finite = ~label_null & ~np.isfinite(label)
+            verdicts.refuse(not_finite, lambda i: f"label '{spec.label}' is not finite ({label[i]})")
+            out_of_range = ~label_null & ~not_finite & ((label < 0) | (label > 1))
             verdicts.refuse(out_of_range, lambda i: f"label '{spec.label}' must be in [0, 1], got {label[i]}")
         # Refused or missing labels (any value outside [0, 1]) are zeroed before the cast.
         out["label"] = np.where(label_null | verdicts.bad, 0.0, label).astype(np.float32)
 
-        for f in spec.dense:
-            values, null = self._numbers(f.name, columns.get(f.name), n, verdicts)
-            values = np.where(null, 0.0, values)
-            if f.transform == "log1p":
-                values = np.sign(values) * np.log1p(np.abs(values))
-            with np.errstate(over="ignore"):  # overflow is what the next line looks for
-                values = values.astype(np.float32)
-            too_big = ~np.isfinite(values)
-            if too_big.any():
-                verdicts.refuse(too_big, lambda i, name=f.name: f"field '{name}': value does not fit a float32")
-                values[too_big] = 0.0
-            out[f.name] = values
+        dense = self._dense(columns, n, verdicts)
+        for j, f in enumerate(spec.dense):
+            out[f.name] = dense[:, j]
 
         for f in spec.sparse:
             out[f.name] = self._sparse(f, columns.get(f.name), n, verdicts)
@@ -295,8 +289,33 @@ class RecordDecoder:
         ]
         return DecodeResult(table=table, dead_letters=dead, valid_mask=good)
 
+    def _dense(self, columns: dict[str, object], n: int, verdicts: _Verdicts) -> np.ndarray:
+        """Every dense field in one (n, fields) float32 matrix, so transforms and checks run
+        once for all of them: missing values are 0, log1p applied, and values that are not
+        finite, or overflow a float32, refused."""
+        fields = self.spec.dense
+        values = np.zeros((n, len(fields)))
+        for j, f in enumerate(fields):
+            column, null = self._numbers(f.name, columns.get(f.name), n, verdicts)
+            values[:, j] = np.where(null, 0.0, column) if null.any() else column
+        if self._log1p.any():
+            logged = values[:, self._log1p]
+            values[:, self._log1p] = np.sign(logged) * np.log1p(np.abs(logged))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is what is checked next
+            dense = values.astype(np.float32)
+        bad = ~np.isfinite(dense)
+        if bad.any():
+            for j in np.flatnonzero(bad.any(axis=0)):
+                def reason(i: int, j: int = j) -> str:
+                    problem = "does not fit a float32" if np.isfinite(values[i, j]) else "not finite"
+                    return f"field '{fields[j].name}': {problem} ({values[i, j]})"
+
+                verdicts.refuse(bad[:, j], reason)
+            dense[bad] = 0.0
+        return dense
+
     def _numbers(self, name: str, values, n: int, verdicts: _Verdicts) -> tuple[np.ndarray, np.ndarray]:
-        """float64 values and a null mask; wrong types and non-finite values are refused."""
+        """float64 values and a null mask; values of a wrong type are refused."""
         if values is None:
             return np.zeros(n), np.ones(n, dtype=bool)
         arr = _as_array(values)
@@ -310,9 +329,7 @@ class RecordDecoder:
             wrong = np.array([v is not None and not (_is_number(v) or isinstance(v, bool)) for v in items], dtype=bool)
             verdicts.refuse(wrong, lambda i: f"field '{name}': expected a number, got {_describe(items[i])}")
             numbers = np.array([float(v) if (_is_number(v) or isinstance(v, bool)) else 0.0 for v in items])
-        not_finite = ~null & ~np.isfinite(numbers)
-        verdicts.refuse(not_finite, lambda i: f"field '{name}': not finite ({numbers[i]})")
-        return np.where(not_finite, 0.0, numbers), null
+        return numbers, null
 
     def _sparse(self, f: SparseField, values, n: int, verdicts: _Verdicts) -> pa.ListArray:
         """Bags of row indices (before packing offsets), one per row; bad rows refused."""

@@ -12,7 +12,7 @@ from apache_beam.metrics import Metrics
 
 from picasso.connectors.day_files import RawChunk
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
-from picasso.hashing import fnv1a64, splitmix64_array
+from picasso.hashing import hash_bytes, splitmix64_array
 from picasso.spec import FeatureSpec
 
 TRAIN, HOLDOUT, DEAD_LETTERS = "train", "holdout", "dead_letters"
@@ -30,7 +30,7 @@ def holdout_mask(source: str, first_row: int, num_rows: int, fraction: float) ->
     if fraction <= 0:
         return np.zeros(num_rows, dtype=bool)
     name = f"{Path(source).parent.name}/{Path(source).name}"
-    salt = np.uint64(fnv1a64(name.encode()) & 0x7FFFFFFFFFFFFFFF)
+    salt = np.uint64(hash_bytes(name.encode()) & 0x7FFFFFFFFFFFFFFF)
     with np.errstate(over="ignore"):
         h = splitmix64_array(np.arange(first_row, first_row + num_rows, dtype=np.uint64) + salt)
     return (h % np.uint64(1_000_000)) < np.uint64(round(fraction * 1_000_000))

@@ -7,26 +7,35 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.hashing import FNV_OFFSET, FNV_PRIME, bucket_of, fnv1a64, hash_to_buckets, splitmix64
+from picasso.hashing import bucket_of, hash_bytes, hash_to_buckets, splitmix64
 
 # -- pinned values: changing any of these re-maps every trained embedding row ----------
+
+
+def _word(chunk: bytes) -> int:
+    return int.from_bytes(chunk.ljust(8, b"\0"), "little")
 
 
 @pytest.mark.parametrize(
     "data, expected",
     [
-        (b"", 0xCBF29CE484222325),  # the FNV-1a 64 offset basis
-        (b"a", 0xAF63DC4C8601EC8C),  # published FNV-1a 64 test vectors
-        (b"foobar", 0x85944171F73967E8),
+        (b"", 0xE220A8397B1DCDAF),  # one zero word: splitmix64(0)
+        (b"a", 0x6232969000262121),
+        (b"68fd1e64", 0x9CB6CEB10933FAEA),  # a Criteo-like token: exactly one word
+        (b"foobar123", 0x921AF4F86005EC90),  # two words
     ],
 )
-def test_fnv1a64_reference_values(data, expected):
-    assert fnv1a64(data) == expected
+def test_string_hash_reference_values(data, expected):
+    assert hash_bytes(data) == expected
 
 
-def test_fnv_constants():
-    assert FNV_OFFSET == 0xCBF29CE484222325
-    assert FNV_PRIME == 0x100000001B3
+def test_string_hash_follows_its_definition():
+    # h = byte length; then h = splitmix64(h ^ word) for each zero-padded 8-byte word.
+    assert hash_bytes(b"a") == splitmix64(1 ^ _word(b"a"))
+    assert hash_bytes(b"foobar123") == splitmix64(splitmix64(9 ^ _word(b"foobar12")) ^ _word(b"3"))
+    # The length is mixed in, so zero padding cannot make two ids equal.
+    assert hash_bytes(b"a") != hash_bytes(b"a\0")
+    assert hash_bytes(b"") != hash_bytes(b"\0")
 
 
 @pytest.mark.parametrize(
@@ -41,21 +50,21 @@ def test_splitmix64_reference_values(value, expected):
 
 
 def test_bucket_of_pinned_values():
-    assert bucket_of("", 1 << 62) == 0xCBF29CE484222325 % (1 << 62)
-    assert bucket_of("a", 1000) == 0xAF63DC4C8601EC8C % 1000
+    assert bucket_of("", 1 << 62) == 0xE220A8397B1DCDAF % (1 << 62)
+    assert bucket_of("a", 1000) == 0x6232969000262121 % 1000
     assert bucket_of(0, 1000) == 0xE220A8397B1DCDAF % 1000
     assert bucket_of(-1, 97) == splitmix64((1 << 64) - 1) % 97  # negatives wrap as unsigned 64-bit
 
 
 def test_string_and_integer_ids_differ():
-    # "123" and 123 are different ids: the string is FNV-hashed, the integer mixed.
+    # "123" and 123 are different ids: the string's bytes are hashed, the integer mixed.
     assert bucket_of("123", 1 << 40) != bucket_of(123, 1 << 40)
     assert hash_to_buckets(pa.array(["123"]), 1 << 40)[0] != hash_to_buckets(pa.array([123]), 1 << 40)[0]
 
 
 def test_unicode_strings_hash_their_utf8_bytes():
-    assert bucket_of("é", 1 << 62) == fnv1a64("é".encode("utf-8")) % (1 << 62)
-    assert fnv1a64("é".encode("utf-8")) != fnv1a64("é".encode("latin-1"))
+    assert bucket_of("é", 1 << 62) == hash_bytes("é".encode("utf-8")) % (1 << 62)
+    assert hash_bytes("é".encode("utf-8")) != hash_bytes("é".encode("latin-1"))
 
 
 # -- vectorised == scalar -----------------------------------------------------------------
