@@ -271,25 +271,31 @@ BAD_JSON = [
 ]
 
 
-@pytest.mark.parametrize("message, words", [c[1:] for c in BAD_JSON], ids=[c[0] for c in BAD_JSON])
-@pytest.mark.parametrize("context", ["between-good-rows", "alone"])
-def test_bad_json_record_becomes_a_dead_letter(message, words, context):
-    decoder = RecordDecoder(SPEC)
-    good = [to_json(r) for r in GOOD[:3]]
-    messages = [good[0], message, good[1], good[2]] if context == "between-good-rows" else [message]
+def check_one_bad_record(decode, good: list, bad, context: str, source: str, first_position: int, words: list[str]):
+    """Decode `bad` alone or between three good records; exactly it is refused, where it
+    stood, as it arrived, for a reason containing `words`, and the good rows survive."""
+    records = [good[0], bad, good[1], good[2]] if context == "between-good-rows" else [bad]
     bad_index = 1 if context == "between-good-rows" else 0
-    result = decoder.decode_json(messages, "clicks/3", first_position=1000)
-    check_accounting(result, len(messages))
+    result = decode(records, source, first_position=first_position)
+    check_accounting(result, len(records))
     assert len(result.dead_letters) == 1, [d.reason for d in result.dead_letters]
     letter = result.dead_letters[0]
-    assert letter.source == "clicks/3"
-    assert letter.position == 1000 + bad_index
-    assert letter.payload == message
+    assert letter.source == source
+    assert letter.position == first_position + bad_index
+    assert letter.payload == bad
     for word in words:
         assert word in letter.reason, letter.reason
     if context == "between-good-rows":
         assert result.table.to_pylist() == [canonical(r) for r in GOOD[:3]]
         assert result.valid_mask.tolist() == [True, False, True, True]
+    return result
+
+
+@pytest.mark.parametrize("message, words", [c[1:] for c in BAD_JSON], ids=[c[0] for c in BAD_JSON])
+@pytest.mark.parametrize("context", ["between-good-rows", "alone"])
+def test_bad_json_record_becomes_a_dead_letter(message, words, context):
+    good = [to_json(r) for r in GOOD[:3]]
+    check_one_bad_record(RecordDecoder(SPEC).decode_json, good, message, context, "clicks/3", 1000, words)
 
 
 @pytest.mark.parametrize(
@@ -483,21 +489,8 @@ BAD_TSV = [
 @pytest.mark.parametrize("line, words", [c[1:] for c in BAD_TSV], ids=[c[0] for c in BAD_TSV])
 @pytest.mark.parametrize("context", ["between-good-rows", "alone"])
 def test_bad_tsv_line_becomes_a_dead_letter(line, words, context):
-    decoder = RecordDecoder(SPEC)
     good = [to_tsv(r) for r in GOOD[:3]]
-    lines = [good[0], line, good[1], good[2]] if context == "between-good-rows" else [line]
-    bad_index = 1 if context == "between-good-rows" else 0
-    result = decoder.decode_tsv(lines, "day-3.tsv", first_position=20)
-    check_accounting(result, len(lines))
-    assert len(result.dead_letters) == 1, [d.reason for d in result.dead_letters]
-    letter = result.dead_letters[0]
-    assert letter.source == "day-3.tsv"
-    assert letter.position == 20 + bad_index
-    assert letter.payload == line
-    for word in words:
-        assert word in letter.reason, letter.reason
-    if context == "between-good-rows":
-        assert result.table.to_pylist() == [canonical(r) for r in GOOD[:3]]
+    check_one_bad_record(RecordDecoder(SPEC).decode_tsv, good, line, context, "day-3.tsv", 20, words)
 
 
 def test_every_bad_tsv_line_at_once():

@@ -25,26 +25,25 @@ VALID = {
 }
 
 
+def _apply(entry: dict, changes: dict) -> None:
+    for key, value in changes.items():
+        if value is None:
+            entry.pop(key, None)
+        else:
+            entry[key] = value
+
+
 def spec_with(**changes) -> dict:
     """A deep copy of VALID with top-level keys replaced (None deletes the key)."""
     raw = copy.deepcopy(VALID)
-    for key, value in changes.items():
-        if value is None:
-            raw.pop(key, None)
-        else:
-            raw[key] = value
+    _apply(raw, changes)
     return raw
 
 
 def sparse_with(index: int, **changes) -> dict:
     """VALID with sparse field #index changed (None deletes the key)."""
     raw = copy.deepcopy(VALID)
-    entry = raw["sparse"][index]
-    for key, value in changes.items():
-        if value is None:
-            entry.pop(key, None)
-        else:
-            entry[key] = value
+    _apply(raw["sparse"][index], changes)
     return raw
 
 
