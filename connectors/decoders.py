@@ -191,7 +191,7 @@ class RecordDecoder:
                     column_types={name: pa.string() for name in names}, null_values=[""], strings_can_be_null=True
                 ),
             )
-        except pa.ArrowInvalid as err:  # e.g. a stray byte that is not UTF-8
+        except pa.ArrowInvalid as err:  # anything else the reader refuses: refuse the chunk, named
             table, malformed = None, list(range(n))
             error = str(err).splitlines()[0]
         if malformed:
