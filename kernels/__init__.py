@@ -1,9 +1,68 @@
 """Fused embedding ops behind one dispatch.
 
-`packed_lookup` pools the rows of one packed table over many (sample, field) bags in a
-single call. The reference implementation is plain torch; faster ones plug in here.
+Two ops over a packed table (see reference.py for their exact definition):
+- `lookup`: pool every (sample, field) bag in one call;
+- `fused_update`: the backward pass of lookup fused with a sparse optimizer step.
+
+Backends, chosen per device at run time:
+- "reference": plain torch, the definition; runs anywhere;
+- "cpu": a C++ kernel multi-threaded with OpenMP, built with torch.utils.cpp_extension
+  on first use and cached (the default on CPU);
+- "triton": Triton GPU kernels (the default on CUDA when triton is installed).
+PICASSO_KERNELS=reference|cpu|triton forces one.
 """
 
-from picasso.kernels.reference import packed_lookup
+from __future__ import annotations
 
-__all__ = ["packed_lookup"]
+import importlib
+import logging
+import os
+from types import ModuleType
+
+import torch
+
+from picasso.kernels.reference import OPTIMIZERS, SparseOptimizer
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("reference", "cpu", "triton")
+_MODULES = {"reference": "picasso.kernels.reference", "cpu": "picasso.kernels.cpu", "triton": "picasso.kernels.triton_kernels"}
+_loaded: dict[str, ModuleType | None] = {}
+
+
+def load_backend(name: str) -> ModuleType:
+    """The module of a backend; raises if it cannot be loaded here."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown kernel backend {name!r}; choose one of {BACKENDS}")
+    return importlib.import_module(_MODULES[name])
+
+
+def _try(name: str) -> ModuleType | None:
+    if name not in _loaded:
+        try:
+            _loaded[name] = load_backend(name)
+        except Exception as err:  # a missing compiler or package: fall back, and say so
+            log.warning("kernel backend %r unavailable (%s); using the reference kernels", name, err)
+            _loaded[name] = None
+    return _loaded[name]
+
+
+def backend_for(device: torch.device) -> ModuleType:
+    forced = os.environ.get("PICASSO_KERNELS")
+    if forced:
+        return load_backend(forced)
+    preferred = "triton" if device.type == "cuda" else "cpu" if device.type == "cpu" else "reference"
+    return _try(preferred) or load_backend("reference")
+
+
+def lookup(weight, ids, offsets, num_fields, mean_pooled=None, max_len=None):
+    return backend_for(weight.device).lookup(weight, ids, offsets, num_fields, mean_pooled, max_len)
+
+
+def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean_pooled=None, max_len=None):
+    return backend_for(weight.device).fused_update(
+        weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean_pooled, max_len
+    )
+
+
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "fused_update", "load_backend", "lookup"]

@@ -1,25 +1,122 @@
-"""Reference kernels in plain torch: the definition the fast paths are tested against."""
+"""Reference kernels in plain torch: the definition every fast path is tested against.
+
+A packed table holds the rows of several fields. One batch touches it through bags: bag
+b = sample * num_fields + field holds ids[offsets[b] : offsets[b + 1]] (the last bag runs
+to the end of ids), truncated to the field's max_len when one is given. A bag pools its
+rows by sum, or by mean for mean-pooled fields (an empty bag pools to zeros).
+
+The backward pass is fused with the optimizer: the gradient of each touched row is summed
+over its occurrences and applied at once, so no dense gradient of the table ever exists.
+Optimizers (all with the rows' own slots):
+- sgd:     w -= lr * g
+- adagrad: row-wise, one slot per row: s += mean(g²); w -= lr * g / (sqrt(s) + eps)
+- adam:    lazy, only touched rows move: m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²;
+           w -= lr · (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), t the global step.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
-import torch.nn.functional as F
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
-def packed_lookup(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, num_fields: int,
-                  mean_pooled: torch.Tensor | None = None) -> torch.Tensor:
-    """Pool one packed table over every (sample, field) bag in one call.
+@dataclass(frozen=True)
+class SparseOptimizer:
+    name: str = "adagrad"
+    lr: float = 0.05
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
 
-    ids: flat int64 rows; offsets: (N * num_fields,) bag starts (the last bag runs to the
-    end of ids); mean_pooled: (num_fields,) bool, or None when every field sums.
-    Returns (N, num_fields, dim). The gradient of `weight` is sparse: only touched rows.
+    def __post_init__(self):
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"sparse optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
+
+    def slot_shapes(self, rows: int, dim: int) -> list[tuple[int, ...]]:
+        """Shapes of the per-row optimizer slots of a (rows, dim) table."""
+        return {"sgd": [], "adagrad": [(rows,)], "adam": [(rows, dim), (rows, dim)]}[self.name]
+
+
+def bag_lengths(ids: torch.Tensor, offsets: torch.Tensor, num_fields: int, max_len: torch.Tensor | None) -> torch.Tensor:
+    """(num_bags,) effective lengths, after truncation to max_len."""
+    ends = torch.cat([offsets[1:], offsets.new_tensor([ids.numel()])])
+    lengths = (ends - offsets).to(torch.int64)
+    if max_len is not None:
+        lengths = torch.minimum(lengths.view(-1, num_fields), max_len.to(torch.int64)).reshape(-1)
+    return lengths
+
+
+def _occurrences(ids, offsets, num_fields, mean_pooled, max_len):
+    """For every id kept after truncation: its row, its bag, and the bag's pooling scale."""
+    offsets = offsets.to(torch.int64)
+    lengths = bag_lengths(ids, offsets, num_fields, max_len)
+    bags = torch.repeat_interleave(torch.arange(offsets.numel(), device=ids.device), lengths)
+    starts = torch.repeat_interleave(offsets, lengths)
+    first_of_bag = torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
+    positions = starts + torch.arange(bags.numel(), device=ids.device) - first_of_bag
+    scale = torch.ones(offsets.numel(), device=ids.device)
+    if mean_pooled is not None:
+        mean = mean_pooled.to(torch.bool).repeat(offsets.numel() // num_fields)
+        scale = torch.where(mean & (lengths > 0), 1.0 / lengths.clamp_min(1).to(torch.float32), scale)
+    return ids[positions], bags, scale
+
+
+def lookup(
+    weight: torch.Tensor,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    num_fields: int,
+    mean_pooled: torch.Tensor | None = None,
+    max_len: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Pool every bag of one packed table; returns (num_samples, num_fields, dim)."""
+    rows, bags, scale = _occurrences(ids, offsets, num_fields, mean_pooled, max_len)
+    pooled = torch.zeros(offsets.numel(), weight.shape[1], dtype=weight.dtype, device=weight.device)
+    pooled.index_add_(0, bags, weight[rows] * scale[bags].unsqueeze(1).to(weight.dtype))
+    return pooled.view(-1, num_fields, weight.shape[1])
+
+
+def fused_update(
+    weight: torch.Tensor,
+    slots: list[torch.Tensor],
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    grad: torch.Tensor,
+    num_fields: int,
+    optimizer: SparseOptimizer,
+    step: int,
+    mean_pooled: torch.Tensor | None = None,
+    max_len: torch.Tensor | None = None,
+) -> None:
+    """Backward of `lookup` and the optimizer step in one: updates weight and slots in place.
+
+    grad: (num_samples, num_fields, dim), the gradient of lookup's output. step: the global
+    step, counting from 1 (Adam's bias correction).
     """
-    offsets = offsets.to(ids.dtype)
-    pooled = F.embedding_bag(ids, weight, offsets, mode="sum", sparse=True)
-    pooled = pooled.view(-1, num_fields, weight.shape[1])
-    if mean_pooled is not None and bool(mean_pooled.any()):
-        ends = torch.cat([offsets[1:], offsets.new_tensor([ids.numel()])])
-        lengths = (ends - offsets).view(-1, num_fields).clamp_min(1).to(pooled.dtype)
-        divisor = torch.where(mean_pooled, lengths, torch.ones_like(lengths))
-        pooled = pooled / divisor.unsqueeze(-1)
-    return pooled
+    rows, bags, scale = _occurrences(ids, offsets, num_fields, mean_pooled, max_len)
+    if rows.numel() == 0:
+        return
+    unique, inverse = torch.unique(rows, return_inverse=True)
+    grad_bags = grad.reshape(-1, weight.shape[1])
+    g = torch.zeros(unique.numel(), weight.shape[1], dtype=torch.float32, device=weight.device)
+    g.index_add_(0, inverse, grad_bags[bags].float() * scale[bags].unsqueeze(1))
+    w = weight[unique].float()
+    if optimizer.name == "sgd":
+        w -= optimizer.lr * g
+    elif optimizer.name == "adagrad":
+        (state,) = slots
+        s = state[unique] + g.pow(2).mean(dim=1)
+        state[unique] = s
+        w -= optimizer.lr * g / (s.sqrt().unsqueeze(1) + optimizer.eps)
+    else:
+        m_slot, v_slot = slots
+        m = optimizer.beta1 * m_slot[unique] + (1 - optimizer.beta1) * g
+        v = optimizer.beta2 * v_slot[unique] + (1 - optimizer.beta2) * g.pow(2)
+        m_slot[unique], v_slot[unique] = m, v
+        m_hat = m / (1 - optimizer.beta1**step)
+        v_hat = v / (1 - optimizer.beta2**step)
+        w -= optimizer.lr * m_hat / (v_hat.sqrt() + optimizer.eps)
+    weight[unique] = w.to(weight.dtype)

@@ -1,37 +1,101 @@
-"""PackedEmbedding: one table per packing group, one lookup per group."""
+"""PackedEmbedding: one table per packing group, one fused lookup and one fused update per
+group per step.
+
+The tables and their optimizer slots are buffers, not parameters: autograd never builds a
+gradient for them. The backward pass of the lookup applies the sparse optimizer directly
+to the rows the batch touched (kernels.fused_update), the way FBGEMM's table-batched
+embeddings do. So a training step is: forward, loss.backward() (which also steps every
+embedding table), then the dense optimizer's step.
+"""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from picasso.kernels import packed_lookup
-from picasso.packing import PackingPlan
+from picasso import kernels
+from picasso.kernels import SparseOptimizer
+from picasso.packing import PackedGroup, PackingPlan
+
+
+class _FusedLookup(torch.autograd.Function):
+    """lookup forward; backward = fused gradient + optimizer step on the table, in place."""
+
+    @staticmethod
+    def forward(ctx, anchor, weight, slots, ids, offsets, group: PackedGroup, mean, max_len, optimizer, step):
+        ctx.update = (weight, slots, ids, offsets, group.num_fields, optimizer, step, mean, max_len)
+        return kernels.lookup(weight, ids, offsets, group.num_fields, mean, max_len)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, slots, ids, offsets, num_fields, optimizer, step, mean, max_len = ctx.update
+        kernels.fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean, max_len)
+        return (None,) * 10
 
 
 class PackedEmbedding(nn.Module):
-    """Embedding tables laid out by a PackingPlan.
+    """Embedding tables laid out by a PackingPlan, trained by a fused sparse optimizer.
 
-    `dim` overrides every group's embedding dim; the wide (linear) part of a model uses
-    dim=1 over the same rows.
+    `dim` overrides every group's embedding dim (the wide part of a model uses dim=1 over
+    the same rows). `optimizer` is the default for groups whose fields name none.
     """
 
-    def __init__(self, plan: PackingPlan, dim: int | None = None, init_scale: float = 0.05):
+    def __init__(self, plan: PackingPlan, dim: int | None = None, init_scale: float = 0.05,
+                 optimizer: SparseOptimizer = SparseOptimizer()):
         super().__init__()
         self.plan = plan
-        self.tables = nn.ParameterDict()
+        self.group_dims = {g.name: dim or g.embedding_dim for g in plan.groups}
         for group in plan.groups:
-            width = dim or group.embedding_dim
-            weight = torch.empty(group.num_rows, width).uniform_(-init_scale, init_scale)
-            self.tables[group.name] = nn.Parameter(weight)
+            width = self.group_dims[group.name]
+            self.register_buffer(f"table_{group.name}", torch.empty(group.num_rows, width).uniform_(-init_scale, init_scale))
             self.register_buffer(f"mean_{group.name}", torch.tensor(group.mean_pooled), persistent=False)
+            self.register_buffer(f"max_len_{group.name}", torch.tensor(group.max_len), persistent=False)
+        # Training steps taken (Adam's bias correction counts them); checkpointed with the tables.
+        self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
+        self.configure_optimizer(optimizer)
+
+    def configure_optimizer(self, default: SparseOptimizer) -> None:
+        """Set each group's sparse optimizer (its fields' choice, else `default`, with
+        default's hyper-parameters) and give it fresh, zeroed slots."""
+        self.optimizers: dict[str, SparseOptimizer] = {}
+        for group in self.plan.groups:
+            optimizer = SparseOptimizer(group.optimizer or default.name, default.lr, default.eps, default.beta1,
+                                        default.beta2)
+            self.optimizers[group.name] = optimizer
+            for i in range(2):  # drop the slots of a previous optimizer
+                self._buffers.pop(f"slot{i}_{group.name}", None)
+            table = getattr(self, f"table_{group.name}")
+            for i, shape in enumerate(optimizer.slot_shapes(*table.shape)):
+                self.register_buffer(f"slot{i}_{group.name}", torch.zeros(shape, device=table.device))
+
+    @property
+    def tables(self) -> dict[str, torch.Tensor]:
+        return {g.name: getattr(self, f"table_{g.name}") for g in self.plan.groups}
+
+    def slots(self, group: str) -> list[torch.Tensor]:
+        count = len(self.optimizers[group].slot_shapes(0, 0))
+        return [getattr(self, f"slot{i}_{group}") for i in range(count)]
 
     def output_dim(self) -> int:
-        return sum(g.num_fields * self.tables[g.name].shape[1] for g in self.plan.groups)
+        return sum(g.num_fields * self.group_dims[g.name] for g in self.plan.groups)
 
     def forward(self, ids: dict[str, torch.Tensor], offsets: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Per group, the pooled embeddings as (N, fields of the group, dim)."""
-        return [
-            packed_lookup(self.tables[g.name], ids[g.name], offsets[g.name], g.num_fields, getattr(self, f"mean_{g.name}"))
-            for g in self.plan.groups
-        ]
+        """Per group, the pooled embeddings as (N, fields of the group, dim).
+
+        In training mode with autograd on, the backward pass steps the tables.
+        """
+        training = self.training and torch.is_grad_enabled()
+        if training:
+            self.steps += 1
+        pooled = []
+        for g in self.plan.groups:
+            weight = getattr(self, f"table_{g.name}")
+            mean, max_len = getattr(self, f"mean_{g.name}"), getattr(self, f"max_len_{g.name}")
+            if training:
+                # A zero-size input that requires grad makes autograd call backward.
+                anchor = torch.empty(0, requires_grad=True)
+                pooled.append(_FusedLookup.apply(anchor, weight, self.slots(g.name), ids[g.name], offsets[g.name], g,
+                                                 mean, max_len, self.optimizers[g.name], int(self.steps)))
+            else:
+                pooled.append(kernels.lookup(weight, ids[g.name], offsets[g.name], g.num_fields, mean, max_len))
+        return pooled

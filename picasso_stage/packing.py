@@ -1,9 +1,10 @@
 """The packing plan: which sparse fields share one embedding table.
 
-Fields with the same embedding dim share a table (one lookup and one update per group
-instead of per field) unless a field's `group` names another. Inside a table each field
-owns a contiguous range of rows starting at its row offset, so ids never collide across
-fields.
+Fields whose tables share their attributes (embedding dim and sparse optimizer; every
+table is float32) share one table, so a step makes one lookup and one update per group
+instead of one per field. A field's `group` overrides that; fields named into one group
+must agree on dim and optimizer. Inside a table each field owns a contiguous range of
+rows starting at its row offset, so ids never collide across fields.
 """
 
 from __future__ import annotations
@@ -21,10 +22,20 @@ class PackedGroup:
     row_offsets: tuple[int, ...]  # first row of each field in the group's table
     num_rows: int
     mean_pooled: tuple[bool, ...]  # per field: divide the pooled sum by the bag length
+    max_len: tuple[int, ...]  # per field: ids past this many in a bag are not looked up
+    optimizer: str | None = None  # None: the trainer's default sparse optimizer
 
     @property
     def num_fields(self) -> int:
         return len(self.fields)
+
+    def table_bytes(self) -> int:
+        return self.num_rows * self.embedding_dim * 4
+
+    def slot_bytes(self, default_optimizer: str = "adagrad") -> int:
+        """Bytes of optimizer state: adagrad keeps one float per row, adam two per value."""
+        per_row = {"sgd": 0, "adagrad": 1, "adam": 2 * self.embedding_dim}[self.optimizer or default_optimizer]
+        return self.num_rows * per_row * 4
 
 
 @dataclass(frozen=True)
@@ -35,14 +46,19 @@ class PackingPlan:
     def from_spec(cls, spec: FeatureSpec) -> "PackingPlan":
         members: dict[str, list] = {}
         for f in spec.sparse:
-            members.setdefault(f.group or f"dim{f.embedding_dim}", []).append(f)
+            default_name = f"dim{f.embedding_dim}" + (f"_{f.optimizer}" if f.optimizer else "")
+            members.setdefault(f.group or default_name, []).append(f)
         groups = []
         problems = []
         for name in sorted(members):
             fields = members[name]
             dims = sorted({f.embedding_dim for f in fields})
+            optimizers = sorted({f.optimizer or "default" for f in fields})
             if len(dims) > 1:
                 problems.append(f"group '{name}': its fields mix embedding dims {dims}")
+            if len(optimizers) > 1:
+                problems.append(f"group '{name}': its fields mix sparse optimizers {optimizers}")
+            if len(dims) > 1 or len(optimizers) > 1:
                 continue
             offsets, start = [], 0
             for f in fields:
@@ -56,6 +72,8 @@ class PackingPlan:
                     row_offsets=tuple(offsets),
                     num_rows=start,
                     mean_pooled=tuple(f.pooling == "mean" for f in fields),
+                    max_len=tuple(f.max_len for f in fields),
+                    optimizer=fields[0].optimizer,
                 )
             )
         if problems:

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 POOLING_MODES = ("sum", "mean")
+SPARSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
 DENSE_TRANSFORMS = ("identity", "log1p")
 
 
@@ -45,6 +46,9 @@ class SparseField:
     pooling: str = "sum"
     max_len: int = 1
     group: str | None = None
+    # The sparse optimizer of this field's table (row-wise adagrad, lazy adam or sgd);
+    # None takes the trainer's default. Fields only share a table with fields that agree.
+    optimizer: str | None = None
 
     @property
     def num_rows(self) -> int:
@@ -151,6 +155,9 @@ def _parse_sparse(i: int, entry: Any, problems: list[str]) -> SparseField | None
     max_len = entry.get("max_len", 1)
     if not _positive_int(max_len):
         problems.append(f"{where}: max_len must be a positive integer, got {max_len!r}")
+    optimizer = entry.get("optimizer")
+    if optimizer is not None and optimizer not in SPARSE_OPTIMIZERS:
+        problems.append(f"{where}: optimizer must be one of {SPARSE_OPTIMIZERS}, got {optimizer!r}")
     group = entry.get("group")
     if group is not None and (not isinstance(group, str) or not group.isidentifier()):
         problems.append(f"{where}: group must be an identifier, got {group!r}")
@@ -164,6 +171,7 @@ def _parse_sparse(i: int, entry: Any, problems: list[str]) -> SparseField | None
         pooling=pooling,
         max_len=max_len,
         group=group,
+        optimizer=optimizer,
     )
 
 

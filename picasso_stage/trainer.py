@@ -1,7 +1,8 @@
 """Trainer: PackedBatches in, model updates out. It knows nothing of Beam.
 
-Local mode: one process. Embedding tables learn with Adagrad on sparse gradients (only
-the rows a batch touched are updated); the dense part learns with Adam.
+Local mode: one process. Embedding tables learn with a sparse optimizer fused into the
+backward pass (row-wise Adagrad by default; only the rows a batch touched move); the
+dense part learns with Adam.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch.nn.functional as F
 
 from picasso.batch import PackedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from picasso.embedding import PackedEmbedding
+from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc, logloss
 from picasso.models import build_model
 from picasso.packing import PackingPlan
@@ -25,9 +28,6 @@ from picasso.spec import FeatureSpec
 
 log = logging.getLogger(__name__)
 
-# Adagrad builds sparse gradients from indices torch itself produced; say so explicitly
-# (torch warns on every step otherwise).
-torch.sparse.check_sparse_tensor_invariants.disable()
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,8 @@ class TrainConfig:
     model: str = "wide_deep"
     hidden: tuple[int, ...] = (256, 128)
     lr_dense: float = 1e-3  # Adam
-    lr_sparse: float = 0.05  # Adagrad on embedding rows
+    lr_sparse: float = 0.05  # the sparse optimizer's, on embedding rows
+    sparse_optimizer: str = "adagrad"  # row-wise adagrad, lazy adam or sgd; fields may override
     seed: int = 0
     log_every: int = 100  # steps between progress lines
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu
@@ -93,12 +94,14 @@ class Trainer:
         self.plan = PackingPlan.from_spec(spec)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
-        self.model = build_model(config.model, spec, self.plan, config.hidden).to(self.device)
-        embedding_params = [p for name, p in self.model.named_parameters() if ".tables." in name]
-        embedding_ids = {id(p) for p in embedding_params}
-        dense_params = [p for p in self.model.parameters() if id(p) not in embedding_ids]
-        self.sparse_optimizer = torch.optim.Adagrad(embedding_params, lr=config.lr_sparse)
-        self.dense_optimizer = torch.optim.Adam(dense_params, lr=config.lr_dense)
+        self.model = build_model(config.model, spec, self.plan, config.hidden)
+        sparse = SparseOptimizer(config.sparse_optimizer, lr=config.lr_sparse)
+        for module in self.model.modules():
+            if isinstance(module, PackedEmbedding):
+                module.configure_optimizer(sparse)
+        self.model.to(self.device)
+        # Embedding tables are buffers stepped by their fused optimizer; Adam sees the rest.
+        self.dense_optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr_dense)
         self.step = 0
         self.start_step = 0  # the step this trainer was built or restored at
         self.samples = 0
@@ -120,10 +123,8 @@ class Trainer:
         self.model.train()
         logits = self.model(tensors)
         loss = F.binary_cross_entropy_with_logits(logits, tensors.label, reduction="mean")
-        self.sparse_optimizer.zero_grad(set_to_none=True)
         self.dense_optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.sparse_optimizer.step()
+        loss.backward()  # also steps the embedding tables
         self.dense_optimizer.step()
         self.step += 1
         self.samples += batch.num_samples
@@ -163,8 +164,7 @@ class Trainer:
         return {
             "step": self.step,
             "samples": self.samples,
-            "model": self.model.state_dict(),
-            "sparse_optimizer": self.sparse_optimizer.state_dict(),
+            "model": self.model.state_dict(),  # tables with their optimizer slots
             "dense_optimizer": self.dense_optimizer.state_dict(),
             "rng": torch.get_rng_state(),
             "config": asdict(self.config),
@@ -179,7 +179,6 @@ class Trainer:
             raise ValueError(f"checkpoint {path} was trained on another spec ({checkpoint.spec.name})")
         state = checkpoint.state
         self.model.load_state_dict(state["model"])
-        self.sparse_optimizer.load_state_dict(state["sparse_optimizer"])
         self.dense_optimizer.load_state_dict(state["dense_optimizer"])
         torch.set_rng_state(state["rng"])
         self.step, self.samples = int(state["step"]), int(state["samples"])

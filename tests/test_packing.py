@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from picasso.batch import POSITIONS_KEY, PackedBatch, pack
-from picasso.kernels import packed_lookup
+from picasso.kernels import SparseOptimizer, load_backend
 from picasso.packing import PackingPlan
 from picasso.spec import load_spec, parse_spec
 
@@ -267,10 +267,12 @@ def test_sliced_one_hot_batch():
 # -- the packed lookup on packed batches ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
 @pytest.mark.parametrize("slice_", [None, (3, 11)])
-def test_packed_lookup_pools_each_bag(slice_):
+def test_packed_lookup_pools_each_bag(slice_, backend):
     """One lookup per group over a packed batch equals pooling every bag by hand (sum or
     mean per field, zeros for empty bags), sliced batch included."""
+    kernels = load_backend(backend)
     plan = PackingPlan.from_spec(MIXED)
     table = canonical_table(MIXED, 24, 13)
     batch = pack(table, MIXED, plan)
@@ -282,24 +284,28 @@ def test_packed_lookup_pools_each_bag(slice_):
     expected = reference_pool(table, MIXED, plan, weights)
     tensors = batch.to_torch()
     for g in plan.groups:
-        pooled = packed_lookup(weights[g.name], tensors.ids[g.name], tensors.offsets[g.name], g.num_fields,
-                               torch.tensor(g.mean_pooled))
+        pooled = kernels.lookup(weights[g.name].float(), tensors.ids[g.name], tensors.offsets[g.name], g.num_fields,
+                                torch.tensor(g.mean_pooled))
         assert pooled.shape == (table.num_rows, g.num_fields, g.embedding_dim)
-        torch.testing.assert_close(pooled, expected[g.name])
+        torch.testing.assert_close(pooled, expected[g.name].float())
 
 
-def test_packed_lookup_gradient_is_sparse_and_correct():
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+def test_fused_update_applies_the_exact_gradient(backend):
+    """With SGD at lr 1, the fused backward+update moves each row by exactly the gradient
+    autograd computes for pooling by hand: repeated ids summed, mean bags scaled."""
+    kernels = load_backend(backend)
     plan = PackingPlan.from_spec(MIXED)
     table = canonical_table(MIXED, 16, 14)
     tensors = pack(table, MIXED, plan).to_torch()
     g = next(g for g in plan.groups if any(g.mean_pooled))
     weight = torch.randn(g.num_rows, g.embedding_dim, dtype=torch.float64, requires_grad=True)
-    pooled = packed_lookup(weight, tensors.ids[g.name], tensors.offsets[g.name], g.num_fields, torch.tensor(g.mean_pooled))
-    pooled.sum().backward()
-    assert weight.grad.is_sparse
-    dense_weight = weight.detach().clone().requires_grad_(True)
-    reference_pool(table, MIXED, plan, {g.name: dense_weight})[g.name].sum().backward()
-    torch.testing.assert_close(weight.grad.to_dense(), dense_weight.grad)
+    upstream = torch.randn(table.num_rows, g.num_fields, g.embedding_dim, dtype=torch.float64)
+    (reference_pool(table, MIXED, plan, {g.name: weight})[g.name] * upstream).sum().backward()
+    updated = weight.detach().float().clone()
+    kernels.fused_update(updated, [], tensors.ids[g.name], tensors.offsets[g.name], upstream.float(), g.num_fields,
+                         SparseOptimizer("sgd", lr=1.0), 1, torch.tensor(g.mean_pooled))
+    torch.testing.assert_close(updated, (weight - weight.grad).detach().float())
 
 
 def test_a_spec_without_dense_fields_packs_or_is_refused():

@@ -1,0 +1,95 @@
+"""The C++ CPU kernels agree with the plain-torch reference, and the dispatch picks them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from picasso import kernels
+from picasso.kernels import SparseOptimizer, load_backend
+
+reference = load_backend("reference")
+cpu = load_backend("cpu")
+
+
+def random_bags(seed: int, samples: int = 64, fields: int = 4, rows: int = 200, max_bag: int = 4,
+                offsets_dtype=torch.int32):
+    """Bags with empty ones, repeated ids within and across bags, and mixed pooling."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, max_bag + 1, (samples * fields,), generator=g)
+    ids = torch.randint(0, rows, (int(lengths.sum()),), generator=g)
+    offsets = (torch.cumsum(lengths, 0) - lengths).to(offsets_dtype)
+    mean_pooled = torch.rand(fields, generator=g) < 0.5
+    return g, ids, offsets, mean_pooled
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("dim", [1, 5, 16])
+@pytest.mark.parametrize("truncate", [False, True])
+def test_lookup_agrees_with_reference(seed, dim, truncate):
+    g, ids, offsets, mean_pooled = random_bags(seed, offsets_dtype=torch.int64 if seed % 2 else torch.int32)
+    max_len = torch.randint(1, 4, (4,), generator=g) if truncate else None
+    weight = torch.randn(200, dim, generator=g)
+    expected = reference.lookup(weight, ids, offsets, 4, mean_pooled, max_len)
+    torch.testing.assert_close(cpu.lookup(weight, ids, offsets, 4, mean_pooled, max_len), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("truncate", [False, True])
+def test_fused_update_agrees_with_reference(seed, optimizer, truncate):
+    g, ids, offsets, mean_pooled = random_bags(seed)
+    max_len = torch.randint(1, 4, (4,), generator=g) if truncate else None
+    dim = (3, 8, 16, 33)[seed]
+    spec = SparseOptimizer(optimizer, lr=0.1)
+    weight = torch.randn(200, dim, generator=g)
+    slots = [torch.rand(shape, generator=g) for shape in spec.slot_shapes(200, dim)]
+    expected_weight, expected_slots = weight.clone(), [s.clone() for s in slots]
+    for step in range(1, 4):
+        grad = torch.randn(64, 4, dim, generator=g)
+        reference.fused_update(expected_weight, expected_slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len)
+        cpu.fused_update(weight, slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len)
+    torch.testing.assert_close(weight, expected_weight, atol=1e-5, rtol=1e-5)
+    for got, want in zip(slots, expected_slots):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_update_touches_only_rows_in_the_batch():
+    g, ids, offsets, mean_pooled = random_bags(0, rows=1000)
+    weight = torch.randn(1000, 8, generator=g)
+    slots = [torch.zeros(1000)]
+    before = weight.clone()
+    cpu.fused_update(weight, slots, ids, offsets, torch.randn(64, 4, 8, generator=g), 4, SparseOptimizer(), 1, mean_pooled)
+    touched = torch.zeros(1000, dtype=torch.bool)
+    touched[ids] = True
+    assert torch.equal(weight[~touched], before[~touched])
+    assert not torch.equal(weight[touched], before[touched])
+    assert torch.equal(slots[0] > 0, touched)
+
+
+def test_an_empty_batch_changes_nothing():
+    weight = torch.randn(10, 4)
+    before = weight.clone()
+    empty_ids, offsets = torch.zeros(0, dtype=torch.int64), torch.zeros(6, dtype=torch.int32)
+    assert torch.equal(cpu.lookup(weight, empty_ids, offsets, 3), torch.zeros(2, 3, 4))
+    cpu.fused_update(weight, [torch.zeros(10)], empty_ids, offsets, torch.ones(2, 3, 4), 3, SparseOptimizer(), 1)
+    assert torch.equal(weight, before)
+
+
+def test_bad_inputs_are_clear_errors():
+    weight = torch.randn(10, 4)
+    with pytest.raises(RuntimeError, match="int64"):
+        cpu.lookup(weight, torch.zeros(3, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), 3)
+    with pytest.raises(RuntimeError, match="samples x fields"):
+        cpu.lookup(weight, torch.zeros(3, dtype=torch.int64), torch.zeros(4, dtype=torch.int32), 3)
+    with pytest.raises(ValueError, match="sparse optimizer"):
+        SparseOptimizer("rmsprop")
+    with pytest.raises(ValueError, match="unknown kernel backend"):
+        load_backend("cuda-magic")
+
+
+def test_dispatch_uses_the_cpu_kernels_on_cpu_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv("PICASSO_KERNELS", raising=False)
+    assert kernels.backend_for(torch.device("cpu")) is cpu
+    monkeypatch.setenv("PICASSO_KERNELS", "reference")
+    assert kernels.backend_for(torch.device("cpu")) is reference
