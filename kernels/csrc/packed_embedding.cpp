@@ -14,42 +14,59 @@
 
 namespace {
 
-constexpr int64_t kGrainBags = 2048;
-constexpr int64_t kGrainRows = 256;
+constexpr int64_t kGrainBags = 1024;
+constexpr int64_t kPrefetchDistance = 8;  // ids ahead: enough to hide a DRAM miss per row
 
-// Where each bag's kept ids start and stop, after max_len truncation, and its pooling scale.
-struct Bags {
-  std::vector<int64_t> start, stop;
-  std::vector<float> scale;
+// A table's dim, known at compile time for the common sizes (so the row loops unroll into
+// SIMD) or at run time (kDim == 0) for any other.
+template <int kDim>
+struct Dim {
+  int64_t runtime;
+  inline int64_t value() const { return kDim ? kDim : runtime; }
 };
 
-template <typename offset_t>
-Bags describe_bags(const torch::Tensor& offsets, int64_t num_ids, int64_t num_fields,
-                   const torch::Tensor& mean_pooled, const torch::Tensor& max_len) {
-  const int64_t num_bags = offsets.size(0);
-  const offset_t* off = offsets.data_ptr<offset_t>();
-  const bool* mean = mean_pooled.numel() ? mean_pooled.data_ptr<bool>() : nullptr;
-  const int64_t* limit = max_len.numel() ? max_len.data_ptr<int64_t>() : nullptr;
-  Bags bags{std::vector<int64_t>(num_bags), std::vector<int64_t>(num_bags), std::vector<float>(num_bags, 1.0f)};
-  at::parallel_for(0, num_bags, kGrainBags * 8, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t field = b % num_fields;
-      const int64_t start = off[b];
-      int64_t stop = b + 1 < num_bags ? static_cast<int64_t>(off[b + 1]) : num_ids;
-      if (limit) stop = std::min(stop, start + limit[field]);
-      bags.start[b] = start;
-      bags.stop[b] = stop;
-      if (mean && mean[field] && stop > start) bags.scale[b] = 1.0f / static_cast<float>(stop - start);
-    }
-  });
-  return bags;
+template <typename F>
+void with_dim(int64_t dim, F&& body) {
+  switch (dim) {
+    case 1: body(Dim<1>{dim}); break;
+    case 4: body(Dim<4>{dim}); break;
+    case 8: body(Dim<8>{dim}); break;
+    case 16: body(Dim<16>{dim}); break;
+    case 32: body(Dim<32>{dim}); break;
+    case 64: body(Dim<64>{dim}); break;
+    case 128: body(Dim<128>{dim}); break;
+    default: body(Dim<0>{dim});
+  }
 }
 
-Bags bags_of(const torch::Tensor& offsets, int64_t num_ids, int64_t num_fields,
-             const torch::Tensor& mean_pooled, const torch::Tensor& max_len) {
+// Bag b holds ids[start, stop): offsets[b] to the next bag's start (or the end of ids),
+// cut to its field's max_len; a mean-pooled field scales the sum by 1 / length.
+template <typename offset_t>
+struct BagView {
+  const offset_t* offsets;
+  int64_t num_bags, num_ids, num_fields;
+  const bool* mean;       // per field, or null: every field sums
+  const int64_t* limit;   // per field, or null: no truncation
+
+  inline int64_t start(int64_t b) const { return offsets[b]; }
+  inline int64_t stop(int64_t b) const {
+    int64_t end = b + 1 < num_bags ? static_cast<int64_t>(offsets[b + 1]) : num_ids;
+    return limit ? std::min(end, start(b) + limit[b % num_fields]) : end;
+  }
+  inline float scale(int64_t b, int64_t length) const {
+    return (mean && mean[b % num_fields] && length > 0) ? 1.0f / static_cast<float>(length) : 1.0f;
+  }
+};
+
+template <typename F>
+void with_bags(const torch::Tensor& offsets, int64_t num_ids, int64_t num_fields, const torch::Tensor& mean_pooled,
+               const torch::Tensor& max_len, F&& body) {
+  const bool* mean = mean_pooled.numel() ? mean_pooled.data_ptr<bool>() : nullptr;
+  const int64_t* limit = max_len.numel() ? max_len.data_ptr<int64_t>() : nullptr;
   if (offsets.scalar_type() == torch::kInt32)
-    return describe_bags<int32_t>(offsets, num_ids, num_fields, mean_pooled, max_len);
-  return describe_bags<int64_t>(offsets, num_ids, num_fields, mean_pooled, max_len);
+    body(BagView<int32_t>{offsets.data_ptr<int32_t>(), offsets.size(0), num_ids, num_fields, mean, limit});
+  else
+    body(BagView<int64_t>{offsets.data_ptr<int64_t>(), offsets.size(0), num_ids, num_fields, mean, limit});
 }
 
 void check_inputs(const torch::Tensor& weight, const torch::Tensor& ids, const torch::Tensor& offsets,
@@ -68,31 +85,78 @@ void check_inputs(const torch::Tensor& weight, const torch::Tensor& ids, const t
 torch::Tensor lookup(torch::Tensor weight, torch::Tensor ids, torch::Tensor offsets, int64_t num_fields,
                      torch::Tensor mean_pooled, torch::Tensor max_len) {
   check_inputs(weight, ids, offsets, num_fields);
-  const int64_t num_bags = offsets.size(0), dim = weight.size(1);
-  const Bags bags = bags_of(offsets, ids.numel(), num_fields, mean_pooled, max_len);
-  auto out = torch::zeros({num_bags / num_fields, num_fields, dim}, weight.options());
+  const int64_t num_bags = offsets.size(0), num_ids = ids.numel();
+  auto out = torch::empty({num_bags / num_fields, num_fields, weight.size(1)}, weight.options());
   const float* w = weight.data_ptr<float>();
   const int64_t* id = ids.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
-  at::parallel_for(0, num_bags, kGrainBags, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      float* row_out = o + b * dim;
-      for (int64_t k = bags.start[b]; k < bags.stop[b]; ++k) {
-        const float* row = w + id[k] * dim;
-        for (int64_t d = 0; d < dim; ++d) row_out[d] += row[d];
-      }
-      if (bags.scale[b] != 1.0f)
-        for (int64_t d = 0; d < dim; ++d) row_out[d] *= bags.scale[b];
-    }
+  with_dim(weight.size(1), [&](auto dim_t) {
+    const int64_t dim = dim_t.value();
+    with_bags(offsets, num_ids, num_fields, mean_pooled, max_len, [&](auto bags) {
+      at::parallel_for(0, num_bags, kGrainBags, [&](int64_t begin, int64_t end) {
+        for (int64_t b = begin; b < end; ++b) {
+          float* row_out = o + b * dim;
+          for (int64_t d = 0; d < dim; ++d) row_out[d] = 0.0f;
+          const int64_t start = bags.start(b), stop = bags.stop(b);
+          for (int64_t k = start; k < stop; ++k) {
+            if (k + kPrefetchDistance < num_ids) __builtin_prefetch(w + id[k + kPrefetchDistance] * dim);
+            const float* row = w + id[k] * dim;
+            for (int64_t d = 0; d < dim; ++d) row_out[d] += row[d];
+          }
+          const float scale = bags.scale(b, stop - start);
+          if (scale != 1.0f)
+            for (int64_t d = 0; d < dim; ++d) row_out[d] *= scale;
+        }
+      });
+    });
   });
   return out;
 }
 
+namespace {
+
+struct Step {
+  int kind;  // 0 sgd, 1 row-wise adagrad, 2 lazy adam
+  float lr, eps, beta1, beta2, bias1, bias2;
+  float* state;  // adagrad: one per row
+  float* m;      // adam: (rows, dim)
+  float* v;
+};
+
+template <typename DimT>
+inline void apply_step(const Step& s, DimT dim_t, float* row, int64_t r, const float* g) {
+  const int64_t dim = dim_t.value();
+  if (s.kind == 0) {
+    for (int64_t d = 0; d < dim; ++d) row[d] -= s.lr * g[d];
+  } else if (s.kind == 1) {
+    float square = 0.0f;
+    for (int64_t d = 0; d < dim; ++d) square += g[d] * g[d];
+    s.state[r] += square / static_cast<float>(dim);
+    const float rate = s.lr / (std::sqrt(s.state[r]) + s.eps);
+    for (int64_t d = 0; d < dim; ++d) row[d] -= rate * g[d];
+  } else {
+    float* mr = s.m + r * dim;
+    float* vr = s.v + r * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      mr[d] = s.beta1 * mr[d] + (1.0f - s.beta1) * g[d];
+      vr[d] = s.beta2 * vr[d] + (1.0f - s.beta2) * g[d] * g[d];
+      row[d] -= s.lr * (mr[d] / s.bias1) / (std::sqrt(vr[d] / s.bias2) + s.eps);
+    }
+  }
+}
+
+}  // namespace
+
 // Backward of lookup fused with the optimizer: each touched row's gradient is summed over
 // its occurrences and applied once; no (rows, dim) gradient is ever built.
 //
+// Rows are split among threads by their low bits, so a thread owns its rows outright: it
+// scans every bag in order (the gradient is read sequentially), sums the gradient of the
+// rows it owns into a compact per-thread buffer, then steps those rows. The summation order
+// is the bag order whatever the thread count, so results do not depend on it.
+//
 // `slot_of_row` is caller-owned scratch, one int32 per table row, all -1 on entry and on
-// exit: it de-duplicates ids in one pass without sorting.
+// exit: it maps a row to its place in its owner's buffer without sorting.
 void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch::Tensor ids, torch::Tensor offsets,
                   torch::Tensor grad, int64_t num_fields, std::string optimizer, double lr, double eps, double beta1,
                   double beta2, int64_t step, torch::Tensor mean_pooled, torch::Tensor max_len,
@@ -101,83 +165,63 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
   TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == torch::kFloat32, "grad must be contiguous float32");
   TORCH_CHECK(slot_of_row.numel() >= weight.size(0) && slot_of_row.scalar_type() == torch::kInt32,
               "slot_of_row must be int32 scratch with one entry per row");
-  const int64_t num_bags = offsets.size(0), dim = weight.size(1);
-  const Bags bags = bags_of(offsets, ids.numel(), num_fields, mean_pooled, max_len);
-  const int64_t* id = ids.data_ptr<int64_t>();
-  int32_t* slot = slot_of_row.data_ptr<int32_t>();
-
-  // 1. De-duplicate: unique rows in first-seen order, and how often each occurs.
-  std::vector<int64_t> unique_rows;
-  std::vector<int32_t> occurrence_slot;
-  std::vector<int64_t> counts;
-  occurrence_slot.reserve(ids.numel());
-  for (int64_t b = 0; b < num_bags; ++b) {
-    for (int64_t k = bags.start[b]; k < bags.stop[b]; ++k) {
-      int32_t s = slot[id[k]];
-      if (s < 0) {
-        s = static_cast<int32_t>(unique_rows.size());
-        slot[id[k]] = s;
-        unique_rows.push_back(id[k]);
-        counts.push_back(0);
-      }
-      occurrence_slot.push_back(s);
-      ++counts[s];
-    }
-  }
-  const int64_t num_unique = static_cast<int64_t>(unique_rows.size());
-
-  // 2. Group occurrences by row (a counting sort): row u's bags are bag_of[first[u]:first[u+1]].
-  std::vector<int64_t> first(num_unique + 1, 0);
-  for (int64_t u = 0; u < num_unique; ++u) first[u + 1] = first[u] + counts[u];
-  std::vector<int64_t> cursor(first.begin(), first.end() - 1);
-  std::vector<int64_t> bag_of(occurrence_slot.size());
-  int64_t j = 0;
-  for (int64_t b = 0; b < num_bags; ++b)
-    for (int64_t k = bags.start[b]; k < bags.stop[b]; ++k) bag_of[cursor[occurrence_slot[j++]]++] = b;
-
-  // 3. Per unique row, in parallel: sum its gradient, then step the row and its slots.
-  float* w = weight.data_ptr<float>();
-  const float* g = grad.data_ptr<float>();
-  const int kind = optimizer == "sgd" ? 0 : optimizer == "adagrad" ? 1 : 2;
   TORCH_CHECK(optimizer == "sgd" || optimizer == "adagrad" || optimizer == "adam", "unknown optimizer ", optimizer);
-  float* state = kind == 1 ? slots.at(0).data_ptr<float>() : nullptr;
-  float* m = kind == 2 ? slots.at(0).data_ptr<float>() : nullptr;
-  float* v = kind == 2 ? slots.at(1).data_ptr<float>() : nullptr;
-  const float flr = static_cast<float>(lr), feps = static_cast<float>(eps);
-  const float fb1 = static_cast<float>(beta1), fb2 = static_cast<float>(beta2);
-  const float bias1 = kind == 2 ? static_cast<float>(1.0 - std::pow(beta1, step)) : 1.0f;
-  const float bias2 = kind == 2 ? static_cast<float>(1.0 - std::pow(beta2, step)) : 1.0f;
-  at::parallel_for(0, num_unique, kGrainRows, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(dim);
-    for (int64_t u = begin; u < end; ++u) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t p = first[u]; p < first[u + 1]; ++p) {
-        const int64_t b = bag_of[p];
-        const float* gb = g + b * dim;
-        const float scale = bags.scale[b];
-        for (int64_t d = 0; d < dim; ++d) acc[d] += gb[d] * scale;
-      }
-      const int64_t r = unique_rows[u];
-      float* row = w + r * dim;
-      if (kind == 0) {
-        for (int64_t d = 0; d < dim; ++d) row[d] -= flr * acc[d];
-      } else if (kind == 1) {
-        float square = 0.0f;
-        for (int64_t d = 0; d < dim; ++d) square += acc[d] * acc[d];
-        state[r] += square / static_cast<float>(dim);
-        const float rate = flr / (std::sqrt(state[r]) + feps);
-        for (int64_t d = 0; d < dim; ++d) row[d] -= rate * acc[d];
-      } else {
-        float* mr = m + r * dim;
-        float* vr = v + r * dim;
-        for (int64_t d = 0; d < dim; ++d) {
-          mr[d] = fb1 * mr[d] + (1.0f - fb1) * acc[d];
-          vr[d] = fb2 * vr[d] + (1.0f - fb2) * acc[d] * acc[d];
-          row[d] -= flr * (mr[d] / bias1) / (std::sqrt(vr[d] / bias2) + feps);
+  const int kind = optimizer == "sgd" ? 0 : optimizer == "adagrad" ? 1 : 2;
+  const Step s{kind,
+               static_cast<float>(lr),
+               static_cast<float>(eps),
+               static_cast<float>(beta1),
+               static_cast<float>(beta2),
+               kind == 2 ? static_cast<float>(1.0 - std::pow(beta1, step)) : 1.0f,
+               kind == 2 ? static_cast<float>(1.0 - std::pow(beta2, step)) : 1.0f,
+               kind == 1 ? slots.at(0).data_ptr<float>() : nullptr,
+               kind == 2 ? slots.at(0).data_ptr<float>() : nullptr,
+               kind == 2 ? slots.at(1).data_ptr<float>() : nullptr};
+  const int64_t num_bags = offsets.size(0), num_ids = ids.numel();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const float* g = grad.data_ptr<float>();
+  float* w = weight.data_ptr<float>();
+  int32_t* slot = slot_of_row.data_ptr<int32_t>();
+  // A power of two of owners, at least one per thread: the owner test is a mask, not a division.
+  int64_t owners = 1;
+  while (owners < at::get_num_threads()) owners *= 2;
+  const int64_t owner_mask = owners - 1;
+
+  with_dim(weight.size(1), [&](auto dim_t) {
+    const int64_t dim = dim_t.value();
+    with_bags(offsets, num_ids, num_fields, mean_pooled, max_len, [&](auto bags) {
+      at::parallel_for(0, owners, 1, [&](int64_t first_owner, int64_t last_owner) {
+        for (int64_t owner = first_owner; owner < last_owner; ++owner) {
+          std::vector<int64_t> rows;  // the owner's touched rows, first seen first
+          std::vector<float> sums;    // their summed gradients, dim floats each
+          for (int64_t b = 0; b < num_bags; ++b) {
+            const int64_t start = bags.start(b), stop = bags.stop(b);
+            const float scale = bags.scale(b, stop - start);
+            const float* gb = g + b * dim;
+            for (int64_t k = start; k < stop; ++k) {
+              if (k + kPrefetchDistance < num_ids) __builtin_prefetch(slot + id[k + kPrefetchDistance]);
+              const int64_t r = id[k];
+              if ((r & owner_mask) != owner) continue;
+              int32_t at = slot[r];
+              if (at < 0) {
+                at = static_cast<int32_t>(rows.size());
+                slot[r] = at;
+                rows.push_back(r);
+                sums.resize(sums.size() + dim, 0.0f);
+              }
+              float* sum = sums.data() + static_cast<int64_t>(at) * dim;
+              for (int64_t d = 0; d < dim; ++d) sum[d] += gb[d] * scale;
+            }
+          }
+          for (size_t u = 0; u < rows.size(); ++u) {
+            const int64_t r = rows[u];
+            if (u + kPrefetchDistance < rows.size()) __builtin_prefetch(w + rows[u + kPrefetchDistance] * dim);
+            apply_step(s, dim_t, w + r * dim, r, sums.data() + static_cast<int64_t>(u) * dim);
+            slot[r] = -1;  // leave the scratch as we found it
+          }
         }
-      }
-      slot[r] = -1;  // leave the scratch as we found it
-    }
+      });
+    });
   });
 }
 
