@@ -69,3 +69,27 @@ def test_mlflow_project_has_daily_and_stream_entry_points():
         {"data": "/d", "date": "2026-11-01"}, storage_dir=None
     )
     assert command.startswith("picasso daily") and "--date 2026-11-01" in command
+
+
+def test_plan_prints_groups_rows_and_bytes(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "label": "y",
+        "dense": ["d"],
+        "sparse": [
+            {"name": "a", "hash_buckets": 100, "embedding_dim": 8},
+            {"name": "b", "vocab_size": 50, "embedding_dim": 8},
+            {"name": "c", "hash_buckets": 30, "embedding_dim": 8, "optimizer": "adam"},
+            {"name": "e", "hash_buckets": 10, "embedding_dim": 4, "group": "small"},
+        ],
+    }))
+    done = run_cli("plan", "--spec", str(spec), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    groups = {g["name"]: g for g in plan["groups"]}
+    assert set(groups) == {"dim8", "dim8_adam", "small"}
+    assert groups["dim8"]["fields"] == ["a", "b"] and groups["dim8"]["rows"] == 150
+    assert groups["dim8"]["table_bytes"] == 150 * 8 * 4 and groups["dim8"]["slot_bytes"] == 150 * 4  # row-wise adagrad
+    assert groups["dim8_adam"]["slot_bytes"] == 30 * 8 * 4 * 2  # two moments per value
+    assert plan["total_bytes"] == sum(g["table_bytes"] + g["slot_bytes"] for g in plan["groups"])
+    assert "dim8_adam" in done.stdout  # the table is printed too

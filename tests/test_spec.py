@@ -422,3 +422,14 @@ def test_explicit_group_mixing_dims_is_a_spec_error():
         PackingPlan.from_spec(spec)
     message = str(info.value)
     assert "'mixed'" in message and "4" in message and "8" in message
+
+
+def test_sparse_optimizer_must_be_known_and_shared_within_a_group():
+    with pytest.raises(SpecError, match="sparse field 'a': optimizer must be one of"):
+        parse_spec({"label": "y", "sparse": [{"name": "a", "hash_buckets": 5, "embedding_dim": 4, "optimizer": "rmsprop"}]})
+    spec = parse_spec({"label": "y", "sparse": [
+        {"name": "a", "hash_buckets": 5, "embedding_dim": 4, "group": "g"},
+        {"name": "b", "hash_buckets": 5, "embedding_dim": 4, "group": "g", "optimizer": "adam"},
+    ]})
+    with pytest.raises(SpecError, match="group 'g': its fields mix sparse optimizers"):
+        PackingPlan.from_spec(spec)
