@@ -3,7 +3,9 @@
 A packed table holds the rows of several fields. One batch touches it through bags: bag
 b = sample * num_fields + field holds ids[offsets[b] : offsets[b + 1]] (the last bag runs
 to the end of ids), truncated to the field's max_len when one is given. A bag pools its
-rows by sum, or by mean for mean-pooled fields (an empty bag pools to zeros).
+rows by sum, or by mean for mean-pooled fields (an empty bag pools to zeros). Callers
+guarantee ids in [0, rows), non-decreasing offsets and steps counted from 1; the fast
+kernels do not check them (PackedBatch and PackedEmbedding hold to them by construction).
 
 The backward pass is fused with the optimizer: the gradient of each touched row is summed
 over its occurrences and applied at once, so no dense gradient of the table ever exists.
