@@ -8,7 +8,7 @@ reported with the name of the field it concerns, all of them at once.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -7,8 +7,11 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from picasso.batch import pack
+from picasso.connectors.decoders import RecordDecoder
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, parse_spec
+from picasso.synthetic import PlantedModel
 
 
 def small_spec(label: str = "label", name: str = "small") -> FeatureSpec:
@@ -108,3 +111,17 @@ def brute_force_auc(labels, scores) -> float:
         for n in negatives:
             wins += 1.0 if p > n else 0.5 if p == n else 0.0
     return wins / (len(positives) * len(negatives))
+
+
+def planted_batches(spec, rows: int, batch_size: int, stream: int = 0, source: str = "day-0"):
+    """Rows from the planted model, decoded and packed like the pipeline does, with the
+    position after each batch."""
+    table, probabilities = PlantedModel(spec).sample(rows, stream)
+    decoded = RecordDecoder(spec).decode_table(table, source)
+    assert decoded.dead_letters == []
+    plan = PackingPlan.from_spec(spec)
+    batches = [
+        pack(decoded.table.slice(start, batch_size), spec, plan, {source: min(start + batch_size, rows)})
+        for start in range(0, rows, batch_size)
+    ]
+    return batches, probabilities

@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.dead_letters import DeadLetter
-from picasso.connectors.day_files import partition_dir, write_part
+from picasso.connectors.day_files import partition_dir
 from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.pipelines.daily import DailyConfig, run_daily
 from picasso.pipelines.generate import generate_days

@@ -12,16 +12,12 @@ import pytest
 import torch
 
 import picasso.checkpoint as checkpoint_module
-from picasso.batch import pack
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from picasso.connectors.decoders import RecordDecoder
 from picasso.metrics import auc, logloss
-from picasso.packing import PackingPlan
 from picasso.spec import load_spec, parse_spec
-from picasso.synthetic import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
-from helpers import brute_force_auc
+from helpers import brute_force_auc, planted_batches
 
 SPEC = parse_spec(
     {
@@ -40,20 +36,6 @@ SPEC = parse_spec(
 # where the trainer lets one choose a device.
 _ON_CPU = {"device": "cpu"} if "device" in {f.name for f in fields(TrainConfig)} else {}
 CONFIG = TrainConfig(hidden=(32, 16), lr_dense=1e-2, lr_sparse=0.1, log_every=0, **_ON_CPU)
-
-
-def planted_batches(spec, rows: int, batch_size: int, stream: int = 0, source: str = "day-0"):
-    """Rows from the planted model, decoded and packed like the pipeline does, with the
-    position after each batch."""
-    table, probabilities = PlantedModel(spec).sample(rows, stream)
-    decoded = RecordDecoder(spec).decode_table(table, source)
-    assert decoded.dead_letters == []
-    plan = PackingPlan.from_spec(spec)
-    batches = [
-        pack(decoded.table.slice(start, batch_size), spec, plan, {source: min(start + batch_size, rows)})
-        for start in range(0, rows, batch_size)
-    ]
-    return batches, probabilities
 
 
 def assert_state_equal(a, b, where: str = "state") -> None:

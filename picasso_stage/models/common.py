@@ -1,0 +1,93 @@
+"""What the models share: the lookup-then-dense-part split, the MLP, the flat input, the
+first-order (linear) term and the projection of mixed embedding dims to one dim."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from picasso.batch import TorchBatch
+from picasso.embedding import PackedEmbedding
+from picasso.packing import PackingPlan
+
+
+class PackedModel(nn.Module):
+    """A model in two parts: the embedding lookups, then `dense_part`.
+
+    The split is where the work changes kind. Lookups go through PackedEmbedding, whose
+    tables are buffers stepped by a fused sparse optimizer inside the backward pass;
+    everything after is ordinary dense math on parameters (Adam's), which the trainer may
+    wrap with torch.compile without the compiler ever meeting an embedding kernel.
+
+    `dense_part(dense, pooled)` -> logits (N,): `dense` is (N, num_dense), possibly with 0
+    columns; `pooled` is the output of every PackedEmbedding named in `lookups`, one after
+    the other, each contributing one (N, fields of the group, width) tensor per plan group
+    in plan.groups order.
+    """
+
+    lookups: tuple[str, ...] = ("embedding",)
+    dense_part: nn.Module
+
+    def embeddings(self) -> list[PackedEmbedding]:
+        """The PackedEmbedding modules, in the order their outputs enter `pooled`."""
+        return [getattr(self, name) for name in self.lookups]
+
+    def lookup(self, batch: TorchBatch) -> list[torch.Tensor]:
+        return [p for embedding in self.embeddings() for p in embedding(batch.ids, batch.offsets)]
+
+    def forward(self, batch: TorchBatch) -> torch.Tensor:
+        """Logits, shape (N,)."""
+        return self.dense_part(batch.dense, self.lookup(batch))
+
+
+def mlp(sizes: list[int], last_relu: bool = False) -> nn.Sequential:
+    """Linear layers with ReLU between them; `last_relu` when the output feeds another
+    layer (DLRM's bottom MLP, DCN-v2's deep tower) rather than being a logit."""
+    layers: list[nn.Module] = []
+    for i in range(len(sizes) - 1):
+        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
+        if last_relu or i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def flat_input(dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+    """(N, num_dense + Σ fields × width): dense values, then every field's embedding."""
+    return torch.cat([dense] + [p.flatten(1) for p in pooled], dim=1)
+
+
+def add_first_order(logit: torch.Tensor, dense: torch.Tensor, pooled_dim1: list[torch.Tensor],
+                    dense_linear: nn.Linear | None) -> torch.Tensor:
+    """logit + the linear term over every id (the dim-1 embeddings) and dense value: the
+    wide part of Wide&Deep, the first-order part of FM."""
+    for p in pooled_dim1:
+        logit = logit + p.sum(dim=(1, 2))
+    if dense_linear is not None:
+        logit = logit + dense_linear(dense).squeeze(1)
+    return logit
+
+
+class CommonDim(nn.Module):
+    """Every field's embedding at one dim, as (N, total fields, dim).
+
+    FM and DLRM take dot products between fields, which needs one dim. When the plan's
+    groups differ, each group narrower than the widest is mapped up to it by its own
+    bias-free nn.Linear (learned with the dense part); a bias would add the same vector
+    to every id of a field, which the embeddings can already learn. Groups already at the
+    widest dim pass through untouched, so a single-dim plan (Criteo's) adds no weights
+    and is exactly the model of the paper.
+    """
+
+    def __init__(self, plan: PackingPlan):
+        super().__init__()
+        self.dim = max(g.embedding_dim for g in plan.groups)
+        self.num_fields = sum(g.num_fields for g in plan.groups)
+        # A list in plan order, not a dict by group name: group names are the user's, and
+        # one that is already a module attribute ("cuda", "training") cannot be a key.
+        self.project = nn.ModuleList(
+            nn.Identity() if g.embedding_dim == self.dim else nn.Linear(g.embedding_dim, self.dim, bias=False)
+            for g in plan.groups
+        )
+
+    def forward(self, pooled: list[torch.Tensor]) -> torch.Tensor:
+        return torch.cat([project(p) for project, p in zip(self.project, pooled)], dim=1)
