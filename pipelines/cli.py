@@ -1,4 +1,4 @@
-"""The `picasso` command line: generate, daily, demo.
+"""The `picasso` command line: generate, daily, demo, stream, produce.
 
 Each command shows progress on stderr and ends with a summary; with --json, the last
 line of stdout is one JSON object.
@@ -78,7 +78,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in (generate, daily, demo):
         command.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    _add_kafka_commands(commands)
     return parser
+
+
+def _add_kafka_commands(commands) -> None:
+    """`stream` and `produce`: their arguments live in picasso.pipelines.stream_cli."""
+    from picasso.pipelines.stream_cli import add_produce_parser, add_stream_parser
+
+    add_stream_parser(commands)
+    add_produce_parser(commands)
+
+
+def _kafka_command(args) -> dict:
+    from picasso.pipelines.stream_cli import run_produce_command, run_stream_command
+
+    if args.command == "stream":
+        output = run_stream_command(args, console)
+        _summary("stream", {k: v for k, v in output.items() if k not in ("ledger", "versions")})
+    else:
+        output = run_produce_command(args, console)
+        _summary(f"produced into {output['topic']}", output)
+    return output
 
 
 def _generate(args, out: str, dates: list[str]) -> list:
@@ -157,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
             days = _generate(args, args.out, dates_from(args.start_date, args.days))
             output = {"out": args.out, "days": [asdict(day) for day in days]}
             _summary("generated", {d.date: f"{d.rows} rows, CTR {d.ctr:.3f}, ceiling AUC {d.auc_ceiling:.4f}" for d in days})
+        elif args.command in ("stream", "produce"):
+            output = _kafka_command(args)
         else:
             if args.command == "demo":
                 data = str(Path(args.workdir) / "data")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["kafka_broker"]  # the Kafka broker fixtures
+
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 

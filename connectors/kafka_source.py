@@ -1,0 +1,268 @@
+"""ReadFromKafka: a Splittable DoFn over topic partitions, on kafka-python.
+
+Beam's own ReadFromKafka needs a Java expansion service (a download); this one is plain
+Python. One element per partition; its restriction is an offset range.
+
+- Bounded: from start positions up to the end positions taken when the transform is built
+  (a bounded Beam cycle of `picasso stream`).
+- Unbounded: from start positions on, for streaming runners. The reader hands its
+  remainder back to the runner every `resume_every_s`, and the watermark follows the
+  message timestamps.
+
+Each output element is one Messages: up to `max_messages` consecutive messages of one
+partition (one element per poll, not one per message: Beam costs about 8 µs per element).
+Elements cover contiguous position ranges ([start, next_position)), so a consumer of them
+can prove that it saw every offset once. In bounded mode the cut points are a pure
+function of the start position (every `max_messages` messages), not of network timing,
+so a cycle that is re-run after a crash sees the very same elements.
+
+A partition's restriction is never split: its messages must reach the trainer in order.
+Work is spread across partitions up front, which is also what keeps the FnApiRunner with
+several local workers from dropping self-checkpointed remainders (see FACTS.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import apache_beam as beam
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
+from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.transforms.core import RestrictionProvider
+from apache_beam.utils.timestamp import Duration, Timestamp
+from kafka import TopicPartition
+
+from picasso.connectors.kafka_config import KafkaConnection, latest_offsets, source_name, topic_partitions
+
+log = logging.getLogger(__name__)
+
+UNBOUNDED = sys.maxsize
+# Large fetches: one poll then brings thousands of messages (or many Arrow IPC messages).
+FETCH_SETTINGS = {"fetch_max_bytes": 64 * 1024 * 1024, "max_partition_fetch_bytes": 16 * 1024 * 1024}
+
+
+@dataclass(frozen=True)
+class PartitionRange:
+    topic: str
+    partition: int
+    start: int
+    stop: int = UNBOUNDED  # exclusive; UNBOUNDED in unbounded mode
+
+    @property
+    def source(self) -> str:
+        return source_name(self.topic, self.partition)
+
+
+@dataclass(frozen=True)
+class Messages:
+    """Consecutive messages of one partition: one element of ReadFromKafka."""
+
+    topic: str
+    partition: int
+    start: int  # position this element's range begins at
+    next_position: int  # position after it (past any offsets that held no message)
+    offsets: list[int] = field(default_factory=list)
+    values: list[bytes | None] = field(default_factory=list)
+    keys: list[bytes | None] = field(default_factory=list)
+    timestamps: list[int] = field(default_factory=list)  # ms, as stamped by the producer/broker
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    @property
+    def source(self) -> str:
+        return source_name(self.topic, self.partition)
+
+
+class SourceStalled(RuntimeError):
+    """A bounded read made no progress for too long (the broker is gone, say)."""
+
+
+def bounded_ranges(connection: KafkaConnection, topics: Iterable[str], positions: dict[str, int],
+                   max_per_partition: int | None = None) -> list[PartitionRange]:
+    """Every partition of the topics, from its position (the earliest offset when there is
+    none) up to its latest offset now, capped at max_per_partition offsets."""
+    consumer = connection.consumer()
+    try:
+        partitions = topic_partitions(consumer, topics)
+        ends = latest_offsets(consumer, partitions)
+        beginnings = consumer.beginning_offsets(partitions)
+    finally:
+        consumer.close()
+    ranges = []
+    for tp in partitions:
+        start = positions.get(source_name(tp.topic, tp.partition), beginnings[tp])
+        stop = max(start, ends[tp])  # an end behind the checkpoint (a wiped topic) reads nothing
+        if max_per_partition:
+            stop = min(stop, start + max_per_partition)
+        ranges.append(PartitionRange(tp.topic, tp.partition, start, stop))
+    return ranges
+
+
+class _Restrictions(RestrictionProvider):
+    def initial_restriction(self, element: PartitionRange) -> OffsetRange:
+        return OffsetRange(element.start, element.stop)
+
+    def create_tracker(self, restriction: OffsetRange) -> OffsetRestrictionTracker:
+        return OffsetRestrictionTracker(restriction)
+
+    def split(self, element, restriction):
+        yield restriction  # never split a partition up front: its order is the training order
+
+    def restriction_size(self, element, restriction: OffsetRange) -> int:
+        return restriction.size()
+
+
+class _ReadPartitionDoFn(beam.DoFn):
+    def __init__(self, connection: KafkaConnection, max_messages: int, stall_timeout_s: float, resume_every_s: float):
+        self.connection = connection
+        self.max_messages = max_messages
+        self.stall_timeout_s = stall_timeout_s
+        self.resume_every_s = resume_every_s
+
+    def setup(self):
+        self.consumer = self.connection.consumer(**{**FETCH_SETTINGS, **self.connection.options})
+
+    def teardown(self):
+        self.consumer.close()
+
+    def process(
+        self,
+        element: PartitionRange,
+        tracker=beam.DoFn.RestrictionParam(_Restrictions()),
+        watermark=beam.DoFn.WatermarkEstimatorParam(ManualWatermarkEstimator.default_provider()),
+    ):
+        reader = _PartitionReader(self.consumer, element, tracker, self.max_messages)
+        bounded = element.stop != UNBOUNDED
+        started = last_progress = time.monotonic()
+        while not reader.done:
+            batch = reader.read(flush_partial=not bounded)
+            if batch is not None:
+                if batch.timestamps:
+                    newest = Timestamp(micros=max(batch.timestamps) * 1000)
+                    if watermark.current_watermark() is None or newest > watermark.current_watermark():
+                        watermark.set_watermark(newest)
+                yield beam.window.TimestampedValue(batch, newest if batch.timestamps else Timestamp(0))
+                # Time spent downstream (a first training step, say) is not a stalled fetch.
+                last_progress = time.monotonic()
+            elif reader.progressed:
+                last_progress = time.monotonic()
+            now = time.monotonic()
+            if bounded and now - last_progress > self.stall_timeout_s:
+                raise SourceStalled(f"{element.source}: no progress at position {reader.position} "
+                                    f"(reading up to {reader.stop}) for {self.stall_timeout_s:.0f}s")
+            if not bounded and now - started > self.resume_every_s and reader.empty:
+                # Hand the rest back to the runner; it resumes from the next unclaimed offset.
+                tracker.defer_remainder(Duration(seconds=0))
+                return
+
+
+class _PartitionReader:
+    """Polls one partition into Messages cut every max_messages messages."""
+
+    def __init__(self, consumer, element: PartitionRange, tracker, max_messages: int):
+        self.consumer = consumer
+        self.tracker = tracker
+        self.max_messages = max_messages
+        self.tp = TopicPartition(element.topic, element.partition)
+        self.position = self.batch_start = tracker.current_restriction().start
+        self.done = self.position >= self.stop
+        self.progressed = False
+        self._clear()
+        consumer.assign([self.tp])
+        consumer.seek(self.tp, self.position)
+
+    @property
+    def stop(self) -> int:
+        return self.tracker.current_restriction().stop
+
+    @property
+    def empty(self) -> bool:
+        return not self.offsets and self.position == self.batch_start
+
+    def _clear(self):
+        self.offsets, self.values, self.keys, self.timestamps = [], [], [], []
+
+    def read(self, flush_partial: bool) -> Messages | None:
+        """Poll once; a Messages when a cut point (or the end) is reached, else None."""
+        stop = self.stop
+        wanted = self.max_messages - len(self.offsets)
+        records = self.consumer.poll(timeout_ms=200, max_records=wanted).get(self.tp, [])
+        before = self.position
+        if records and records[-1].offset >= stop:
+            records = [r for r in records if r.offset < stop]
+            self.position = stop
+        else:
+            self.position = min(self.consumer.position(self.tp), stop)
+        self.progressed = self.position > before
+        self.offsets += [r.offset for r in records]
+        self.values += [r.value for r in records]
+        self.keys += [r.key for r in records]
+        self.timestamps += [r.timestamp for r in records]
+        at_end = self.position >= stop
+        full = len(self.offsets) >= self.max_messages
+        if not (full or at_end or (flush_partial and not records and self.offsets)):
+            return None
+        return self._emit(at_end)
+
+    def _emit(self, at_end: bool) -> Messages | None:
+        if self.position == self.batch_start:
+            return None
+        if not self.tracker.try_claim(self.position - 1):
+            # The runner split the restriction: what lies below the new stop is still ours.
+            stop = self.stop
+            keep = sum(1 for offset in self.offsets if offset < stop)
+            self.offsets, self.values, self.keys, self.timestamps = (
+                self.offsets[:keep], self.values[:keep], self.keys[:keep], self.timestamps[:keep])
+            self.position, at_end = stop, True
+        batch = Messages(self.tp.topic, self.tp.partition, self.batch_start, self.position,
+                         self.offsets, self.values, self.keys, self.timestamps)
+        self.batch_start = self.position
+        self._clear()
+        self.done = at_end and self.position >= self.stop
+        return batch
+
+
+class ReadFromKafka(beam.PTransform):
+    """PartitionRanges (given, or looked up now) in; Messages out.
+
+    connection: bootstrap servers and any kafka-python consumer settings (SASL, SSL, ...).
+    max_messages: messages per element at most (a cut point every max_messages messages).
+    stall_timeout_s: a bounded read that makes no progress for this long fails, so that
+      a cycle against a dead broker ends cleanly instead of hanging.
+    """
+
+    def __init__(self, connection: KafkaConnection, ranges: list[PartitionRange], max_messages: int = 1000,
+                 stall_timeout_s: float = 30.0, resume_every_s: float = 1.0):
+        super().__init__()
+        if max_messages < 1:
+            raise ValueError("max_messages must be at least 1")
+        self.connection = connection
+        self.ranges = list(ranges)
+        self.max_messages = max_messages
+        self.stall_timeout_s = stall_timeout_s
+        self.resume_every_s = resume_every_s
+
+    @classmethod
+    def bounded(cls, connection: KafkaConnection, topics: Iterable[str], positions: dict[str, int] | None = None,
+                max_per_partition: int | None = None, **kwargs) -> "ReadFromKafka":
+        """From positions (default: the earliest offsets) to the latest offsets now."""
+        return cls(connection, bounded_ranges(connection, topics, positions or {}, max_per_partition), **kwargs)
+
+    @classmethod
+    def unbounded(cls, connection: KafkaConnection, topics: Iterable[str], positions: dict[str, int] | None = None,
+                  **kwargs) -> "ReadFromKafka":
+        ranges = bounded_ranges(connection, topics, positions or {})
+        return cls(connection, [PartitionRange(r.topic, r.partition, r.start) for r in ranges], **kwargs)
+
+    def expand(self, pbegin):
+        return (
+            pbegin
+            | "Partitions" >> beam.Create(self.ranges)
+            | "Read" >> beam.ParDo(_ReadPartitionDoFn(self.connection, self.max_messages, self.stall_timeout_s,
+                                                      self.resume_every_s))
+        )

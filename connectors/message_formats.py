@@ -1,0 +1,174 @@
+"""Kafka message formats: how the values of a poll become canonical rows.
+
+A topic carries one of:
+- `json`: one JSON object per message (a raw record, fields named as in the spec);
+- `arrow`: one Arrow IPC stream per message, carrying many raw records (rows) at once;
+- `tsv`: one Criteo TSV line per message.
+
+Every format ends in the same RecordDecoder, so the rules (and reasons) are those of day
+files. A refused record becomes a MessageDeadLetter that keeps the message's original
+bytes; an Arrow message with several refused rows becomes one dead letter that names each
+row, rather than one copy of a large message per row.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pa_json
+
+from picasso.connectors.decoders import DecodeResult, RecordDecoder
+from picasso.connectors.kafka_config import source_name
+from picasso.connectors.kafka_sink import MessageDeadLetter
+from picasso.connectors.kafka_source import Messages
+
+FORMATS = ("json", "arrow", "tsv")
+
+
+@dataclass
+class DecodedMessages:
+    table: pa.Table  # valid rows, canonical schema (see connectors.decoders)
+    dead_letters: list[MessageDeadLetter] = field(default_factory=list)
+    records_in: int = 0
+    records_refused: int = 0
+
+
+def decode_messages(decoder: RecordDecoder, fmt: str, messages: Messages) -> DecodedMessages:
+    """Decode and validate one poll's messages; never raises on bad input."""
+    source = source_name(messages.topic, messages.partition)
+    present = [i for i, value in enumerate(messages.values) if value]
+    empty = {messages.offsets[i]: "empty message (no value)" for i in range(len(messages)) if not messages.values[i]}
+    values = [messages.values[i] for i in present]
+    offsets = np.asarray([messages.offsets[i] for i in present], dtype=np.int64)
+    if fmt == "json":
+        result, row_offsets, broken = decode_json_values(decoder, values, source, offsets), offsets, {}
+    elif fmt == "tsv":
+        result, row_offsets, broken = decoder.decode_tsv(values, source, positions=offsets), offsets, {}
+    elif fmt == "arrow":
+        result, row_offsets, broken = _decode_arrow(decoder, values, source, offsets)
+    else:
+        raise ValueError(f"unknown message format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    return DecodedMessages(
+        table=result.table,
+        dead_letters=_dead_letters(messages, result, row_offsets, {**empty, **broken}, per_row=fmt == "arrow"),
+        records_in=result.rows_in + len(empty) + len(broken),
+        records_refused=len(result.dead_letters) + len(empty) + len(broken),
+    )
+
+
+def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: str, positions) -> DecodeResult:
+    """One JSON object per value.
+
+    Fast path: the values joined into newline-delimited JSON and parsed by Arrow's C++
+    reader in one call (about 3x cheaper than json.loads per message), then validated
+    column-wise like a Parquet chunk. Whenever that path cannot vouch for every message
+    (a newline or blank inside a message, invalid JSON, a column whose type changes from
+    message to message) the chunk takes RecordDecoder.decode_json, which names each bad
+    message; the fast path never changes a verdict, only its cost.
+    """
+    if values:
+        data = b"\n".join(values)
+        # Arrow's reader would accept bytes that are not UTF-8 inside strings, which are
+        # not JSON: such a chunk takes the per-message path (ASCII, the usual case, is
+        # checked at memory speed).
+        if data.count(b"\n") == len(values) - 1 and (data.isascii() or _is_utf8(data)):
+            try:
+                table = pa_json.read_json(
+                    io.BytesIO(data),
+                    read_options=pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1),
+                )
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                table = None
+            if table is not None and table.num_rows == len(values):
+                return decoder.decode_table(table, source, positions=positions)
+    return decoder.decode_json(values, source, positions=positions)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def _decode_arrow(decoder: RecordDecoder, values: Sequence[bytes], source: str, offsets: np.ndarray):
+    """Rows of every message's IPC stream, decoded together; a value that is not an Arrow
+    IPC stream is refused whole."""
+    tables, row_offsets, broken = [], [], {}
+    for value, offset in zip(values, offsets):
+        try:
+            table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError) as err:
+            broken[int(offset)] = f"invalid Arrow IPC stream: {str(err).splitlines()[0][:200]}"
+            continue
+        tables.append(table)
+        row_offsets.append(np.full(table.num_rows, offset, dtype=np.int64))
+    row_offsets = np.concatenate(row_offsets) if row_offsets else np.zeros(0, np.int64)
+    try:
+        # Messages of one producer share a schema; concatenating them validates all rows
+        # in one vectorised pass.
+        combined = pa.concat_tables(tables, promote_options="permissive") if tables else None
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        combined = None
+    if combined is not None or not tables:
+        return decoder.decode_table(combined if combined is not None else pa.table({}), source, positions=row_offsets), \
+            row_offsets, broken
+    # Schemas that cannot be combined: one message at a time.
+    bounds = np.cumsum([0] + [t.num_rows for t in tables])
+    parts = [decoder.decode_table(t, source, positions=row_offsets[a:b]) for t, a, b in zip(tables, bounds[:-1], bounds[1:])]
+    result = DecodeResult(
+        table=pa.concat_tables([p.table for p in parts]),
+        dead_letters=[letter for p in parts for letter in p.dead_letters],
+        valid_mask=np.concatenate([p.valid_mask for p in parts]),
+    )
+    return result, row_offsets, broken
+
+
+def _dead_letters(messages: Messages, result: DecodeResult, row_offsets: np.ndarray, whole: dict,
+                  per_row: bool) -> list[MessageDeadLetter]:
+    """One MessageDeadLetter per message with any refused record, in offset order."""
+    index = {offset: i for i, offset in enumerate(messages.offsets)}
+    reasons: dict[int, list[str]] = defaultdict(list)
+    for offset, reason in whole.items():  # messages refused whole: empty, or not an IPC stream
+        reasons[offset].append(reason)
+    if result.dead_letters:
+        bad_rows = np.flatnonzero(~result.valid_mask)
+        first_row = {}
+        for row, offset in enumerate(row_offsets.tolist()):
+            first_row.setdefault(offset, row)
+        for row, letter in zip(bad_rows, result.dead_letters):
+            offset = int(row_offsets[row])
+            reasons[offset].append(f"row {row - first_row[offset]}: {letter.reason}" if per_row else letter.reason)
+    letters = []
+    for offset in sorted(reasons):
+        i = index[offset]
+        letters.append(MessageDeadLetter(
+            topic=messages.topic, partition=messages.partition, offset=offset, key=messages.keys[i],
+            value=messages.values[i], timestamp_ms=messages.timestamps[i], reason="; ".join(reasons[offset]),
+            records=len(reasons[offset]),
+        ))
+    return letters
+
+
+# -- encoding, for `picasso produce` and tests ------------------------------------------
+
+def encode_json(table: pa.Table) -> list[bytes]:
+    return [json.dumps(row, separators=(",", ":")).encode() for row in table.to_pylist()]
+
+
+def encode_arrow(table: pa.Table, rows_per_message: int) -> list[bytes]:
+    """One IPC stream (schema + one record batch) per rows_per_message rows."""
+    out = []
+    for batch in table.to_batches(max_chunksize=rows_per_message):
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        out.append(sink.getvalue().to_pybytes())
+    return out

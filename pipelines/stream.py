@@ -1,0 +1,359 @@
+"""`picasso stream`: continuous training as repeated bounded Beam cycles.
+
+Each cycle, on the FnApiRunner:
+
+  ReadFromKafka(checkpointed positions → end offsets now) → DecodeMessages ─┬→ PackMessages → train
+                                                                           └→ dead-letter topic
+then, in order: checkpoint (model, optimizer, positions and ledger in one directory,
+renamed into place), commit the positions to the consumer group (for lag monitoring only:
+resume always starts from the checkpoint), and publish a model version when one is due.
+
+Exactly-once model state: a cycle trains a model that is exactly the last checkpoint's,
+and its work counts only once its checkpoint exists. A cycle that fails (broker gone,
+stalled fetch, anything) leaves no trace: the in-memory model is dropped, the next attempt
+restores the last checkpoint and re-reads the same offsets, after a backoff. Read cut
+points are a function of the start positions only, so a re-run cycle trains the very same
+batches in the same order.
+
+The trainer lives across cycles in this process (apache_beam.utils.shared.Shared, like
+PicassoTrain), so a healthy stream never reloads its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.utils.shared import Shared
+from kafka import TopicPartition
+from kafka.structs import OffsetAndMetadata
+
+from picasso.connectors.decoders import DecodeOptions
+from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
+from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
+from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
+from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages, PackedMessages
+from picasso.pipelines.stream_state import ModelLoader, StreamModel, clean_staging
+from picasso.spec import FeatureSpec
+from picasso.trainer import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    connection: KafkaConnection
+    topics: dict[str, str]  # topic -> message format (json | arrow | tsv)
+    workdir: str
+    spec: FeatureSpec
+    mlflow: object | None  # an MLflowTarget; None: never publish
+    train: TrainConfig = TrainConfig()
+    decode: DecodeOptions = DecodeOptions()
+    group_id: str = "picasso-stream"
+    dead_letter_topic: str = "picasso.dead-letters"
+    batch_messages: int = 1000  # messages per training batch (an Arrow message holds many rows)
+    max_cycle_messages: int | None = None  # per partition and cycle; None: up to the end offsets
+    publish_every_s: float = 300.0
+    idle_sleep_s: float = 1.0  # between end-offset checks when there is nothing new
+    backoff_s: float = 1.0  # first retry delay after a failed cycle; doubles up to backoff_max_s
+    backoff_max_s: float = 30.0
+    stall_timeout_s: float = 30.0  # a fetch with no progress for this long fails the cycle
+    keep_checkpoints: int = 3
+    deterministic: bool = False  # one thread, deterministic torch kernels: bit-identical reruns
+    runner: str = "FnApiRunner"
+    beam_args: tuple[str, ...] = ()
+    # When to stop (all optional): caught up with the topic, after N cycles, after S seconds.
+    until_caught_up: bool = False
+    max_cycles: int | None = None
+    max_seconds: float | None = None
+    max_failures: int | None = None  # consecutive failed cycles before giving up
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.workdir) / "checkpoints"
+
+    @property
+    def versions_path(self) -> Path:
+        return Path(self.workdir) / "runs" / "stream-versions.jsonl"
+
+
+@dataclass
+class CycleReport:
+    cycle: int
+    messages: int
+    samples: int
+    dead_letters: int
+    lag: int  # messages behind the end offsets when the cycle started
+    seconds: float
+    checkpoint: str
+    events_per_s: float
+
+
+@dataclass
+class StreamSummary:
+    cycles: int = 0
+    failures: int = 0
+    messages: int = 0
+    samples: int = 0
+    dead_letters: int = 0
+    lag: int | None = None
+    checkpoint: str | None = None
+    step: int = 0
+    versions: list[str] = field(default_factory=list)
+    last_error: str | None = None
+    ledger: dict = field(default_factory=dict)
+
+
+class _TrainDoFn(beam.DoFn):
+    """Trains the stream's shared model, one PackedMessages at a time."""
+
+    def __init__(self, shared: Shared, key: str, load: Callable[[], StreamModel]):
+        self.shared = shared
+        self.key = key
+        self.load = load
+
+    def setup(self):
+        self.model = self.shared.acquire(self.load, tag=self.key)
+        self.trained = beam.metrics.Metrics.counter("picasso", "messages_trained")
+
+    def process(self, packed: PackedMessages):
+        self.model.train(packed)
+        self.trained.inc(packed.span.messages)
+
+
+class Backoff:
+    def __init__(self, first_s: float, max_s: float):
+        self.first_s, self.max_s = first_s, max_s
+        self.delay_s = first_s
+
+    def wait(self, sleep: Callable[[float], None]) -> float:
+        waited = self.delay_s
+        sleep(waited)
+        self.delay_s = min(self.max_s, self.delay_s * 2)
+        return waited
+
+    def reset(self) -> None:
+        self.delay_s = self.first_s
+
+
+def _counters(result) -> dict[str, int]:
+    counters = result.metrics().query(MetricsFilter().with_namespace("picasso"))["counters"]
+    totals: dict[str, int] = {}
+    for counter in counters:
+        totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + counter.committed
+    return totals
+
+
+class StreamRunner:
+    def __init__(self, config: StreamConfig, on_cycle: Callable[[CycleReport, StreamSummary], None] = lambda r, s: None,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.config = config
+        self.on_cycle = on_cycle
+        self.sleep = sleep
+        self.shared = Shared()
+        self.model: StreamModel | None = None
+        self.key = ""
+        self.summary = StreamSummary()
+        self.stopping = False
+        self.unpublished = False
+        self.last_publish = time.monotonic()
+        self.load = ModelLoader(config.spec, config.train, str(config.checkpoint_dir))
+
+    # -- the model: kept across cycles, dropped after a failure ------------------------
+
+    def _acquire(self) -> StreamModel:
+        if self.model is None:
+            self.key = uuid.uuid4().hex
+            self.model = self.shared.acquire(self.load, tag=self.key)  # this strong ref keeps it alive
+        return self.model
+
+    # -- one cycle ---------------------------------------------------------------------
+
+    def plan(self, model: StreamModel) -> tuple[list[PartitionRange], int]:
+        """This cycle's ranges (capped per partition) and the total lag now."""
+        ranges = bounded_ranges(self.config.connection, self.config.topics, model.trainer.positions)
+        lag = sum(r.stop - r.start for r in ranges)
+        cap = self.config.max_cycle_messages
+        if cap:
+            ranges = [PartitionRange(r.topic, r.partition, r.start, min(r.stop, r.start + cap)) for r in ranges]
+        return ranges, lag
+
+    def run_cycle(self, model: StreamModel, ranges: list[PartitionRange], lag: int) -> CycleReport:
+        config = self.config
+        started = time.perf_counter()
+        messages_before = sum(p.messages for p in model.ledger.partitions.values())
+        options = PipelineOptions([f"--runner={config.runner}", *config.beam_args])
+        pipeline = beam.Pipeline(options=options)
+        decoded = (
+            pipeline
+            | "ReadFromKafka" >> ReadFromKafka(config.connection, ranges, max_messages=config.batch_messages,
+                                                stall_timeout_s=config.stall_timeout_s)
+            | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode)
+        )
+        decoded[DEAD_LETTERS] | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letter_topic)
+        (
+            decoded.chunks
+            | "PackMessages" >> PackMessages(config.spec)
+            | "Train" >> beam.ParDo(_TrainDoFn(self.shared, self.key, self.load))
+        )
+        result = pipeline.run()
+        result.wait_until_finish()
+        counters = _counters(result)
+        messages = sum(p.messages for p in model.ledger.partitions.values()) - messages_before
+        if counters.get("messages_trained", 0) != messages:
+            # The runner trained a model other than this one (another process): saving this
+            # one would silently drop that training.
+            raise RuntimeError(f"{counters.get('messages_trained', 0)} messages trained by the pipeline, "
+                               f"{messages} by the stream's model")
+        model.ledger.cycles += 1
+        checkpoint = model.save(config.checkpoint_dir, keep=config.keep_checkpoints)
+        seconds = time.perf_counter() - started
+        return CycleReport(
+            cycle=model.ledger.cycles, messages=messages, samples=counters.get("rows_in", 0) - counters.get("dead_letters", 0),
+            dead_letters=counters.get("dead_letters", 0), lag=lag, seconds=seconds, checkpoint=str(checkpoint),
+            events_per_s=counters.get("rows_in", 0) / seconds if seconds else 0.0,
+        )
+
+    def commit_offsets(self, model: StreamModel) -> None:
+        """The checkpoint's positions to the consumer group, so that lag tools see them.
+        Best effort: resume never reads them."""
+        offsets = {}
+        for source, position in model.trainer.positions.items():
+            topic, partition = source.rsplit("/", 1)
+            offsets[TopicPartition(topic, int(partition))] = OffsetAndMetadata(position, "", -1)
+        consumer = self.config.connection.consumer(group_id=self.config.group_id)
+        try:
+            consumer.commit(offsets)
+        except Exception as err:  # noqa: BLE001 - monitoring only; never fails a cycle
+            log.warning("could not commit offsets to group %s: %s", self.config.group_id, err)
+        finally:
+            consumer.close()
+
+    def publish_version(self, model: StreamModel) -> str | None:
+        config = self.config
+        if config.mlflow is None or model.checkpoint is None:
+            return None
+        from picasso.connectors.mlflow_registry import PublishRequest, publish  # imports mlflow: only when used
+
+        request = PublishRequest(
+            checkpoint_path=str(model.checkpoint),
+            metrics={**model.window_metrics(), "samples": model.trainer.samples, "step": model.trainer.step},
+            params={"mode": "stream", "topics": ",".join(config.topics)},
+            run_name=f"stream-cycle-{model.ledger.cycles}",
+        )
+        version = publish(request, config.mlflow)
+        record = {"version": version.version, "model_uri": version.model_uri, "published_ms": int(time.time() * 1000),
+                  "newest_event_ms": model.ledger.newest_timestamp_ms, "checkpoint": str(model.checkpoint),
+                  "cycle": model.ledger.cycles, "samples": model.trainer.samples}
+        config.versions_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(config.versions_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.summary.versions.append(version.version)
+        return version.version
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _should_stop(self, started: float) -> bool:
+        config, summary = self.config, self.summary
+        return (self.stopping
+                or (config.max_cycles is not None and summary.cycles >= config.max_cycles)
+                or (config.max_seconds is not None and time.monotonic() - started >= config.max_seconds)
+                or (config.max_failures is not None and summary.failures >= config.max_failures))
+
+    def _maybe_publish(self, model: StreamModel, force: bool = False) -> None:
+        config = self.config
+        due = time.monotonic() - self.last_publish >= config.publish_every_s
+        if config.mlflow is None or not self.unpublished or not (due or force) or config.publish_every_s <= 0:
+            return
+        try:
+            self.publish_version(model)
+            self.unpublished = False
+            self.last_publish = time.monotonic()
+        except Exception as err:  # noqa: BLE001 - a registry outage must not stop training
+            log.warning("publish failed (retried after the next cycle): %s", err)
+
+    def run(self) -> StreamSummary:
+        config, summary = self.config, self.summary
+        clean_staging(config.checkpoint_dir)
+        backoff = Backoff(config.backoff_s, config.backoff_max_s)
+        started = time.monotonic()
+        failures_in_row = 0
+        dead_letter_topic_ready = False
+        while not self._should_stop(started):
+            try:
+                if not dead_letter_topic_ready:  # one partition: dead letters stay in arrival order
+                    ensure_topic(config.connection, config.dead_letter_topic, 1)
+                    dead_letter_topic_ready = True
+                model = self._acquire()
+                ranges, lag = self.plan(model)
+                summary.lag = lag
+                if lag == 0:
+                    self._maybe_publish(model)
+                    if config.until_caught_up:
+                        break
+                    self.sleep(config.idle_sleep_s)
+                    continue
+                report = self.run_cycle(model, ranges, lag)
+            except Exception as err:  # noqa: BLE001 - any failure: drop the model, back off, retry
+                summary.failures += 1
+                failures_in_row += 1
+                summary.last_error = f"{type(err).__name__}: {err}"
+                self.model = None  # the next attempt restores the last checkpoint
+                waited = backoff.delay_s
+                log.warning("cycle failed (%s); retrying in %.1fs", summary.last_error.splitlines()[0][:300], waited)
+                if config.max_failures is not None and failures_in_row >= config.max_failures:
+                    break
+                backoff.wait(self.sleep)
+                continue
+            failures_in_row = 0
+            backoff.reset()
+            self.unpublished = True
+            summary.cycles += 1
+            summary.messages += report.messages
+            summary.samples += report.samples
+            summary.dead_letters += report.dead_letters
+            summary.checkpoint = report.checkpoint
+            self.commit_offsets(model)
+            self._maybe_publish(model)
+            self.on_cycle(report, summary)
+        if self.model is not None:
+            self._maybe_publish(self.model, force=True)
+            summary.step = self.model.trainer.step
+            summary.ledger = self.model.ledger.to_dict()
+            summary.checkpoint = str(self.model.checkpoint) if self.model.checkpoint else None
+        return summary
+
+    def stop(self, *_):
+        self.stopping = True
+
+
+def configure_determinism(deterministic: bool) -> None:
+    if deterministic:
+        import torch
+
+        torch.set_num_threads(1)
+        torch.use_deterministic_algorithms(True)
+
+
+def run_stream(config: StreamConfig, on_cycle=lambda report, summary: None) -> StreamSummary:
+    configure_determinism(config.deterministic)
+    runner = StreamRunner(config, on_cycle)
+    previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return runner.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def summary_dict(summary: StreamSummary) -> dict:
+    return asdict(summary)

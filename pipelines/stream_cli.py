@@ -1,0 +1,172 @@
+"""The `picasso stream` and `picasso produce` commands (wired into picasso.pipelines.cli)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+
+from picasso.spec import load_spec
+
+
+def _kafka_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
+                        help="Kafka brokers, host:port[,host:port] (default: $KAFKA_BOOTSTRAP_SERVERS)")
+    parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="any kafka-python client setting, e.g. security_protocol=SASL_SSL, "
+                             "sasl_mechanism=PLAIN, ssl_cafile=/path; repeatable")
+
+
+def kafka_connection(args):
+    from picasso.connectors.kafka_config import KafkaConnection
+
+    options = {}
+    for item in args.kafka_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--kafka-option {item!r}: expected KEY=VALUE")
+        options[key.strip()] = yaml.safe_load(value)  # numbers and booleans as such
+    return KafkaConnection(args.bootstrap_servers, options)
+
+
+def _topic_formats(items: list[str]) -> dict[str, str]:
+    from picasso.connectors.message_formats import FORMATS
+
+    topics = {}
+    for item in items:
+        topic, _, fmt = item.partition(":")
+        fmt = fmt or "json"
+        if fmt not in FORMATS:
+            raise ValueError(f"--topic {item!r}: format must be one of {', '.join(FORMATS)}")
+        topics[topic] = fmt
+    return topics
+
+
+def add_stream_parser(commands) -> argparse.ArgumentParser:
+    stream = commands.add_parser("stream", help="train continuously from Kafka topics; publish versions as it goes")
+    stream.add_argument("--spec", default="criteo")
+    stream.add_argument("--topic", action="append", required=True, metavar="TOPIC[:FORMAT]",
+                        help="a topic and its message format (json, arrow or tsv; default json); repeatable")
+    stream.add_argument("--workdir", required=True, help="checkpoints and the published-version log go here")
+    _kafka_args(stream)
+    stream.add_argument("--group-id", default="picasso-stream", help="consumer group the positions are committed to")
+    stream.add_argument("--dead-letter-topic", default="picasso.dead-letters")
+    stream.add_argument("--batch-messages", type=int, default=1000, help="messages per training batch")
+    stream.add_argument("--max-cycle-messages", type=int, default=None, help="per partition and cycle")
+    stream.add_argument("--publish-every", type=float, default=300.0, help="seconds between model versions; 0: never")
+    stream.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db")
+    stream.add_argument("--experiment", default="picasso")
+    stream.add_argument("--model-name", default="picasso-ctr")
+    stream.add_argument("--lr-dense", type=float, default=1e-3)
+    stream.add_argument("--lr-sparse", type=float, default=0.05)
+    stream.add_argument("--hidden", default="256,128")
+    stream.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
+    stream.add_argument("--device", default="auto")
+    stream.add_argument("--runner", default="FnApiRunner")
+    stream.add_argument("--deterministic", action="store_true", help="one thread, deterministic kernels")
+    stream.add_argument("--backoff", type=float, default=1.0, help="first retry delay after a failed cycle (s)")
+    stream.add_argument("--backoff-max", type=float, default=30.0)
+    stream.add_argument("--stall-timeout", type=float, default=30.0, help="fail a cycle whose fetch stalls this long")
+    stream.add_argument("--idle-sleep", type=float, default=1.0, help="seconds between checks when caught up")
+    stream.add_argument("--keep-checkpoints", type=int, default=3)
+    stream.add_argument("--until-caught-up", action="store_true", help="exit once no message is left to train on")
+    stream.add_argument("--max-cycles", type=int, default=None)
+    stream.add_argument("--max-seconds", type=float, default=None)
+    stream.add_argument("--max-failures", type=int, default=None, help="consecutive failed cycles before exiting")
+    stream.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    return stream
+
+
+def add_produce_parser(commands) -> argparse.ArgumentParser:
+    produce = commands.add_parser("produce", help="replay day files into a Kafka topic at a given rate")
+    produce.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD partitions")
+    produce.add_argument("--date", action="append", required=True, help="a date to replay; repeatable")
+    produce.add_argument("--topic", required=True)
+    produce.add_argument("--format", choices=["json", "arrow", "tsv"], default="json")
+    produce.add_argument("--rows-per-message", type=int, default=1000, help="Arrow IPC messages only")
+    produce.add_argument("--rate", type=float, default=0.0, help="events per second; 0: as fast as possible")
+    produce.add_argument("--partitions", type=int, default=1, help="when the topic has to be created")
+    produce.add_argument("--max-records", type=int, default=None)
+    _kafka_args(produce)
+    produce.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    return produce
+
+
+def run_stream_command(args, console: Console) -> dict:
+    from picasso.connectors.decoders import DecodeOptions
+    from picasso.connectors.mlflow_registry import MLflowTarget
+    from picasso.pipelines.stream import StreamConfig, run_stream
+    from picasso.trainer import TrainConfig
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
+    workdir = Path(args.workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    target = None
+    if args.publish_every > 0:
+        target = MLflowTarget(
+            tracking_uri=args.mlflow_uri or f"sqlite:///{workdir / 'mlflow.db'}",
+            experiment=args.experiment,
+            model_name=args.model_name,
+            artifact_location=None if args.mlflow_uri else (workdir / "mlartifacts").as_uri(),
+        )
+    config = StreamConfig(
+        connection=kafka_connection(args),
+        topics=_topic_formats(args.topic),
+        workdir=str(workdir),
+        spec=load_spec(args.spec),
+        mlflow=target,
+        train=TrainConfig(hidden=tuple(int(s) for s in args.hidden.split(",")), lr_dense=args.lr_dense,
+                          lr_sparse=args.lr_sparse, device=args.device),
+        decode=DecodeOptions(unknown_fields=args.unknown_fields),
+        group_id=args.group_id,
+        dead_letter_topic=args.dead_letter_topic,
+        batch_messages=args.batch_messages,
+        max_cycle_messages=args.max_cycle_messages,
+        publish_every_s=args.publish_every,
+        idle_sleep_s=args.idle_sleep,
+        backoff_s=args.backoff,
+        backoff_max_s=args.backoff_max,
+        stall_timeout_s=args.stall_timeout,
+        keep_checkpoints=args.keep_checkpoints,
+        deterministic=args.deterministic,
+        runner=args.runner,
+        until_caught_up=args.until_caught_up,
+        max_cycles=args.max_cycles,
+        max_seconds=args.max_seconds,
+        max_failures=args.max_failures,
+    )
+
+    def progress(report, summary):
+        version = summary.versions[-1] if summary.versions else "-"
+        console.log(f"cycle {report.cycle}: {report.messages:,} messages, {report.samples:,} samples, "
+                    f"{report.dead_letters} dead letters in {report.seconds:.1f}s · lag {report.lag - report.messages:,} · "
+                    f"{report.events_per_s:,.0f} events/s · version {version}")
+
+    console.log(f"streaming {', '.join(f'{t} ({f})' for t, f in config.topics.items())} from "
+                f"{config.connection.bootstrap_servers} into {workdir}")
+    summary = run_stream(config, progress)
+    return {**asdict(summary), "workdir": str(workdir),
+            "tracking_uri": target.tracking_uri if target else None}
+
+
+def run_produce_command(args, console: Console) -> dict:
+    from rich.progress import Progress
+
+    from picasso.pipelines.produce import ProduceConfig, produce
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+    config = ProduceConfig(
+        connection=kafka_connection(args), topic=args.topic, data_root=args.data, dates=tuple(args.date),
+        fmt=args.format, rows_per_message=args.rows_per_message, rate=args.rate, partitions=args.partitions,
+        max_records=args.max_records,
+    )
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"producing into {args.topic}", total=args.max_records)
+        result = produce(config, on_progress=lambda records: bar.advance(task, records))
+    return {**asdict(result), "records_per_s": result.records_per_s}

@@ -1,0 +1,178 @@
+"""The state a stream checkpoints: the trainer (model, optimizer, positions) and the ledger.
+
+The ledger counts, per partition, what the model was trained on: the position range
+covered, messages, records, samples and refused records, and the sum of the trained
+messages' offsets. It is written into the same checkpoint directory as the weights, so it
+describes exactly the model next to it. Spans must arrive back to back: a span that starts
+before the partition's position would train messages twice, one that starts after it
+would skip some; either one fails the cycle instead of being trained.
+
+Stream checkpoints are named step-<step>-<cycle>: a cycle whose every message was refused
+moves the positions without an optimizer step, and Trainer.save_checkpoint keeps the
+existing directory of a step it has already written (see the report on the core change).
+The names still sort in training order, so Trainer.warm_start picks the newest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from picasso.pipelines.decode_messages import MessageSpan, PackedMessages
+from picasso.spec import FeatureSpec
+from picasso.trainer import TrainConfig, Trainer, evaluation_metrics
+
+_STAGING = ".staging-"
+
+
+class SpanMismatch(RuntimeError):
+    """A span that would train a message twice or skip one."""
+
+
+@dataclass
+class PartitionLedger:
+    start: int  # the position training began at
+    next_position: int
+    messages: int = 0
+    records: int = 0
+    samples: int = 0
+    refused: int = 0
+    offset_sum: int = 0  # sum of the offsets trained: with `messages`, a fingerprint of which ones
+    newest_timestamp_ms: int | None = None
+
+
+@dataclass
+class Ledger:
+    partitions: dict[str, PartitionLedger] = field(default_factory=dict)
+    cycles: int = 0
+
+    def check(self, span: MessageSpan, position: int | None) -> None:
+        """Raise unless span starts where the partition stands (its checkpointed position,
+        or the previous span's end)."""
+        entry = self.partitions.get(span.source)
+        expected = entry.next_position if entry else position
+        if expected is not None and span.start != expected:
+            kind = "train offsets again" if span.start < expected else "skip offsets"
+            raise SpanMismatch(f"{span.source}: span [{span.start}, {span.next_position}) would {kind}; "
+                               f"the partition stands at {expected}")
+
+    def record(self, span: MessageSpan, samples: int) -> None:
+        entry = self.partitions.setdefault(span.source, PartitionLedger(start=span.start, next_position=span.start))
+        entry.next_position = span.next_position
+        entry.messages += span.messages
+        entry.records += span.records_in
+        entry.refused += span.records_refused
+        entry.samples += samples
+        entry.offset_sum += span.offset_sum
+        if span.newest_timestamp_ms is not None:
+            entry.newest_timestamp_ms = max(entry.newest_timestamp_ms or 0, span.newest_timestamp_ms)
+
+    @property
+    def newest_timestamp_ms(self) -> int | None:
+        stamps = [p.newest_timestamp_ms for p in self.partitions.values() if p.newest_timestamp_ms is not None]
+        return max(stamps) if stamps else None
+
+    def to_dict(self) -> dict:
+        return {"cycles": self.cycles, "partitions": {k: asdict(v) for k, v in sorted(self.partitions.items())}}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Ledger":
+        return cls({k: PartitionLedger(**v) for k, v in data.get("partitions", {}).items()}, data.get("cycles", 0))
+
+
+class StreamModel:
+    """A Trainer and its ledger, trained one PackedMessages at a time.
+
+    Each batch is scored before it is trained on (prequential evaluation): the scores
+    since the last publish give the metrics of the next model version.
+    """
+
+    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: Path | None):
+        self.trainer = trainer
+        self.ledger = ledger
+        self.checkpoint = checkpoint
+        self.labels: list[np.ndarray] = []
+        self.scores: list[np.ndarray] = []
+        self.loss_sum = 0.0
+
+    @classmethod
+    def load(cls, spec: FeatureSpec, config: TrainConfig, root: str | Path) -> "StreamModel":
+        trainer = Trainer(spec, config)
+        path = trainer.warm_start(root)
+        ledger = Ledger.from_dict(json.loads((path / "metrics.json").read_text()).get("ledger", {})) if path else Ledger()
+        return cls(trainer, ledger, path)
+
+    def train(self, packed: PackedMessages) -> None:
+        span, batch = packed.span, packed.batch
+        self.ledger.check(span, self.trainer.positions.get(span.source))
+        if batch.num_samples:
+            self.labels.append(batch.data.column("label").to_numpy())
+            self.scores.append(self.trainer.predict(batch))
+        self.loss_sum += self.trainer.train_step(batch)
+        self.ledger.record(span, batch.num_samples)
+
+    def window_metrics(self) -> dict[str, float]:
+        """Prequential metrics since the last call; the window then starts afresh."""
+        labels = np.concatenate(self.labels) if self.labels else np.zeros(0)
+        scores = np.concatenate(self.scores) if self.scores else np.zeros(0)
+        metrics = evaluation_metrics(labels, scores)
+        self.labels, self.scores = [], []
+        return {"auc": metrics.auc, "logloss": metrics.logloss, "window_samples": metrics.samples,
+                "mean_prediction": metrics.mean_prediction, "mean_label": metrics.mean_label}
+
+    def save(self, root: str | Path, keep: int = 3) -> Path:
+        """Checkpoint model, optimizer, positions and ledger at once; keep the newest `keep`."""
+        root = Path(root)
+        staging = root / f"{_STAGING}{uuid.uuid4().hex[:8]}"
+        metrics = {"ledger": self.ledger.to_dict(), "samples": self.trainer.samples}
+        written = self.trainer.save_checkpoint(staging, metrics=metrics)  # atomic within staging
+        final = root / f"{written.name}-{self.ledger.cycles:010d}"
+        os.rename(written, final)  # atomic into place
+        _fsync_dir(root)
+        shutil.rmtree(staging, ignore_errors=True)
+        self.checkpoint = final
+        prune_checkpoints(root, keep)
+        return final
+
+
+@dataclass(frozen=True)
+class ModelLoader:
+    """Builds a StreamModel from the newest checkpoint (picklable, for Shared.acquire)."""
+
+    spec: FeatureSpec
+    config: TrainConfig
+    checkpoint_dir: str
+
+    def __call__(self) -> StreamModel:
+        return StreamModel.load(self.spec, self.config, self.checkpoint_dir)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def prune_checkpoints(root: str | Path, keep: int) -> None:
+    root = Path(root)
+    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+    for old in steps[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def clean_staging(root: str | Path) -> None:
+    """Remove what a killed process left half-written (never a finished checkpoint)."""
+    root = Path(root)
+    if root.is_dir():
+        for leftover in root.iterdir():
+            if leftover.name.startswith((_STAGING, ".tmp-")):
+                shutil.rmtree(leftover, ignore_errors=True)
+

@@ -1,0 +1,76 @@
+"""Shared pieces of the stream tests: a small spec on disk, messages, and running
+`picasso stream` as a process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from helpers import small_spec
+from kafka_broker import create_topic, produce_values
+
+from picasso.connectors.message_formats import encode_arrow, encode_json
+from picasso.synthetic import PlantedModel
+
+SPEC = small_spec(name="stream-test")
+
+
+def write_spec(directory: Path) -> Path:
+    path = directory / "spec.yaml"
+    path.write_text(SPEC.to_yaml())
+    return path
+
+
+def json_messages(count: int, stream: int = 0) -> list[bytes]:
+    table, _ = PlantedModel(SPEC).sample(count, stream=stream)
+    return encode_json(table)
+
+
+def arrow_messages(rows: int, rows_per_message: int, stream: int = 1) -> list[bytes]:
+    table, _ = PlantedModel(SPEC).sample(rows, stream=stream)
+    return encode_arrow(table, rows_per_message)
+
+
+def fill_topic(bootstrap: str, topic: str, values: list[bytes], partitions: int) -> None:
+    create_topic(bootstrap, topic, partitions)
+    produce_values(bootstrap, topic, values, partitions)
+
+
+def stream_command(spec_path: Path, bootstrap: str, topic: str, workdir: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "picasso.pipelines.cli", "stream", "--spec", str(spec_path), "--topic", topic,
+            "--workdir", str(workdir), "--bootstrap-servers", bootstrap, "--hidden", "16,8", "--device", "cpu",
+            *extra]
+
+
+def run_stream_process(command: list[str], log: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    with open(log, "ab") as out:
+        return subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def load_state(checkpoint: Path) -> dict:
+    return torch.load(checkpoint / "state.pt", weights_only=True)
+
+
+def assert_same_state(a: dict, b: dict, atol: float = 1e-6) -> None:
+    """Trainer states (model, optimizer slots, step, RNG, whatever the trainer saves) equal
+    to atol, key by key."""
+    assert a["step"] == b["step"] and a["samples"] == b["samples"]
+    _assert_close(a, b, "state", atol)
+
+
+def _assert_close(a, b, where: str, atol: float) -> None:
+    if isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_close(x, y, f"{where}[{i}]", atol)
+    elif isinstance(a, dict):
+        assert set(a) == set(b), where
+        for key in a:
+            _assert_close(a[key], b[key], f"{where}.{key}", atol)
+    elif isinstance(a, torch.Tensor):
+        assert a.shape == b.shape, where
+        torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=lambda m: f"{where}: {m}")
+    else:
+        assert a == b, where

@@ -1,0 +1,147 @@
+"""ReadFromKafka against a real broker: every offset exactly once, in order, in elements
+of at most max_messages messages; bounded and unbounded modes; settings pass through."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import apache_beam as beam
+import pytest
+from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTracker
+from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.sdf_utils import RestrictionTrackerView, ThreadsafeRestrictionTracker
+from kafka import KafkaConsumer, TopicPartition
+from kafka_broker import create_topic, produce_values
+
+from picasso.connectors.kafka_config import KafkaConnection, latest_offsets
+from picasso.connectors.kafka_source import UNBOUNDED, PartitionRange, ReadFromKafka, _ReadPartitionDoFn
+
+PARTITIONS = 3
+MESSAGES = 3000
+
+
+@pytest.fixture(scope="module")
+def topic(kafka_bootstrap) -> str:
+    name = "source-exact"
+    create_topic(kafka_bootstrap, name, PARTITIONS)
+    produce_values(kafka_bootstrap, name, [f"m{i}".encode() for i in range(MESSAGES)], PARTITIONS)
+    return name
+
+
+def read_spans(bootstrap: str, topic: str, out_dir, positions=None, beam_args=(), max_messages=128):
+    """[source, start, next_position, offsets, values] of every element."""
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *beam_args])) as pipeline:
+        (pipeline
+         | ReadFromKafka.bounded(KafkaConnection(bootstrap), [topic], positions, max_messages=max_messages)
+         | beam.Map(lambda m: json.dumps([m.source, m.start, m.next_position, m.offsets,
+                                          [v.decode() for v in m.values]]))
+         | beam.io.WriteToText(str(out_dir / "spans"), shard_name_template=""))
+    return [json.loads(line) for line in (out_dir / "spans").read_text().splitlines()]
+
+
+def _check_exact(spans, starts: dict[str, int], ends: dict[str, int], max_messages: int):
+    by_source: dict[str, list] = {}
+    for span in spans:
+        by_source.setdefault(span[0], []).append(span)
+    assert set(by_source) == set(ends)
+    for source, items in by_source.items():
+        items.sort(key=lambda s: s[1])
+        position = starts.get(source, 0)
+        offsets = []
+        for _, start, next_position, span_offsets, _ in items:
+            assert start == position  # back to back: no gap, no overlap
+            assert len(span_offsets) <= max_messages
+            offsets += span_offsets
+            position = next_position
+        assert position == ends[source]
+        assert offsets == list(range(starts.get(source, 0), ends[source]))  # each offset once, in order
+
+
+@pytest.mark.parametrize("beam_args", [(), ("--direct_num_workers=2", "--direct_running_mode=multi_threading")],
+                         ids=["one-worker", "two-workers"])
+def test_bounded_read_yields_every_offset_once(kafka_bootstrap, topic, tmp_path, beam_args):
+    spans = read_spans(kafka_bootstrap, topic, tmp_path, beam_args=beam_args)
+    ends = {f"{topic}/{p}": MESSAGES // PARTITIONS for p in range(PARTITIONS)}
+    _check_exact(spans, {}, ends, 128)
+    values = sorted(v for span in spans for v in span[4])
+    assert values == sorted(f"m{i}" for i in range(MESSAGES))
+
+
+def test_bounded_read_starts_from_positions_and_cuts_at_the_same_points(kafka_bootstrap, topic, tmp_path):
+    starts = {f"{topic}/0": 17, f"{topic}/2": 999}
+    first = read_spans(kafka_bootstrap, topic, tmp_path / "a", starts, max_messages=100)
+    second = read_spans(kafka_bootstrap, topic, tmp_path / "b", starts, max_messages=100)
+    _check_exact(first, starts, {f"{topic}/{p}": 1000 for p in range(PARTITIONS)}, 100)
+    # Cut points depend on the start positions only, never on how the fetches went.
+    assert sorted(s[:3] for s in first) == sorted(s[:3] for s in second)
+    assert [s[2] - s[1] for s in sorted(first) if s[0] == f"{topic}/0"][:2] == [100, 100]
+
+
+def test_latest_offsets_reaches_the_tail_of_every_partition(kafka_bootstrap, topic):
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    try:
+        assert latest_offsets(consumer, partitions) == {tp: MESSAGES // PARTITIONS for tp in partitions}
+    finally:
+        consumer.close()
+
+
+def test_unbounded_read_defers_its_remainder_and_follows_message_timestamps(kafka_bootstrap, kafka_topic):
+    create_topic(kafka_bootstrap, kafka_topic)
+    produce_values(kafka_bootstrap, kafka_topic, [b"a%d" % i for i in range(50)])
+    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap), max_messages=20, stall_timeout_s=5, resume_every_s=0.5)
+    dofn.setup()
+    try:
+        element = PartitionRange(kafka_topic, 0, 0, UNBOUNDED)
+        tracker = ThreadsafeRestrictionTracker(OffsetRestrictionTracker(OffsetRange(0, UNBOUNDED)))
+        watermark = ManualWatermarkEstimator(None)
+        outputs = list(dofn.process(element, tracker=RestrictionTrackerView(tracker), watermark=watermark))
+        batches = [out.value for out in outputs]
+        assert [len(b) for b in batches] == [20, 20, 10]  # a partial batch once the topic is drained
+        newest = max(t for b in batches for t in b.timestamps)
+        assert watermark.current_watermark().micros == newest * 1000
+        assert outputs[-1].timestamp.micros == newest * 1000
+        # The runner would now split off the remainder: it starts at the next offset.
+        residual, delay = tracker.deferred_status()
+        assert residual.start == 50 and residual.stop == UNBOUNDED
+
+        produce_values(kafka_bootstrap, kafka_topic, [b"b%d" % i for i in range(5)])
+        tracker = ThreadsafeRestrictionTracker(OffsetRestrictionTracker(residual))
+        more = [out.value for out in dofn.process(PartitionRange(kafka_topic, 0, 50, UNBOUNDED),
+                                                  tracker=RestrictionTrackerView(tracker), watermark=watermark)]
+        assert [v for b in more for v in b.values] == [b"b%d" % i for i in range(5)]
+        assert more[0].start == 50 and more[-1].next_position == 55
+    finally:
+        dofn.teardown()
+
+
+def test_a_bounded_read_against_a_dead_broker_fails_instead_of_hanging(restartable_broker, tmp_path):
+    create_topic(restartable_broker.bootstrap, "gone")
+    produce_values(restartable_broker.bootstrap, "gone", [b"x"] * 10)
+    read = ReadFromKafka.bounded(KafkaConnection(restartable_broker.bootstrap), ["gone"], stall_timeout_s=2)
+    ranges = [PartitionRange(r.topic, r.partition, r.start, r.stop + 5) for r in read.ranges]  # beyond the end
+    started = time.monotonic()
+    with pytest.raises(Exception, match="no progress"):
+        with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
+            pipeline | ReadFromKafka(KafkaConnection(restartable_broker.bootstrap), ranges, stall_timeout_s=2)
+    assert time.monotonic() - started < 60
+
+
+def test_client_settings_pass_through_to_each_client_kind():
+    connection = KafkaConnection("h:1", {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN",
+                                         "sasl_plain_username": "u", "sasl_plain_password": "p",
+                                         "ssl_cafile": "/ca.pem", "acks": "all", "fetch_max_wait_ms": 100})
+    consumer = connection.settings("consumer")
+    producer = connection.settings("producer")
+    for settings in (consumer, producer, connection.settings("admin")):
+        assert settings["security_protocol"] == "SASL_SSL" and settings["sasl_plain_username"] == "u"
+        assert settings["ssl_cafile"] == "/ca.pem" and settings["bootstrap_servers"] == "h:1"
+    assert "acks" not in consumer and producer["acks"] == "all"
+    assert "fetch_max_wait_ms" in consumer and "fetch_max_wait_ms" not in producer
+
+
+def test_an_unknown_client_setting_is_an_error_naming_it():
+    with pytest.raises(ValueError, match="fetch_max_wait_sec"):
+        KafkaConnection("h:1", {"fetch_max_wait_sec": 1})
