@@ -92,11 +92,14 @@ def fused_update(
     step: int,
     mean_pooled: torch.Tensor | None = None,
     max_len: torch.Tensor | None = None,
+    field_rows: torch.Tensor | None = None,
 ) -> None:
     """Backward of `lookup` and the optimizer step in one: updates weight and slots in place.
 
     grad: (num_samples, num_fields, dim), the gradient of lookup's output. step: the global
-    step, counting from 1 (Adam's bias correction).
+    step, counting from 1 (Adam's bias correction). field_rows: optionally, num_fields + 1
+    row bounds with field f's ids in [field_rows[f], field_rows[f + 1]) (true of every
+    PackedBatch); it changes no result, and lets fast kernels split the work by field.
     """
     rows, bags, scale = _occurrences(ids, offsets, num_fields, mean_pooled, max_len)
     if rows.numel() == 0:

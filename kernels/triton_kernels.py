@@ -264,8 +264,13 @@ def fused_update(
     step: int,
     mean_pooled: torch.Tensor | None = None,
     max_len: torch.Tensor | None = None,
+    field_rows: torch.Tensor | None = None,
 ) -> None:
-    """Backward of `lookup` and the optimizer step in one: updates weight and slots in place."""
+    """Backward of `lookup` and the optimizer step in one: updates weight and slots in place.
+
+    field_rows (a promise that each field's ids stay in its own rows) is not needed here:
+    the device sort groups occurrences by row whatever the fields.
+    """
     if offsets.numel() == 0 or ids.numel() == 0:
         return
     slot0, slot1 = _slot_pointers(optimizer, slots, weight)

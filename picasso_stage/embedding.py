@@ -22,15 +22,15 @@ class _FusedLookup(torch.autograd.Function):
     """lookup forward; backward = fused gradient + optimizer step on the table, in place."""
 
     @staticmethod
-    def forward(ctx, anchor, weight, slots, ids, offsets, group: PackedGroup, mean, max_len, optimizer, step):
-        ctx.update = (weight, slots, ids, offsets, group.num_fields, optimizer, step, mean, max_len)
+    def forward(ctx, anchor, weight, slots, ids, offsets, group: PackedGroup, mean, max_len, field_rows, optimizer, step):
+        ctx.update = (weight, slots, ids, offsets, group.num_fields, optimizer, step, mean, max_len, field_rows)
         return kernels.lookup(weight, ids, offsets, group.num_fields, mean, max_len)
 
     @staticmethod
     def backward(ctx, grad):
-        weight, slots, ids, offsets, num_fields, optimizer, step, mean, max_len = ctx.update
-        kernels.fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean, max_len)
-        return (None,) * 10
+        weight, slots, ids, offsets, num_fields, optimizer, step, mean, max_len, field_rows = ctx.update
+        kernels.fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean, max_len, field_rows)
+        return (None,) * 11
 
 
 class PackedEmbedding(nn.Module):
@@ -50,6 +50,10 @@ class PackedEmbedding(nn.Module):
             self.register_buffer(f"table_{group.name}", torch.empty(group.num_rows, width).uniform_(-init_scale, init_scale))
             self.register_buffer(f"mean_{group.name}", torch.tensor(group.mean_pooled), persistent=False)
             self.register_buffer(f"max_len_{group.name}", torch.tensor(group.max_len), persistent=False)
+            # Each field's ids stay in its own rows (packing adds the row offsets), which
+            # lets the update kernel split its work by field.
+            bounds = torch.tensor([*group.row_offsets, group.num_rows], dtype=torch.int64)
+            self.register_buffer(f"field_rows_{group.name}", bounds, persistent=False)
         # Training steps taken (Adam's bias correction counts them); checkpointed with the tables.
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
         self.configure_optimizer(optimizer)
@@ -94,8 +98,9 @@ class PackedEmbedding(nn.Module):
             if training:
                 # A zero-size input that requires grad makes autograd call backward.
                 anchor = torch.empty(0, requires_grad=True)
+                field_rows = getattr(self, f"field_rows_{g.name}")
                 pooled.append(_FusedLookup.apply(anchor, weight, self.slots(g.name), ids[g.name], offsets[g.name], g,
-                                                 mean, max_len, self.optimizers[g.name], int(self.steps)))
+                                                 mean, max_len, field_rows, self.optimizers[g.name], int(self.steps)))
             else:
                 pooled.append(kernels.lookup(weight, ids[g.name], offsets[g.name], g.num_fields, mean, max_len))
         return pooled

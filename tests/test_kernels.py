@@ -34,12 +34,23 @@ def test_lookup_agrees_with_reference(seed, dim, truncate):
     torch.testing.assert_close(cpu.lookup(weight, ids, offsets, 4, mean_pooled, max_len), expected, atol=1e-5, rtol=1e-5)
 
 
+def field_rows_of(ids: torch.Tensor, offsets: torch.Tensor, fields: int, rows: int) -> torch.Tensor:
+    """Move each field's ids into its own quarter of the rows (as packing does); returns
+    the field row bounds."""
+    width = rows // fields
+    bags = torch.repeat_interleave(torch.arange(offsets.numel()), torch.diff(offsets.long(), append=torch.tensor([ids.numel()])))
+    ids.copy_(ids % width + (bags % fields) * width)
+    return torch.arange(fields + 1, dtype=torch.int64) * width
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 @pytest.mark.parametrize("truncate", [False, True])
-def test_fused_update_agrees_with_reference(seed, optimizer, truncate):
+@pytest.mark.parametrize("by_field", [False, True])
+def test_fused_update_agrees_with_reference(seed, optimizer, truncate, by_field):
     g, ids, offsets, mean_pooled = random_bags(seed)
     max_len = torch.randint(1, 4, (4,), generator=g) if truncate else None
+    field_rows = field_rows_of(ids, offsets, 4, 200) if by_field else None
     dim = (3, 8, 16, 33)[seed]
     spec = SparseOptimizer(optimizer, lr=0.1)
     weight = torch.randn(200, dim, generator=g)
@@ -48,7 +59,7 @@ def test_fused_update_agrees_with_reference(seed, optimizer, truncate):
     for step in range(1, 4):
         grad = torch.randn(64, 4, dim, generator=g)
         reference.fused_update(expected_weight, expected_slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len)
-        cpu.fused_update(weight, slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len)
+        cpu.fused_update(weight, slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len, field_rows)
     torch.testing.assert_close(weight, expected_weight, atol=1e-5, rtol=1e-5)
     for got, want in zip(slots, expected_slots):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
@@ -73,6 +84,18 @@ def test_an_empty_batch_changes_nothing():
     empty_ids, offsets = torch.zeros(0, dtype=torch.int64), torch.zeros(6, dtype=torch.int32)
     assert torch.equal(cpu.lookup(weight, empty_ids, offsets, 3), torch.zeros(2, 3, 4))
     cpu.fused_update(weight, [torch.zeros(10)], empty_ids, offsets, torch.ones(2, 3, 4), 3, SparseOptimizer(), 1)
+    assert torch.equal(weight, before)
+
+
+def test_an_id_outside_its_field_rows_is_refused_before_anything_moves():
+    g, ids, offsets, mean_pooled = random_bags(1)
+    field_rows = field_rows_of(ids, offsets, 4, 200)
+    ids[-1] = 0  # the last bag belongs to field 3, whose rows start at 150
+    weight = torch.randn(200, 8, generator=g)
+    before = weight.clone()
+    with pytest.raises(RuntimeError, match="outside its field's rows"):
+        cpu.fused_update(weight, [torch.zeros(200)], ids, offsets, torch.ones(64, 4, 8), 4, SparseOptimizer(), 1,
+                         mean_pooled, None, field_rows)
     assert torch.equal(weight, before)
 
 

@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -147,24 +148,60 @@ inline void apply_step(const Step& s, DimT dim_t, float* row, int64_t r, const f
 
 }  // namespace
 
+namespace {
+
+// Sum the gradient of every row one unit of work owns, in bag order, into a compact
+// buffer; then step each of those rows once. `slot_of(row)` is the row's entry in a -1
+// initialised scratch map, or null when another unit owns the row; entries are put back
+// to -1 on the way out.
+template <typename DimT, typename BagsT, typename ForEachBag, typename SlotOf>
+void sum_and_step(DimT dim_t, const BagsT& bags, const int64_t* id, const float* g, float* w, const Step& s,
+                  ForEachBag for_each_bag, SlotOf slot_of, std::vector<int64_t>& rows, std::vector<float>& sums) {
+  const int64_t dim = dim_t.value();
+  rows.clear();
+  sums.clear();
+  for_each_bag([&](int64_t b) {
+    const int64_t start = bags.start(b), stop = bags.stop(b);
+    const float scale = bags.scale(b, stop - start);
+    const float* gb = g + b * dim;
+    for (int64_t k = start; k < stop; ++k) {
+      int32_t* at = slot_of(id[k]);
+      if (!at) continue;
+      if (*at < 0) {
+        *at = static_cast<int32_t>(rows.size());
+        rows.push_back(id[k]);
+        sums.resize(sums.size() + dim, 0.0f);
+      }
+      float* sum = sums.data() + static_cast<int64_t>(*at) * dim;
+      for (int64_t d = 0; d < dim; ++d) sum[d] += gb[d] * scale;
+    }
+  });
+  for (size_t u = 0; u < rows.size(); ++u) {
+    if (u + kPrefetchDistance < rows.size()) __builtin_prefetch(w + rows[u + kPrefetchDistance] * dim);
+    apply_step(s, dim_t, w + rows[u] * dim, rows[u], sums.data() + static_cast<int64_t>(u) * dim);
+    *slot_of(rows[u]) = -1;
+  }
+}
+
+}  // namespace
+
 // Backward of lookup fused with the optimizer: each touched row's gradient is summed over
-// its occurrences and applied once; no (rows, dim) gradient is ever built.
+// its occurrences and applied once; no (rows, dim) gradient is ever built. The summation
+// order is the bag order whatever the thread count, so results do not depend on it.
 //
-// Rows are split among threads by their low bits, so a thread owns its rows outright: it
-// scans every bag in order (the gradient is read sequentially), sums the gradient of the
-// rows it owns into a compact per-thread buffer, then steps those rows. The summation order
-// is the bag order whatever the thread count, so results do not depend on it.
-//
-// `slot_of_row` is caller-owned scratch, one int32 per table row, all -1 on entry and on
-// exit: it maps a row to its place in its owner's buffer without sorting.
+// Work is split so that no two threads touch one row:
+// - with `field_rows` (F + 1 row bounds: field f's ids lie in [field_rows[f],
+//   field_rows[f + 1]), as in a PackedBatch), by field: a thread takes whole fields, and
+//   its scratch and sums stay the size of one field's rows, a cache-sized working set;
+// - without, by the low bits of the row: each thread scans every bag and takes the rows it
+//   owns, with `slot_of_row` (caller-owned, one int32 per table row, all -1 between
+//   calls) as the scratch map.
 void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch::Tensor ids, torch::Tensor offsets,
                   torch::Tensor grad, int64_t num_fields, std::string optimizer, double lr, double eps, double beta1,
                   double beta2, int64_t step, torch::Tensor mean_pooled, torch::Tensor max_len,
-                  torch::Tensor slot_of_row) {
+                  torch::Tensor field_rows, torch::Tensor slot_of_row) {
   check_inputs(weight, ids, offsets, num_fields);
   TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == torch::kFloat32, "grad must be contiguous float32");
-  TORCH_CHECK(slot_of_row.numel() >= weight.size(0) && slot_of_row.scalar_type() == torch::kInt32,
-              "slot_of_row must be int32 scratch with one entry per row");
   TORCH_CHECK(optimizer == "sgd" || optimizer == "adagrad" || optimizer == "adam", "unknown optimizer ", optimizer);
   const int kind = optimizer == "sgd" ? 0 : optimizer == "adagrad" ? 1 : 2;
   const Step s{kind,
@@ -178,48 +215,63 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
                kind == 2 ? slots.at(0).data_ptr<float>() : nullptr,
                kind == 2 ? slots.at(1).data_ptr<float>() : nullptr};
   const int64_t num_bags = offsets.size(0), num_ids = ids.numel();
+  const int64_t num_samples = num_bags / num_fields;
   const int64_t* id = ids.data_ptr<int64_t>();
   const float* g = grad.data_ptr<float>();
   float* w = weight.data_ptr<float>();
-  int32_t* slot = slot_of_row.data_ptr<int32_t>();
-  // A power of two of owners, at least one per thread: the owner test is a mask, not a division.
-  int64_t owners = 1;
-  while (owners < at::get_num_threads()) owners *= 2;
-  const int64_t owner_mask = owners - 1;
 
   with_dim(weight.size(1), [&](auto dim_t) {
-    const int64_t dim = dim_t.value();
     with_bags(offsets, num_ids, num_fields, mean_pooled, max_len, [&](auto bags) {
-      at::parallel_for(0, owners, 1, [&](int64_t first_owner, int64_t last_owner) {
-        for (int64_t owner = first_owner; owner < last_owner; ++owner) {
-          std::vector<int64_t> rows;  // the owner's touched rows, first seen first
-          std::vector<float> sums;    // their summed gradients, dim floats each
-          for (int64_t b = 0; b < num_bags; ++b) {
-            const int64_t start = bags.start(b), stop = bags.stop(b);
-            const float scale = bags.scale(b, stop - start);
-            const float* gb = g + b * dim;
-            for (int64_t k = start; k < stop; ++k) {
-              if (k + kPrefetchDistance < num_ids) __builtin_prefetch(slot + id[k + kPrefetchDistance]);
-              const int64_t r = id[k];
-              if ((r & owner_mask) != owner) continue;
-              int32_t at = slot[r];
-              if (at < 0) {
-                at = static_cast<int32_t>(rows.size());
-                slot[r] = at;
-                rows.push_back(r);
-                sums.resize(sums.size() + dim, 0.0f);
-              }
-              float* sum = sums.data() + static_cast<int64_t>(at) * dim;
-              for (int64_t d = 0; d < dim; ++d) sum[d] += gb[d] * scale;
+      if (field_rows.numel()) {
+        TORCH_CHECK(field_rows.numel() == num_fields + 1 && field_rows.scalar_type() == torch::kInt64,
+                    "field_rows must hold num_fields + 1 int64 row bounds");
+        const int64_t* bound = field_rows.data_ptr<int64_t>();
+        int64_t widest = 0;
+        for (int64_t f = 0; f < num_fields; ++f) widest = std::max(widest, bound[f + 1] - bound[f]);
+        // Checked before anything moves: an id outside its field's rows would race.
+        std::atomic<bool> outside{false};
+        at::parallel_for(0, num_fields, 1, [&](int64_t first, int64_t last) {
+          for (int64_t f = first; f < last; ++f)
+            for (int64_t i = 0; i < num_samples; ++i) {
+              const int64_t b = i * num_fields + f;
+              for (int64_t k = bags.start(b); k < bags.stop(b); ++k)
+                if (id[k] < bound[f] || id[k] >= bound[f + 1]) outside = true;
             }
+        });
+        TORCH_CHECK(!outside, "an id lies outside its field's rows (field_rows)");
+        at::parallel_for(0, num_fields, 1, [&](int64_t first, int64_t last) {
+          std::vector<int32_t> local(widest, -1);
+          std::vector<int64_t> rows;
+          std::vector<float> sums;
+          for (int64_t f = first; f < last; ++f) {
+            const int64_t base = bound[f];
+            sum_and_step(
+                dim_t, bags, id, g, w, s,
+                [&](auto&& visit) {
+                  for (int64_t i = 0; i < num_samples; ++i) visit(i * num_fields + f);
+                },
+                [&](int64_t r) { return &local[r - base]; }, rows, sums);
           }
-          for (size_t u = 0; u < rows.size(); ++u) {
-            const int64_t r = rows[u];
-            if (u + kPrefetchDistance < rows.size()) __builtin_prefetch(w + rows[u + kPrefetchDistance] * dim);
-            apply_step(s, dim_t, w + r * dim, r, sums.data() + static_cast<int64_t>(u) * dim);
-            slot[r] = -1;  // leave the scratch as we found it
-          }
-        }
+        });
+        return;
+      }
+      TORCH_CHECK(slot_of_row.numel() >= weight.size(0) && slot_of_row.scalar_type() == torch::kInt32,
+                  "slot_of_row must be int32 scratch with one entry per row");
+      int32_t* slot = slot_of_row.data_ptr<int32_t>();
+      // A power of two of owners, at least one per thread: the owner test is a mask.
+      int64_t owners = 1;
+      while (owners < at::get_num_threads()) owners *= 2;
+      const int64_t mask = owners - 1;
+      at::parallel_for(0, owners, 1, [&](int64_t first, int64_t last) {
+        std::vector<int64_t> rows;
+        std::vector<float> sums;
+        for (int64_t owner = first; owner < last; ++owner)
+          sum_and_step(
+              dim_t, bags, id, g, w, s,
+              [&](auto&& visit) {
+                for (int64_t b = 0; b < num_bags; ++b) visit(b);
+              },
+              [&](int64_t r) { return (r & mask) == owner ? slot + r : nullptr; }, rows, sums);
       });
     });
   });
