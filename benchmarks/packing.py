@@ -9,9 +9,7 @@
 
 Settings: batch 4096, dim 16, 20k rows per field, Zipf(1.05) ids, F fields; plus one
 multi-hot case (mean-pooled bags of 1..5 ids). Each (implementation, F) runs in a fresh
-process so that its peak memory is its own, with the same allocator setting (glibc keeps
-freed memory; see picasso.kernels.cpu.keep_freed_memory); time is the median step after
-warm-up. An upstream gradient of ones stands in for the rest of the model.
+process so that its peak memory is its own; time is the median step after warm-up. An upstream gradient of ones stands in for the rest of the model.
 
 Memory: picasso's peak resident memory, less the step's inputs and outputs (ids,
 offsets, pooled output and its gradient, which any implementation holds), over the bytes
@@ -160,11 +158,6 @@ RUNNERS = {"per_field": run_per_field, "torchrec": run_torchrec, "picasso": run_
 
 
 def _child(name: str, fields: int, multi_hot: bool, repeat: int, queue) -> None:
-    from picasso.kernels.cpu import keep_freed_memory
-
-    # The same allocator setting for every implementation: picasso's CPU kernels turn it on
-    # (see keep_freed_memory), and TorchRec's large outputs gain from it just as much.
-    keep_freed_memory()
     torch.manual_seed(0)
     queue.put(RUNNERS[name](fields, multi_hot, repeat))
 

@@ -8,7 +8,6 @@ milliseconds, and an edited source is rebuilt.
 
 from __future__ import annotations
 
-import ctypes
 import os
 from pathlib import Path
 
@@ -40,27 +39,7 @@ def _build():
     )
 
 
-def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse instead of returning it to the OS.
-
-    A training step allocates a few large tensors (the pooled lookups and their gradient:
-    batch x fields x dim floats, 100+ MB at 400 fields). glibc serves anything over 32 MB
-    with a fresh mmap and unmaps it on free, so every step paid for ~50k page faults: half
-    of the lookup's time. With mmap off and trimming raised, those blocks are reused. It is
-    process-wide (as jemalloc or tcmalloc would be); PICASSO_KEEP_FREED_MEMORY=0 opts out.
-    """
-    if os.environ.get("PICASSO_KEEP_FREED_MEMORY", "1") == "0":
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4
-    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, 1 << 30))
-
-
 _ops = _build()
-keep_freed_memory()
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
 # when no field_rows are given, kept per table size so that no call pays for filling it.
 _scratch: dict[int, torch.Tensor] = {}
@@ -74,8 +53,31 @@ def _limits(max_len):
     return _NO_LIMITS if max_len is None else max_len.to(torch.int64).contiguous()
 
 
+# The last output of each shape, reused when nothing else holds it any more. A pooled
+# lookup is batch x fields x dim floats (100+ MB at 400 fields); glibc serves each such
+# block with a fresh mmap, and first touching it costs ~25k page faults, as long as the
+# lookup itself. Reuse is safe only when no tensor, view or saved activation shares the
+# storage: its use count is then ours alone.
+_outputs: dict[tuple[int, ...], torch.Tensor] = {}
+
+
+def _output_buffer(shape: tuple[int, ...]) -> torch.Tensor | None:
+    cached = _outputs.get(shape)
+    # Two users when free: our cached tensor, and the storage handle asked for here.
+    if cached is not None and torch._C._storage_Use_Count(cached.untyped_storage()._cdata) <= 2:
+        return cached
+    return None
+
+
 def lookup(weight, ids, offsets, num_fields, mean_pooled=None, max_len=None):
-    return _ops.lookup(weight, ids.contiguous(), offsets.contiguous(), num_fields, _flags(mean_pooled), _limits(max_len))
+    shape = (offsets.numel() // num_fields, num_fields, weight.shape[1])
+    out = _ops.lookup(weight, ids.contiguous(), offsets.contiguous(), num_fields, _flags(mean_pooled),
+                      _limits(max_len), _output_buffer(shape))
+    _outputs.clear()  # keep one buffer: the shape of the current batch
+    # A tensor of our own on the same storage (not the caller's object), so the use count
+    # tells whether the caller, or anything it made, still holds the buffer.
+    _outputs[shape] = out.detach()
+    return out
 
 
 def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: SparseOptimizer, step,

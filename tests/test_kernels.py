@@ -116,3 +116,35 @@ def test_dispatch_uses_the_cpu_kernels_on_cpu_unless_told_otherwise(monkeypatch)
     assert kernels.backend_for(torch.device("cpu")) is cpu
     monkeypatch.setenv("PICASSO_KERNELS", "reference")
     assert kernels.backend_for(torch.device("cpu")) is reference
+
+
+def test_lookup_reuses_its_output_only_once_nothing_holds_it():
+    """The CPU lookup recycles its last output buffer (no fresh pages each step), but
+    never while the caller, a view of it, or autograd still holds that buffer."""
+    g, ids, offsets, _ = random_bags(3)
+    weight = torch.randn(200, 4, generator=g)
+    expected = reference.lookup(weight, ids, offsets, 4)
+
+    held = cpu.lookup(weight, ids, offsets, 4)
+    second = cpu.lookup(weight, ids, offsets, 4)
+    assert second.data_ptr() != held.data_ptr()
+    view, address = held.view(-1), held.data_ptr()
+    del held, second
+    assert cpu.lookup(weight, ids, offsets, 4).data_ptr() != address  # the view keeps it
+    del view
+
+    scale = torch.ones(4, requires_grad=True)
+    pooled = cpu.lookup(weight, ids, offsets, 4)
+    address = pooled.data_ptr()
+    loss = (pooled * scale).sum()  # autograd saves pooled for scale's gradient
+    del pooled
+    after = cpu.lookup(weight, ids, offsets, 4)
+    assert after.data_ptr() != address
+    loss.backward()
+    torch.testing.assert_close(scale.grad, expected.sum(dim=(0, 1)))
+
+    address = after.data_ptr()
+    del after
+    reused = cpu.lookup(weight, ids, offsets, 4)
+    assert reused.data_ptr() == address
+    torch.testing.assert_close(reused, expected, atol=1e-5, rtol=1e-5)

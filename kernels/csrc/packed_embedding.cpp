@@ -84,10 +84,18 @@ void check_inputs(const torch::Tensor& weight, const torch::Tensor& ids, const t
 }  // namespace
 
 torch::Tensor lookup(torch::Tensor weight, torch::Tensor ids, torch::Tensor offsets, int64_t num_fields,
-                     torch::Tensor mean_pooled, torch::Tensor max_len) {
+                     torch::Tensor mean_pooled, torch::Tensor max_len, c10::optional<torch::Tensor> into) {
   check_inputs(weight, ids, offsets, num_fields);
   const int64_t num_bags = offsets.size(0), num_ids = ids.numel();
-  auto out = torch::empty({num_bags / num_fields, num_fields, weight.size(1)}, weight.options());
+  const std::vector<int64_t> shape{num_bags / num_fields, num_fields, weight.size(1)};
+  torch::Tensor out;
+  if (into.has_value()) {
+    out = *into;
+    TORCH_CHECK(out.sizes() == shape && out.is_contiguous() && out.scalar_type() == torch::kFloat32,
+                "the output buffer must be a contiguous float32 (samples, fields, dim) tensor");
+  } else {
+    out = torch::empty(shape, weight.options());
+  }
   const float* w = weight.data_ptr<float>();
   const int64_t* id = ids.data_ptr<int64_t>();
   float* o = out.data_ptr<float>();
