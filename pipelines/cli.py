@@ -1,4 +1,4 @@
-"""The `picasso` command line: generate, daily, demo, stream, produce.
+"""The `picasso` command line: generate, daily, demo, plan, stream, produce.
 
 Each command shows progress on stderr and ends with a summary; with --json, the last
 line of stdout is one JSON object.
@@ -49,6 +49,9 @@ def _add_daily_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr-dense", type=float, default=1e-3)
     parser.add_argument("--lr-sparse", type=float, default=0.05)
     parser.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
+    parser.add_argument("--model", choices=["wide_deep", "deepfm", "dlrm", "dcn_v2"], default="wide_deep")
+    parser.add_argument("--sparse-optimizer", choices=["adagrad", "adam", "sgd"], default="adagrad",
+                        help="default optimizer of the embedding tables (fields may name their own)")
     parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
     parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (FnApiRunner, DirectRunner, ...)")
@@ -76,7 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate_args(demo)
     _add_daily_args(demo)
 
-    for command in (generate, daily, demo):
+    plan = commands.add_parser("plan", help="print the packing plan of a spec: groups, rows and bytes")
+    plan.add_argument("--spec", default="criteo", help="YAML file, or built-in: criteo, criteo:N")
+    plan.add_argument("--sparse-optimizer", choices=["adagrad", "adam", "sgd"], default="adagrad",
+                      help="the default sparse optimizer (it sizes the optimizer state)")
+
+    for command in (generate, daily, demo, plan):
         command.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     _add_kafka_commands(commands)
     return parser
@@ -100,6 +108,25 @@ def _kafka_command(args) -> dict:
         output = run_produce_command(args, console)
         _summary(f"produced into {output['topic']}", output)
     return output
+
+
+def _plan(args) -> dict:
+    from picasso.packing import PackingPlan
+
+    spec = load_spec(args.spec)
+    packing = PackingPlan.from_spec(spec)
+    table = Table(title=f"packing plan of {spec.name}: {len(spec.sparse)} sparse fields in {len(packing.groups)} tables")
+    for column in ("group", "dim", "optimizer", "fields", "rows", "table MB", "optimizer state MB"):
+        table.add_column(column)
+    groups = []
+    for g in packing.groups:
+        optimizer = g.optimizer or args.sparse_optimizer
+        groups.append({"name": g.name, "embedding_dim": g.embedding_dim, "optimizer": optimizer, "fields": list(g.fields),
+                       "rows": g.num_rows, "table_bytes": g.table_bytes(), "slot_bytes": g.slot_bytes(optimizer)})
+        table.add_row(g.name, str(g.embedding_dim), optimizer, str(g.num_fields), f"{g.num_rows:,}",
+                      f"{g.table_bytes() / 2**20:,.1f}", f"{g.slot_bytes(optimizer) / 2**20:,.1f}")
+    Console().print(table)
+    return {"spec": spec.name, "groups": groups, "total_bytes": sum(g["table_bytes"] + g["slot_bytes"] for g in groups)}
 
 
 def _generate(args, out: str, dates: list[str]) -> list:
@@ -137,6 +164,8 @@ def _daily(args, data: str, date: str):
         spec=load_spec(args.spec),
         mlflow=target,
         train=TrainConfig(
+            model=args.model,
+            sparse_optimizer=args.sparse_optimizer,
             hidden=tuple(int(size) for size in args.hidden.split(",")),
             lr_dense=args.lr_dense,
             lr_sparse=args.lr_sparse,
@@ -178,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
             days = _generate(args, args.out, dates_from(args.start_date, args.days))
             output = {"out": args.out, "days": [asdict(day) for day in days]}
             _summary("generated", {d.date: f"{d.rows} rows, CTR {d.ctr:.3f}, ceiling AUC {d.auc_ceiling:.4f}" for d in days})
+        elif args.command == "plan":
+            output = _plan(args)
         elif args.command in ("stream", "produce"):
             output = _kafka_command(args)
         else:
