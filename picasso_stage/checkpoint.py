@@ -1,7 +1,10 @@
-"""Checkpoints: one directory per step, written whole or not at all.
+"""Checkpoints: one directory per save, written whole or not at all.
 
 A checkpoint is written under a temporary name and renamed into place, so a crash leaves
-either the previous checkpoint or the new one, never half of one. It holds:
+either the previous checkpoint or the new one, never half of one. Its name,
+step-<step>-<n>, sorts in the order of saving: n counts the saves under the root, so a
+save that moved only the source positions (every record of a chunk refused: no step)
+still gets a directory of its own. It holds:
 - state.pt: model and optimizer state (embedding rows and their optimizer slots included),
   all taken at the same step, plus the step, the sample count and the RNG state;
 - positions.json: how far into each source the training went;
@@ -58,11 +61,19 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _checkpoints(root: Path) -> list[Path]:
+    """Finished checkpoints under root, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+
+
 def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions: dict[str, int], metrics: dict) -> Path:
-    """Write a checkpoint for state["step"] atomically; returns its directory."""
+    """Write a new checkpoint of state (at state["step"]) atomically; returns its directory."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"{_PREFIX}{int(state['step']):012d}"
+    saves = [int(p.name.rsplit("-", 1)[1]) for p in _checkpoints(root) if p.name.count("-") == 2]
+    final = root / f"{_PREFIX}{int(state['step']):012d}-{max(saves, default=0) + 1:06d}"
     tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -73,10 +84,6 @@ def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions:
         _write(tmp / "spec.yaml", spec.to_yaml().encode())
         _write(tmp / "metrics.json", json.dumps(metrics, sort_keys=True, indent=1).encode())
         _fsync_dir(tmp)
-        if final.exists():
-            # Same step saved again (a run that saw no new data): the step fixes the state.
-            shutil.rmtree(tmp)
-            return final
         os.rename(tmp, final)
         _fsync_dir(root)
     except BaseException:
@@ -86,11 +93,23 @@ def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions:
 
 
 def latest_checkpoint(root: str | Path) -> Path | None:
+    saved = _checkpoints(Path(root))
+    return saved[-1] if saved else None
+
+
+def prune_checkpoints(root: str | Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints (keep <= 0 keeps them all)."""
+    for old in _checkpoints(Path(root))[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def clean_temporaries(root: str | Path) -> None:
+    """Remove what a killed save left half-written (never a finished checkpoint)."""
     root = Path(root)
-    if not root.is_dir():
-        return None
-    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
-    return steps[-1] if steps else None
+    if root.is_dir():
+        for leftover in root.iterdir():
+            if leftover.name.startswith(".tmp-"):
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

@@ -42,7 +42,8 @@ from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
 from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages, PackedMessages
-from picasso.pipelines.stream_state import ModelLoader, StreamModel, clean_staging
+from picasso.checkpoint import clean_temporaries
+from picasso.pipelines.stream_state import ModelLoader, StreamModel
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig
 
@@ -283,7 +284,7 @@ class StreamRunner:
 
     def run(self) -> StreamSummary:
         config, summary = self.config, self.summary
-        clean_staging(config.checkpoint_dir)
+        clean_temporaries(config.checkpoint_dir)
         backoff = Backoff(config.backoff_s, config.backoff_max_s)
         started = time.monotonic()
         failures_in_row = 0

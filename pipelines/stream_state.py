@@ -6,19 +6,11 @@ messages' offsets. It is written into the same checkpoint directory as the weigh
 describes exactly the model next to it. Spans must arrive back to back: a span that starts
 before the partition's position would train messages twice, one that starts after it
 would skip some; either one fails the cycle instead of being trained.
-
-Stream checkpoints are named step-<step>-<cycle>: a cycle whose every message was refused
-moves the positions without an optimizer step, and Trainer.save_checkpoint keeps the
-existing directory of a step it has already written (see the report on the core change).
-The names still sort in training order, so Trainer.warm_start picks the newest.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,9 +18,9 @@ import numpy as np
 
 from picasso.pipelines.decode_messages import MessageSpan, PackedMessages
 from picasso.spec import FeatureSpec
+from picasso.checkpoint import prune_checkpoints
 from picasso.trainer import TrainConfig, Trainer, evaluation_metrics
 
-_STAGING = ".staging-"
 
 
 class SpanMismatch(RuntimeError):
@@ -127,18 +119,14 @@ class StreamModel:
                 "mean_prediction": metrics.mean_prediction, "mean_label": metrics.mean_label}
 
     def save(self, root: str | Path, keep: int = 3) -> Path:
-        """Checkpoint model, optimizer, positions and ledger at once; keep the newest `keep`."""
-        root = Path(root)
-        staging = root / f"{_STAGING}{uuid.uuid4().hex[:8]}"
+        """Checkpoint model, optimizer, positions and ledger at once; keep the newest `keep`.
+
+        Every save is a new checkpoint, a cycle whose every message was refused (positions
+        moved, no step) included."""
         metrics = {"ledger": self.ledger.to_dict(), "samples": self.trainer.samples}
-        written = self.trainer.save_checkpoint(staging, metrics=metrics)  # atomic within staging
-        final = root / f"{written.name}-{self.ledger.cycles:010d}"
-        os.rename(written, final)  # atomic into place
-        _fsync_dir(root)
-        shutil.rmtree(staging, ignore_errors=True)
-        self.checkpoint = final
+        self.checkpoint = self.trainer.save_checkpoint(root, metrics=metrics)
         prune_checkpoints(root, keep)
-        return final
+        return self.checkpoint
 
 
 @dataclass(frozen=True)
@@ -151,28 +139,3 @@ class ModelLoader:
 
     def __call__(self) -> StreamModel:
         return StreamModel.load(self.spec, self.config, self.checkpoint_dir)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def prune_checkpoints(root: str | Path, keep: int) -> None:
-    root = Path(root)
-    steps = sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
-    for old in steps[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def clean_staging(root: str | Path) -> None:
-    """Remove what a killed process left half-written (never a finished checkpoint)."""
-    root = Path(root)
-    if root.is_dir():
-        for leftover in root.iterdir():
-            if leftover.name.startswith((_STAGING, ".tmp-")):
-                shutil.rmtree(leftover, ignore_errors=True)
-

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import picasso.checkpoint as checkpoint_module
-from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from picasso.checkpoint import clean_temporaries, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
 from picasso.metrics import auc, logloss
 from picasso.spec import load_spec, parse_spec
 from picasso.trainer import TrainConfig, Trainer
@@ -167,9 +167,13 @@ def test_checkpoint_directory_is_complete_and_atomic(tmp_path):
     assert checkpoint.metrics == {"auc": 0.62}
     assert_state_equal(checkpoint.state["model"], trainer.model.state_dict(), "model")
 
-    # saving the same step again leaves one directory and no temporaries
-    assert trainer.save_checkpoint(root) == second
-    assert sorted(p.name for p in root.iterdir()) == sorted([first.name, second.name])
+    # Saving at the same step again (only the positions moved: every record of a chunk
+    # refused) is a new checkpoint, the latest, and leaves no temporaries.
+    trainer.positions = {"day-0": 300}
+    third = trainer.save_checkpoint(root)
+    assert third not in (first, second) and latest_checkpoint(root) == third
+    assert load_checkpoint(third).positions == {"day-0": 300} and load_checkpoint(third).step == 2
+    assert sorted(p.name for p in root.iterdir()) == sorted([first.name, second.name, third.name])
 
 
 def test_latest_checkpoint_ignores_temporaries_and_files(tmp_path):
@@ -184,6 +188,19 @@ def test_latest_checkpoint_ignores_temporaries_and_files(tmp_path):
     trainer.step = 12
     later = trainer.save_checkpoint(tmp_path)
     assert latest_checkpoint(tmp_path) == later
+
+
+def test_prune_keeps_the_newest_and_clean_removes_only_temporaries(tmp_path):
+    trainer = Trainer(SPEC, CONFIG)
+    saved = []
+    for step in (1, 2, 2, 3):
+        trainer.step = step
+        saved.append(trainer.save_checkpoint(tmp_path))
+    (tmp_path / ".tmp-step-000000000004-000005-cafe").mkdir()  # a killed save
+    prune_checkpoints(tmp_path, keep=2)
+    clean_temporaries(tmp_path)
+    assert sorted(tmp_path.iterdir()) == saved[2:]
+    assert latest_checkpoint(tmp_path) == saved[3]
 
 
 def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
@@ -249,7 +266,7 @@ def test_save_checkpoint_function_with_plain_state(tmp_path):
     spec = load_spec("criteo")
     path = save_checkpoint(tmp_path, {"step": 3, "w": torch.arange(4)}, spec, {"f": 9}, {"m": 1})
     checkpoint = load_checkpoint(path)
-    assert path.name == "step-000000000003"
+    assert path.name == "step-000000000003-000001"
     assert checkpoint.spec == spec and checkpoint.positions == {"f": 9} and checkpoint.metrics == {"m": 1}
     assert torch.equal(checkpoint.state["w"], torch.arange(4))
 
