@@ -40,6 +40,19 @@ class MLflowTarget:
     # Where a new experiment keeps its artifacts; None lets the server decide.
     artifact_location: str | None = None
 
+    @classmethod
+    def for_workdir(cls, workdir: str | Path, tracking_uri: str | None = None, experiment: str = "picasso",
+                    model_name: str = "picasso-ctr") -> "MLflowTarget":
+        """The given server, or by default a local store in workdir: sqlite:///WORKDIR/mlflow.db
+        with artifacts under WORKDIR/mlartifacts."""
+        workdir = Path(workdir).resolve()
+        return cls(
+            tracking_uri=tracking_uri or f"sqlite:///{workdir / 'mlflow.db'}",
+            experiment=experiment,
+            model_name=model_name,
+            artifact_location=None if tracking_uri else (workdir / "mlartifacts").as_uri(),
+        )
+
 
 @dataclass(frozen=True)
 class PublishRequest:

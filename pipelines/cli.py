@@ -151,12 +151,7 @@ def _daily(args, data: str, date: str):
 
     workdir = Path(args.workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    target = MLflowTarget(
-        tracking_uri=args.mlflow_uri or f"sqlite:///{workdir / 'mlflow.db'}",
-        experiment=args.experiment,
-        model_name=args.model_name,
-        artifact_location=None if args.mlflow_uri else (workdir / "mlartifacts").as_uri(),
-    )
+    target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
     config = DailyConfig(
         data_root=data,
         date=date,

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso.connectors.day_files import ReadDayFiles, partition_dir
 from picasso.connectors.decoders import DecodeOptions
 from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, PublishToMLflow
+from picasso.pipelines.counters import picasso_counters
 from picasso.pipelines.decode import DEAD_LETTERS, HOLDOUT, TRAIN, DecodeRecords
 from picasso.pipelines.pack import PackFeatures
 from picasso.pipelines.train import CheckpointRef, EvaluateCheckpoint, PicassoTrain
@@ -147,14 +147,6 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig) -> None:
     )
 
 
-def _counters(result) -> dict[str, int]:
-    counters = result.metrics().query(MetricsFilter().with_namespace("picasso"))["counters"]
-    totals: dict[str, int] = {}
-    for counter in counters:
-        totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + counter.committed
-    return totals
-
-
 def planted_ceiling(data_root: str, date: str) -> float | None:
     path = partition_dir(data_root, date) / PLANTED_FILE
     return json.loads(path.read_text())["auc_ceiling"] if path.exists() else None
@@ -166,7 +158,7 @@ def run_daily(config: DailyConfig) -> DailyResult:
     options = PipelineOptions([f"--runner={config.runner}", *config.beam_args])
     with beam.Pipeline(options=options) as pipeline:
         build_daily(pipeline, config)
-    counters = _counters(pipeline.result) if hasattr(pipeline, "result") else {}
+    counters = picasso_counters(pipeline.result) if hasattr(pipeline, "result") else {}
     outcome = json.loads(config.result_path.read_text())
     return DailyResult(
         date=config.date,

@@ -31,18 +31,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import apache_beam as beam
-from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.shared import Shared
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from picasso.checkpoint import clean_temporaries
 from picasso.connectors.decoders import DecodeOptions
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
+from picasso.pipelines.counters import picasso_counters
 from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages, PackedMessages
-from picasso.checkpoint import clean_temporaries
 from picasso.pipelines.stream_state import ModelLoader, StreamModel
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig
@@ -146,14 +146,6 @@ class Backoff:
         self.delay_s = self.first_s
 
 
-def _counters(result) -> dict[str, int]:
-    counters = result.metrics().query(MetricsFilter().with_namespace("picasso"))["counters"]
-    totals: dict[str, int] = {}
-    for counter in counters:
-        totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + counter.committed
-    return totals
-
-
 class StreamRunner:
     def __init__(self, config: StreamConfig, on_cycle: Callable[[CycleReport, StreamSummary], None] = lambda r, s: None,
                  sleep: Callable[[float], None] = time.sleep):
@@ -208,7 +200,7 @@ class StreamRunner:
         )
         result = pipeline.run()
         result.wait_until_finish()
-        counters = _counters(result)
+        counters = picasso_counters(result)
         messages = sum(p.messages for p in model.ledger.partitions.values()) - messages_before
         if counters.get("messages_trained", 0) != messages:
             # The runner trained a model other than this one (another process): saving this

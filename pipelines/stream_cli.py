@@ -109,12 +109,7 @@ def run_stream_command(args, console: Console) -> dict:
     workdir.mkdir(parents=True, exist_ok=True)
     target = None
     if args.publish_every > 0:
-        target = MLflowTarget(
-            tracking_uri=args.mlflow_uri or f"sqlite:///{workdir / 'mlflow.db'}",
-            experiment=args.experiment,
-            model_name=args.model_name,
-            artifact_location=None if args.mlflow_uri else (workdir / "mlartifacts").as_uri(),
-        )
+        target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
     config = StreamConfig(
         connection=kafka_connection(args),
         topics=_topic_formats(args.topic),
