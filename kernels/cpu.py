@@ -2,12 +2,13 @@
 
 torch.utils.cpp_extension compiles it against the torch already installed (no build
 isolation, so never a second torch) and caches the build under
-$PICASSO_KERNEL_CACHE (default ~/.cache/picasso/kernels): later imports load it in
-milliseconds, and an edited source is rebuilt.
+$PICASSO_KERNEL_CACHE (default ~/.cache/picasso/kernels), one folder per torch version and
+CPU instruction set: later imports load it in milliseconds, and an edited source is rebuilt.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -22,8 +23,22 @@ _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
 
 
+def _machine_key() -> str:
+    """What a build is only good for: this torch, and this CPU's instruction set (the build
+    uses -march=native, so a cache carried to another CPU must not be loaded there)."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    digest = hashlib.sha1(f"{torch.__version__}|{os.uname().machine}|{flags}".encode()).hexdigest()[:12]
+    return f"torch{torch.__version__.split('+')[0]}-{digest}"
+
+
 def _build():
-    cache = Path(os.environ.get("PICASSO_KERNEL_CACHE", Path.home() / ".cache" / "picasso" / "kernels"))
+    root = Path(os.environ.get("PICASSO_KERNEL_CACHE", Path.home() / ".cache" / "picasso" / "kernels"))
+    cache = root / _machine_key()
     cache.mkdir(parents=True, exist_ok=True)
     # -fopenmp: ATen's parallel_for is a header template that is only parallel when the
     # extension itself is built with OpenMP. At run time the libgomp.so.1 that torch has
