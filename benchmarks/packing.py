@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import resource
-import statistics
-import time
 
 import numpy as np
 import torch
 
-from benchmarks.harness import parse_args, report
+from benchmarks.harness import median_seconds, parse_args, report
 
 BATCH, DIM, ROWS, ALPHA = 4096, 16, 20_000, 1.05
 
@@ -44,17 +42,6 @@ def zipf_bags(fields: int, multi_hot: bool, seed: int) -> tuple[np.ndarray, np.n
     cdf /= cdf[-1]
     ids = np.searchsorted(cdf, rng.random(int(lengths.sum())))
     return lengths, np.minimum(ids, ROWS - 1)
-
-
-def _time_steps(step, repeat: int) -> float:
-    for _ in range(3):
-        step()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def run_per_field(fields: int, multi_hot: bool, repeat: int) -> dict:
@@ -77,7 +64,7 @@ def run_per_field(fields: int, multi_hot: bool, repeat: int) -> dict:
         total.backward()
         optimizer.step()
 
-    seconds = _time_steps(step, repeat)
+    seconds = median_seconds(step, repeat, warmup=3)
     return {"seconds": seconds, "peak_bytes": _peak_rss_bytes() - base}
 
 
@@ -110,7 +97,7 @@ def run_torchrec(fields: int, multi_hot: bool, repeat: int) -> dict:
         pooled = collection(features)
         pooled.values().sum().backward()
 
-    seconds = _time_steps(step, repeat)
+    seconds = median_seconds(step, repeat, warmup=3)
     return {"seconds": seconds, "peak_bytes": _peak_rss_bytes() - base}
 
 
@@ -150,7 +137,7 @@ def run_picasso(fields: int, multi_hot: bool, repeat: int) -> dict:
         (pooled,) = embedding({group.name: packed_ids}, {group.name: offsets})
         pooled.backward(upstream)
 
-    seconds = _time_steps(step, repeat)
+    seconds = median_seconds(step, repeat, warmup=3)
     activations = packed_ids.numel() * 8 + offsets.numel() * 4 + 2 * upstream.numel() * 4
     peak = _peak_rss_bytes() - base
     return {"seconds": seconds, "peak_bytes": peak, "state_bytes": state_bytes,
