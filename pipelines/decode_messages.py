@@ -23,7 +23,7 @@ from picasso.batch import PackedBatch, pack
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.message_formats import FORMATS, decode_messages
-from picasso.packing import PackingPlan
+from picasso.pipelines.pack import PackFeatures
 from picasso.spec import FeatureSpec
 
 DEAD_LETTERS = "dead_letters"
@@ -100,21 +100,11 @@ class DecodeMessages(beam.PTransform):
         ).with_outputs(DEAD_LETTERS, main="chunks")
 
 
-class PackMessages(beam.PTransform):
+class PackMessages(PackFeatures):
     """One PackedMessages per chunk; its PackedBatch carries the partition's next position.
     Chunks whose every record was refused still become (empty) batches, so their
     positions reach the checkpoint."""
 
-    def __init__(self, spec: FeatureSpec):
-        super().__init__()
-        self.spec = spec
-        self.plan = PackingPlan.from_spec(spec)
-
-    def expand(self, chunks):
-        spec, plan = self.spec, self.plan
-
-        def pack_chunk(chunk: DecodedMessageChunk) -> PackedMessages:
-            span = chunk.span
-            return PackedMessages(pack(chunk.table, spec, plan, {span.source: span.next_position}), span)
-
-        return chunks | "Pack" >> beam.Map(pack_chunk)
+    def pack_chunk(self, chunk: DecodedMessageChunk) -> PackedMessages:
+        span = chunk.span
+        return PackedMessages(pack(chunk.table, self.spec, self.plan, {span.source: span.next_position}), span)

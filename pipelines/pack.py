@@ -22,10 +22,8 @@ class PackFeatures(beam.PTransform):
         self.spec = spec
         self.plan = PackingPlan.from_spec(spec)
 
+    def pack_chunk(self, chunk: DecodedChunk):
+        return pack(chunk.table, self.spec, self.plan, chunk.positions)
+
     def expand(self, chunks):
-        spec, plan = self.spec, self.plan
-
-        def pack_chunk(chunk: DecodedChunk):
-            return pack(chunk.table, spec, plan, chunk.positions)
-
-        return chunks | "Pack" >> beam.Map(pack_chunk)
+        return chunks | "Pack" >> beam.Map(self.pack_chunk)

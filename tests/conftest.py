@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,15 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from picasso.connectors.local_broker import free_port
+
 pytest_plugins = ["kafka_broker"]  # the Kafka broker fixtures
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, process: subprocess.Popen, timeout: float) -> None:
