@@ -86,7 +86,7 @@ def measure(spec_name: str, rows: int, batch_rows: int, repeat: int) -> dict:
 
     picasso_s = median_seconds(lambda: picasso_pack(spec, plan, decoder, batches), repeat)
     memo: dict = {}
-    python_s = median_seconds(lambda: [python_rows_pack(spec, plan, rows_, memo) for rows_ in row_batches], max(3, repeat // 2))
+    python_s = median_seconds(lambda: [python_rows_pack(spec, plan, rows_, memo) for rows_ in row_batches], repeat)
     return {"spec": spec_name, "fields": len(spec.sparse), "picasso_rows_per_s": rows / picasso_s,
             "python_rows_per_s": rows / python_s}
 
