@@ -57,6 +57,9 @@ class PackedEmbedding(nn.Module):
         # Training steps taken (Adam's bias correction counts them); checkpointed with the tables.
         self.register_buffer("steps", torch.zeros((), dtype=torch.int64))
         self.configure_optimizer(optimizer)
+        # Set by a HotCache (picasso.cache): per group, the fast tier that lookups then read
+        # and update, with ids given as fast-tier indices. The tables stay the big tier.
+        self.fast_tiers: dict = {}
 
     def configure_optimizer(self, default: SparseOptimizer) -> None:
         """Set each group's sparse optimizer (its fields' choice, else `default`, with
@@ -80,6 +83,26 @@ class PackedEmbedding(nn.Module):
         count = len(self.optimizers[group].slot_shapes(0, 0))
         return [getattr(self, f"slot{i}_{group}") for i in range(count)]
 
+    def _apply(self, fn, recurse=True):
+        """Module.to() and friends; with a cache, the tables (the big tier) stay on the host."""
+        if not self.fast_tiers:
+            return super()._apply(fn, recurse)
+        order = list(self._buffers)
+        held = {name: self._buffers.pop(name) for name in order if name.startswith(("table_", "slot"))}
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            self._buffers.update(held)
+            self._buffers = {name: self._buffers[name] for name in order}
+
+    def _storage(self, group: str) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+        """The weight and slots lookups use, and the field row bounds (None on a fast tier,
+        whose slots are not ordered by field)."""
+        tier = self.fast_tiers.get(group)
+        if tier is not None:
+            return tier.fast[0], tier.fast[1:], None
+        return getattr(self, f"table_{group}"), self.slots(group), getattr(self, f"field_rows_{group}")
+
     def output_dim(self) -> int:
         return sum(g.num_fields * self.group_dims[g.name] for g in self.plan.groups)
 
@@ -93,13 +116,12 @@ class PackedEmbedding(nn.Module):
             self.steps += 1
         pooled = []
         for g in self.plan.groups:
-            weight = getattr(self, f"table_{g.name}")
+            weight, slots, field_rows = self._storage(g.name)
             mean, max_len = getattr(self, f"mean_{g.name}"), getattr(self, f"max_len_{g.name}")
             if training:
                 # A zero-size input that requires grad makes autograd call backward.
                 anchor = torch.empty(0, requires_grad=True)
-                field_rows = getattr(self, f"field_rows_{g.name}")
-                pooled.append(_FusedLookup.apply(anchor, weight, self.slots(g.name), ids[g.name], offsets[g.name], g,
+                pooled.append(_FusedLookup.apply(anchor, weight, slots, ids[g.name], offsets[g.name], g,
                                                  mean, max_len, field_rows, self.optimizers[g.name], int(self.steps)))
             else:
                 pooled.append(kernels.lookup(weight, ids[g.name], offsets[g.name], g.num_fields, mean, max_len))

@@ -3,6 +3,12 @@
 Local mode: one process. Embedding tables learn with a sparse optimizer fused into the
 backward pass (row-wise Adagrad by default; only the rows a batch touched move); the
 dense part learns with Adam.
+
+A step has stages: prepare (PackedBatch to tensors; with the hot-row cache, de-duplicate
+ids and gather the rows that are not hot), then install (refresh the cache when due, load
+the gathered rows), compute (forward, backward with the fused sparse update, dense
+optimizer step) and commit (write the batch's staged rows back). With interleaving on,
+`train` prepares batch i+1 in a worker thread while batch i computes.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from picasso.batch import PackedBatch
+from picasso.batch import PackedBatch, TorchBatch
+from picasso.cache import CacheConfig, HotCache, PreparedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from picasso.embedding import PackedEmbedding
+from picasso.interleave import Prefetcher
 from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc, logloss
 from picasso.models import build_model
@@ -28,6 +36,7 @@ from picasso.spec import FeatureSpec
 
 log = logging.getLogger(__name__)
 
+STAGES = ("prepare", "wait", "install", "compute", "commit", "refresh")
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class TrainConfig:
     # torch.compile the dense part (interaction + MLP). Off by default: on CPU it saved
     # 1-11% of the dense part's step (benchmarks.dense_compile) for 8-28 s of compiling.
     compile_dense: bool = False
+    cache: CacheConfig | None = None  # the hot-row cache; None: lookups read the tables directly
+    interleave: bool = True  # prepare batch i+1 while batch i computes (train() only)
 
 
 @dataclass(frozen=True)
@@ -102,6 +113,9 @@ class Trainer:
         for module in self.model.modules():
             if isinstance(module, PackedEmbedding):
                 module.configure_optimizer(sparse)
+        # Built before the move to the device: with a cache, the tables stay on the host
+        # as its big tier and only the fast tier goes to the device.
+        self.cache = HotCache(self.model.embeddings(), config.cache, self.device, config.seed) if config.cache else None
         self.model.to(self.device)
         if config.compile_dense:
             # Module.compile keeps state_dict keys (torch.compile(module) would prefix them).
@@ -113,6 +127,7 @@ class Trainer:
         self.samples = 0
         self.positions: dict[str, int] = {}
         self.restored_from: Path | None = None
+        self.stage_seconds = dict.fromkeys(STAGES, 0.0)
 
     # -- training ---------------------------------------------------------------------
 
@@ -122,40 +137,107 @@ class Trainer:
         An empty batch (every record of its chunk was refused) moves the source positions
         and nothing else.
         """
+        return self._finish(self._begin(self._prepare(batch)))
+
+    def train(self, batches: Iterable[PackedBatch]) -> TrainStats:
+        stats = TrainStats()
+        start = time.perf_counter()
+        with Prefetcher(batches, self._prepare, enabled=self.config.interleave) as prefetch:
+            step = prefetch.next()
+            while step is not None:
+                step = self._begin(step)
+                prefetch.start_next()
+                batch = step.batch
+                stats.loss_sum += self._finish(step)
+                stats.steps += 1 if batch.num_samples else 0
+                stats.samples += batch.num_samples
+                stats.positions = merge_positions(stats.positions, batch.positions)
+                if self.config.log_every and batch.num_samples and self.step % self.config.log_every == 0:
+                    elapsed = time.perf_counter() - start
+                    log.info("step %d: loss %.4f, %.0f samples/s%s", self.step, stats.mean_loss,
+                             stats.samples / elapsed, self._cache_progress())
+                step = prefetch.next()
+            self.stage_seconds["wait"] += prefetch.wait_seconds
+        stats.seconds = time.perf_counter() - start
+        return stats
+
+    # -- the stages of a step ---------------------------------------------------------
+
+    def _prepare(self, batch: PackedBatch) -> "_Step":
+        start = time.perf_counter()
+        tensors, cached = None, None
+        if batch.num_samples:
+            tensors = batch.to_torch()
+            if self.cache is not None:
+                cached = self.cache.prepare(tensors)
+                tensors = cached.tensors
+            tensors = tensors.to(self.device)
+        self.stage_seconds["prepare"] += time.perf_counter() - start
+        return _Step(batch, tensors, cached)
+
+    def _begin(self, step: "_Step") -> "_Step":
+        """Refresh the cache when due and load the batch's rows; no prepare may run meanwhile."""
+        if self.cache is None or step.cached is None:
+            return step
+        if self.cache.refresh_due:
+            start = time.perf_counter()
+            self.cache.refresh()
+            self.stage_seconds["refresh"] += time.perf_counter() - start
+        if step.cached.epoch != self.cache.epoch:  # prepared against the mapping before a refresh
+            step = self._prepare(step.batch)
+        start = time.perf_counter()
+        self.cache.install(step.cached)
+        self.stage_seconds["install"] += time.perf_counter() - start
+        return step
+
+    def _finish(self, step: "_Step") -> float:
+        batch = step.batch
         self.positions = merge_positions(self.positions, batch.positions)
         if batch.num_samples == 0:
             return 0.0
-        tensors = batch.to_torch().to(self.device)
+        start = time.perf_counter()
+        tensors = step.tensors
         self.model.train()
         logits = self.model(tensors)
         loss = F.binary_cross_entropy_with_logits(logits, tensors.label, reduction="mean")
         self.dense_optimizer.zero_grad(set_to_none=True)
         loss.backward()  # also steps the embedding tables
         self.dense_optimizer.step()
+        loss_sum = float(loss.detach()) * batch.num_samples
+        self.stage_seconds["compute"] += time.perf_counter() - start
+        if step.cached is not None:
+            start = time.perf_counter()
+            self.cache.commit(step.cached)
+            self.stage_seconds["commit"] += time.perf_counter() - start
         self.step += 1
         self.samples += batch.num_samples
-        return float(loss.detach()) * batch.num_samples
+        return loss_sum
 
-    def train(self, batches: Iterable[PackedBatch]) -> TrainStats:
-        stats = TrainStats()
-        start = time.perf_counter()
-        for batch in batches:
-            stats.loss_sum += self.train_step(batch)
-            stats.steps += 1 if batch.num_samples else 0
-            stats.samples += batch.num_samples
-            stats.positions = merge_positions(stats.positions, batch.positions)
-            if self.config.log_every and self.step % self.config.log_every == 0:
-                elapsed = time.perf_counter() - start
-                log.info("step %d: loss %.4f, %.0f samples/s", self.step, stats.mean_loss, stats.samples / elapsed)
-        stats.seconds = time.perf_counter() - start
-        return stats
+    def _cache_progress(self) -> str:
+        if self.cache is None:
+            return ""
+        stats = self.cache.stats
+        return f", cache hit rate {stats.hit_rate:.3f}, {stats.rows_moved / max(stats.steps, 1):.0f} rows moved/step"
+
+    def performance_metrics(self) -> dict[str, float]:
+        """Per-step stage times (seconds) and, with a cache, its counts since it was built."""
+        steps = max(self.step - self.start_step, 1)
+        metrics = {f"{stage}_s_per_step": seconds / steps for stage, seconds in self.stage_seconds.items()}
+        if self.cache is not None:
+            metrics.update({f"cache_{name}": value for name, value in self.cache.stats.as_metrics().items()})
+        return metrics
 
     # -- inference --------------------------------------------------------------------
 
     @torch.no_grad()
     def predict(self, batch: PackedBatch) -> np.ndarray:
         self.model.eval()
-        return torch.sigmoid(self.model(batch.to_torch().to(self.device))).cpu().numpy()
+        tensors = batch.to_torch()
+        if self.cache is not None and batch.num_samples:
+            prepared = self.cache.prepare(tensors)
+            self.cache.install(prepared, training=False)
+            tensors = prepared.tensors
+        return torch.sigmoid(self.model(tensors.to(self.device))).cpu().numpy()
 
     def evaluate(self, batches: Iterable[PackedBatch]) -> EvalMetrics:
         labels, scores = [], []
@@ -167,7 +249,9 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------
 
     def state(self) -> dict:
-        return {
+        if self.cache is not None:
+            self.cache.flush()  # the tables alone then hold every row's latest value
+        state = {
             "step": self.step,
             "samples": self.samples,
             "model": self.model.state_dict(),  # tables with their optimizer slots
@@ -175,6 +259,9 @@ class Trainer:
             "rng": torch.get_rng_state(),
             "config": asdict(self.config),
         }
+        if self.cache is not None:
+            state["cache"] = self.cache.state_dict()
+        return state
 
     def save_checkpoint(self, root: str | Path, metrics: dict | None = None) -> Path:
         return save_checkpoint(root, self.state(), self.spec, self.positions, metrics or {})
@@ -184,7 +271,12 @@ class Trainer:
         if checkpoint.spec != self.spec:
             raise ValueError(f"checkpoint {path} was trained on another spec ({checkpoint.spec.name})")
         state = checkpoint.state
-        self.model.load_state_dict(state["model"])
+        self.model.load_state_dict(state["model"])  # copies into the tables (the big tier, with a cache)
+        if self.cache is not None:
+            if "cache" in state:
+                self.cache.load_state_dict(state["cache"])
+            else:  # a checkpoint saved without a cache: keep the hot set, re-read its rows
+                self.cache.reload()
         self.dense_optimizer.load_state_dict(state["dense_optimizer"])
         torch.set_rng_state(state["rng"])
         self.step, self.samples = int(state["step"]), int(state["samples"])
@@ -199,6 +291,15 @@ class Trainer:
             self.restore(latest)
             log.info("warm start from %s (step %d)", latest, self.step)
         return latest
+
+
+@dataclass
+class _Step:
+    """A batch on its way through the stages of a step."""
+
+    batch: PackedBatch
+    tensors: TorchBatch | None  # on the device; ids are fast-tier indices with a cache
+    cached: PreparedBatch | None
 
 
 def evaluation_metrics(labels: np.ndarray, scores: np.ndarray) -> EvalMetrics:

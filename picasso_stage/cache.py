@@ -1,0 +1,283 @@
+"""The hot-row cache: two tiers per packed table, and the per-batch moves between them.
+
+- The big tier holds every row and its optimizer slots: the PackedEmbedding's own table
+  buffers, in host memory or memory-mapped from files under `CacheConfig.big_tier_dir`
+  for tables larger than RAM. Checkpoints save it, so a checkpoint is the same with the
+  cache on or off.
+- The fast tier holds the hottest rows (a HotRowDirectory decides which) in one compact
+  array per table, on the GPU when training runs there, followed by a staging area for
+  the rows a batch needs that are not hot.
+
+A batch goes through three calls:
+1. `prepare` (may run in a worker thread while the previous batch computes): de-duplicate
+   the batch's ids, map them to fast-tier slots, gather the missing rows (and their
+   slots) from the big tier, and rewrite the ids as fast-tier indices;
+2. `install` (main thread, just before compute): copy the gathered rows into the staging
+   area; a row the previous batch also staged was written back after `prepare` read it,
+   so it is read again now;
+3. `commit` (after compute): write the staged rows, now updated, back to the big tier.
+Hot rows stay in the fast tier, updated in place, and are written back when evicted and
+by `flush` (before a checkpoint). Every row a step touches is in the fast tier while the
+step runs, and every row is read after its last write, so training with the cache
+computes exactly what it computes without (tests check this to 1e-6).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from picasso.batch import TorchBatch
+from picasso.embedding import PackedEmbedding
+from picasso.hot_rows import HotRowDirectory
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    # Fast-tier size per packed group: rows ("50000"), bytes ("64MiB", "2GB") or a share
+    # of the group's rows ("5%"). Bytes count the row and its optimizer slots, summed over
+    # every embedding of the model that uses the group (Wide&Deep has two).
+    capacity: str = "10%"
+    group_capacity: dict[str, str] = field(default_factory=dict)  # per-group overrides
+    refresh_every: int = 100  # steps between admissions/evictions (every step while slots are free)
+    half_life: float = 2000.0  # steps for a row's access count to halve
+    big_tier_dir: str | None = None  # memory-map the big tier from files here
+
+    def capacity_of(self, group: str) -> str:
+        return self.group_capacity.get(group, self.capacity)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_capacity(text: str, num_rows: int, row_bytes: int) -> int:
+    """Rows of fast tier that `text` asks for, between 1 and num_rows."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%|[kmg]i?b|b)?\s*", str(text).lower())
+    if not match:
+        raise ValueError(f"cache capacity {text!r}: give rows (50000), bytes (64MiB) or a share of rows (5%)")
+    number, unit = float(match.group(1)), match.group(2) or ""
+    if unit == "%":
+        rows = num_rows * number / 100
+    elif unit:
+        rows = number * _UNITS[unit] / row_bytes
+    else:
+        rows = number
+    return max(1, min(num_rows, int(rows)))
+
+
+@dataclass
+class CacheStats:
+    """Counts since the last `reset`, over training steps."""
+
+    steps: int = 0
+    lookups: int = 0  # ids looked up (with repeats)
+    hits: int = 0  # of those, served by a hot row
+    rows_moved: int = 0  # rows copied between tiers (staged in, written back, admitted, evicted)
+    bytes_moved: int = 0
+    refreshes: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.lookups if self.lookups else float("nan")
+
+    def as_metrics(self) -> dict[str, float]:
+        values = {f.name: float(getattr(self, f.name)) for f in fields(self)}
+        return {**values, "hit_rate": self.hit_rate}
+
+
+class TieredTable:
+    """One embedding's table for one group: big tier (its buffers) and fast tier."""
+
+    def __init__(self, embedding: PackedEmbedding, group: str, capacity: int, device: torch.device,
+                 big_tier_dir: Path | None):
+        self.names = [f"table_{group}"] + [f"slot{i}_{group}" for i in range(len(embedding.slots(group)))]
+        if big_tier_dir is not None:
+            for name in self.names:
+                embedding._buffers[name] = _memory_mapped(embedding._buffers[name], big_tier_dir / f"{id(embedding)}-{name}")
+        self.big = [embedding._buffers[name] for name in self.names]
+        self.capacity = capacity
+        self.device = device
+        self.fast = [torch.zeros((capacity, *t.shape[1:]), dtype=t.dtype, device=device) for t in self.big]
+        self.row_bytes = sum(t[0].numel() * t.element_size() for t in self.big)
+
+    @property
+    def staging_capacity(self) -> int:
+        return self.fast[0].shape[0] - self.capacity
+
+    def ensure_staging(self, rows: int) -> None:
+        if rows > self.staging_capacity:
+            size = self.capacity + max(rows, int(self.staging_capacity * 1.25))
+            grown = []
+            for t in self.fast:
+                bigger = torch.empty((size, *t.shape[1:]), dtype=t.dtype, device=t.device)
+                bigger[: self.capacity] = t[: self.capacity]
+                grown.append(bigger)
+            self.fast = grown
+
+    def gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Big-tier values of rows (and of their slots)."""
+        return [t.index_select(0, rows) for t in self.big]
+
+    def load(self, slots: torch.Tensor, values: list[torch.Tensor]) -> None:
+        slots = slots.to(self.device)
+        for fast, value in zip(self.fast, values):
+            fast.index_copy_(0, slots, value.to(self.device, non_blocking=True))
+
+    def write_back(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        for fast, big in zip(self.fast, self.big):
+            big.index_copy_(0, rows, fast.index_select(0, slots.to(self.device)).to(big.device))
+
+
+def _memory_mapped(tensor: torch.Tensor, path: Path) -> torch.Tensor:
+    array = np.memmap(path, dtype=np.float32, mode="w+", shape=tuple(tensor.shape))
+    mapped = torch.from_numpy(array)
+    mapped.copy_(tensor)
+    return mapped
+
+
+@dataclass
+class PreparedGroup:
+    rows: torch.Tensor  # the batch's unique rows
+    counts: torch.Tensor  # lookups of each
+    slots: torch.Tensor  # their hot slots, -1 for misses
+    miss_rows: torch.Tensor  # rows staged for this batch, in staging order
+    staged: list[list[torch.Tensor]]  # per tiered table, the gathered values of miss_rows
+    reread: torch.Tensor  # staging positions to read again at install (written back since gathered)
+
+
+@dataclass
+class PreparedBatch:
+    tensors: TorchBatch  # ids rewritten as fast-tier indices
+    groups: dict[str, PreparedGroup]
+    epoch: int  # the directory's mapping it was prepared against
+
+
+class HotCache:
+    """The fast tiers of every PackedEmbedding of a model, one directory per packed group."""
+
+    def __init__(self, embeddings: list[PackedEmbedding], config: CacheConfig, device: torch.device, seed: int = 0):
+        self.config = config
+        self.embeddings = embeddings
+        plan = embeddings[0].plan
+        big_dir = Path(config.big_tier_dir) if config.big_tier_dir else None
+        if big_dir is not None:
+            big_dir.mkdir(parents=True, exist_ok=True)
+        self.directories: dict[str, HotRowDirectory] = {}
+        self.tables: dict[str, list[TieredTable]] = {}
+        for i, group in enumerate(plan.groups):
+            row_bytes = sum(t[0].numel() * 4 for e in embeddings for t in [e.tables[group.name], *e.slots(group.name)])
+            capacity = parse_capacity(config.capacity_of(group.name), group.num_rows, row_bytes)
+            self.directories[group.name] = HotRowDirectory(
+                group.num_rows, capacity, config.refresh_every, config.half_life, seed=seed + i)
+            self.tables[group.name] = [TieredTable(e, group.name, capacity, device, big_dir) for e in embeddings]
+        for index, embedding in enumerate(embeddings):
+            embedding.fast_tiers = {name: tables[index] for name, tables in self.tables.items()}
+        self.epoch = 0
+        self.stats = CacheStats()
+        self._in_flight: dict[str, torch.Tensor] = {}  # rows staged by the batch being computed
+
+    # -- the three calls of a batch ---------------------------------------------------
+
+    def prepare(self, tensors: TorchBatch) -> PreparedBatch:
+        groups, local_ids = {}, {}
+        for name, directory in self.directories.items():
+            rows, inverse, counts = torch.unique(tensors.ids[name], sorted=True, return_inverse=True,
+                                                 return_counts=True)
+            slots = directory.slots_of(rows)
+            miss = slots < 0
+            miss_rows = rows[miss]
+            local = slots.clone()
+            local[miss] = directory.capacity + torch.arange(miss_rows.numel())
+            local_ids[name] = local[inverse]
+            previous = self._in_flight.get(name)
+            reread = torch.zeros(0, dtype=torch.int64)
+            if previous is not None and previous.numel() and miss_rows.numel():
+                reread = torch.nonzero(torch.isin(miss_rows, previous)).flatten()
+            staged = [table.gather(miss_rows) for table in self.tables[name]]
+            groups[name] = PreparedGroup(rows, counts, slots, miss_rows, staged, reread)
+        local = TorchBatch(label=tensors.label, dense=tensors.dense, ids=local_ids, offsets=tensors.offsets)
+        return PreparedBatch(local, groups, self.epoch)
+
+    def install(self, prepared: PreparedBatch, training: bool = True) -> None:
+        if prepared.epoch != self.epoch:
+            raise RuntimeError("batch was prepared before the last cache refresh; prepare it again")
+        for name, group in prepared.groups.items():
+            directory = self.directories[name]
+            staging = directory.capacity + torch.arange(group.miss_rows.numel())
+            for table, staged in zip(self.tables[name], group.staged):
+                table.ensure_staging(group.miss_rows.numel())
+                table.load(staging, staged)
+                if group.reread.numel():
+                    table.load(staging[group.reread], table.gather(group.miss_rows[group.reread]))
+            self._in_flight[name] = group.miss_rows
+            if training:
+                directory.observe(group.rows, group.counts, group.slots)
+                hit_lookups = int(group.counts[group.slots >= 0].sum())
+                self.stats.lookups += int(group.counts.sum())
+                self.stats.hits += hit_lookups
+                self._count_moved(name, group.miss_rows.numel())
+        if training:
+            self.stats.steps += 1
+
+    def commit(self, prepared: PreparedBatch) -> None:
+        """Write the batch's staged rows back to the big tier."""
+        for name, group in prepared.groups.items():
+            staging = self.directories[name].capacity + torch.arange(group.miss_rows.numel())
+            for table in self.tables[name]:
+                table.write_back(staging, group.miss_rows)
+            self._count_moved(name, group.miss_rows.numel())
+
+    # -- refresh, flush, checkpoints --------------------------------------------------
+
+    @property
+    def refresh_due(self) -> bool:
+        return any(d.refresh_due for d in self.directories.values())
+
+    def refresh(self) -> None:
+        """Admit and evict per the directories; batches prepared before must be prepared again."""
+        for name, directory in self.directories.items():
+            if not directory.refresh_due:
+                continue
+            plan = directory.plan_refresh()
+            for table in self.tables[name]:
+                if plan.evict_rows.numel():
+                    table.write_back(plan.evict_slots, plan.evict_rows)
+                if plan.admit_rows.numel():
+                    table.load(plan.admit_slots, table.gather(plan.admit_rows))
+            self._count_moved(name, plan.rows_moved)
+            self.stats.refreshes += 1
+        self.epoch += 1
+        self._in_flight = {}
+
+    def flush(self) -> None:
+        """Write every hot row back to the big tier, so the tables alone are complete."""
+        for name, directory in self.directories.items():
+            slots = torch.nonzero(directory.row_of_slot >= 0).flatten()
+            for table in self.tables[name]:
+                table.write_back(slots, directory.row_of_slot[slots])
+
+    def reload(self) -> None:
+        """Read every hot row from the big tier again (after the tables were restored)."""
+        for name, directory in self.directories.items():
+            slots = torch.nonzero(directory.row_of_slot >= 0).flatten()
+            for table in self.tables[name]:
+                table.load(slots, table.gather(directory.row_of_slot[slots]))
+        self.epoch += 1
+        self._in_flight = {}
+
+    def state_dict(self) -> dict:
+        return {name: directory.state_dict() for name, directory in self.directories.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, directory in self.directories.items():
+            if name in state:
+                directory.load_state_dict(state[name])
+        self.reload()
+
+    def _count_moved(self, group: str, rows: int) -> None:
+        self.stats.rows_moved += rows
+        self.stats.bytes_moved += rows * sum(t.row_bytes for t in self.tables[group])

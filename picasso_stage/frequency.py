@@ -1,0 +1,66 @@
+"""Decayed access counts for the long tail of a table: a count-min sketch.
+
+The hot-row cache needs to know, for any row, roughly how often it was looked up
+lately. Exact counts for every row of a 100M-row table would cost as much memory as a
+column of the table itself, so rows outside the cache are counted in a count-min sketch:
+`depth` rows of `width` counters, each id hashed to one counter per row, and the estimate
+is the smallest of its counters. It never under-counts; it over-counts by at most
+(total count) × e / width with high probability, which is why the cache sizes the width
+from its capacity. Counts decay: `decay(factor)` scales every counter, so old traffic
+fades and the sketch follows a drifting stream.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed int64
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+class DecayedSketch:
+    def __init__(self, width: int, depth: int = 4, seed: int = 0):
+        self.width = _next_power_of_two(max(width, 64))
+        self.depth = depth
+        self.bits = self.width.bit_length() - 1
+        generator = torch.Generator().manual_seed(seed)
+        # Multiply-shift hashing: odd multipliers, the top `bits` bits of the 64-bit product.
+        multipliers = torch.randint(-(1 << 62), 1 << 62, (depth,), generator=generator, dtype=torch.int64)
+        self.multipliers = (multipliers * 2 + 1).unsqueeze(1)
+        self.row_base = (torch.arange(depth, dtype=torch.int64) * self.width).unsqueeze(1)
+        self.counters = torch.zeros(depth * self.width, dtype=torch.float32)
+
+    def _cells(self, rows: torch.Tensor) -> torch.Tensor:
+        """(depth, n) flat counter indices of each row."""
+        # Mixing with a fixed odd constant first spreads ids that differ only in high bits.
+        mixed = rows.to(torch.int64).unsqueeze(0) * _GOLDEN
+        mixed = mixed ^ (mixed >> 29)
+        hashed = (mixed * self.multipliers) >> (64 - self.bits)
+        return (hashed & (self.width - 1)) + self.row_base
+
+    def add(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
+        """Count `counts[i]` more lookups of `rows[i]` (rows need not be unique)."""
+        if rows.numel():
+            cells = self._cells(rows)
+            self.counters.index_add_(0, cells.reshape(-1), counts.to(torch.float32).repeat(self.depth))
+
+    def estimate(self, rows: torch.Tensor) -> torch.Tensor:
+        """Decayed count of each row, never below the true one."""
+        if not rows.numel():
+            return torch.zeros(0, dtype=torch.float32)
+        return self.counters[self._cells(rows)].amin(dim=0)
+
+    def decay(self, factor: float) -> None:
+        self.counters.mul_(factor)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"counters": self.counters.clone(), "multipliers": self.multipliers.clone()}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if state["counters"].numel() != self.counters.numel():
+            raise ValueError(f"sketch of {state['counters'].numel()} counters, expected {self.counters.numel()}")
+        self.counters.copy_(state["counters"])
+        self.multipliers.copy_(state["multipliers"])

@@ -1,0 +1,149 @@
+"""Which rows of one packed table live in the fast tier, and which should.
+
+The directory maps rows to fast-tier slots (`slot_of_row`, -1 for rows that are not
+cached) and decides what to admit and evict. Counts decay with a half-life in steps:
+- cached rows have exact counts, kept per slot; a row's count moves with it;
+- every other row is counted in a DecayedSketch;
+- a miss whose estimate beats the coldest cached row becomes a candidate.
+
+Every `refresh_every` steps (every step while slots are free), `plan_refresh` admits the
+candidates that beat the coldest cached rows, evicting those in one batch, and returns
+the moves for the storage to carry out (write the evicted rows back, load the admitted
+ones). The directory never touches embedding values: which rows are cached changes how
+fast training is, never what it computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from picasso.frequency import DecayedSketch
+
+
+@dataclass(frozen=True)
+class RefreshPlan:
+    evict_rows: torch.Tensor  # rows leaving the fast tier (their slots are in admit_slots' first len(evict_rows))
+    evict_slots: torch.Tensor
+    admit_rows: torch.Tensor  # rows entering, slot by slot
+    admit_slots: torch.Tensor
+
+    @property
+    def rows_moved(self) -> int:
+        return int(self.evict_rows.numel() + self.admit_rows.numel())
+
+
+class HotRowDirectory:
+    def __init__(self, num_rows: int, capacity: int, refresh_every: int = 100, half_life: float = 2000.0,
+                 sketch_width: int | None = None, sketch_depth: int = 4, seed: int = 0):
+        if capacity < 1:
+            raise ValueError(f"a cache needs at least one row of capacity, got {capacity}")
+        self.num_rows = num_rows
+        self.capacity = capacity
+        self.refresh_every = max(1, refresh_every)
+        self.decay_per_step = 0.5 ** (1.0 / half_life)
+        self.slot_of_row = torch.full((num_rows,), -1, dtype=torch.int32)
+        self.row_of_slot = torch.full((capacity,), -1, dtype=torch.int64)
+        self.counts = torch.zeros(capacity, dtype=torch.float32)  # exact decayed counts, per slot
+        # A width of 8x the capacity keeps the sketch's over-count small next to the
+        # counts of rows near the admission line (which carry ~1/capacity of the traffic).
+        self.sketch = DecayedSketch(sketch_width or 8 * capacity, sketch_depth, seed)
+        self.threshold = 0.0  # count of the coldest cached row (0 while slots are free)
+        self._candidates: list[torch.Tensor] = []
+        self.steps_since_refresh = 0
+        self.free_slots = capacity
+
+    # -- per step ---------------------------------------------------------------------
+
+    def slots_of(self, rows: torch.Tensor) -> torch.Tensor:
+        """Fast-tier slot of each row, -1 where it is not cached (int64)."""
+        return self.slot_of_row[rows].to(torch.int64)
+
+    def observe(self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor) -> None:
+        """Count one step's lookups: unique `rows`, how often each was looked up, their slots."""
+        hit = slots >= 0
+        self.counts.index_add_(0, slots[hit], counts[hit].to(torch.float32))
+        miss_rows, miss_counts = rows[~hit], counts[~hit]
+        self.sketch.add(miss_rows, miss_counts)
+        if self.free_slots:
+            self._candidates.append(miss_rows)
+        else:
+            self._candidates.append(miss_rows[self.sketch.estimate(miss_rows) > self.threshold])
+        self.steps_since_refresh += 1
+
+    @property
+    def refresh_due(self) -> bool:
+        pending = bool(self._candidates) and any(c.numel() for c in self._candidates)
+        return pending and (self.steps_since_refresh >= self.refresh_every or self.free_slots > 0)
+
+    # -- refresh ----------------------------------------------------------------------
+
+    def plan_refresh(self) -> RefreshPlan:
+        """Decide the moves and update the mapping; the caller must carry the moves out."""
+        factor = self.decay_per_step ** self.steps_since_refresh
+        self.counts.mul_(factor)
+        self.sketch.decay(factor)
+        self.steps_since_refresh = 0
+        candidates = torch.unique(torch.cat(self._candidates)) if self._candidates else torch.zeros(0, dtype=torch.int64)
+        self._candidates = []
+        candidates = candidates[self.slot_of_row[candidates] < 0]
+        estimates = self.sketch.estimate(candidates)
+        order = torch.argsort(estimates, descending=True, stable=True)
+        candidates, estimates = candidates[order], estimates[order]
+
+        free = torch.nonzero(self.row_of_slot < 0).flatten()
+        filled = min(free.numel(), candidates.numel())
+        admit_rows, admit_counts, admit_slots = candidates[:filled], estimates[:filled], free[:filled]
+        candidates, estimates = candidates[filled:], estimates[filled:]
+
+        evict_slots = torch.zeros(0, dtype=torch.int64)
+        if candidates.numel() and free.numel() == filled:
+            # Pair the best remaining candidates with the coldest cached rows; swap each
+            # pair where the candidate is hotter. Both lists are sorted, so the swaps are
+            # a prefix.
+            taken = torch.zeros(self.capacity, dtype=torch.bool)
+            taken[admit_slots] = True
+            cached_counts = self.counts.masked_fill(taken, float("inf"))
+            coldest = torch.argsort(cached_counts, stable=True)[: candidates.numel()]
+            swaps = int((estimates[: coldest.numel()] > cached_counts[coldest]).sum())
+            evict_slots = coldest[:swaps]
+            admit_rows = torch.cat([admit_rows, candidates[:swaps]])
+            admit_counts = torch.cat([admit_counts, estimates[:swaps]])
+            admit_slots = torch.cat([admit_slots, evict_slots])
+
+        evict_rows = self.row_of_slot[evict_slots]
+        self.slot_of_row[evict_rows] = -1
+        self.slot_of_row[admit_rows] = admit_slots.to(torch.int32)
+        self.row_of_slot[admit_slots] = admit_rows
+        self.counts[admit_slots] = admit_counts
+        self.free_slots = int((self.row_of_slot < 0).sum())
+        self.threshold = 0.0 if self.free_slots else float(self.counts.min())
+        return RefreshPlan(evict_rows=evict_rows, evict_slots=evict_slots, admit_rows=admit_rows,
+                           admit_slots=admit_slots)
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "row_of_slot": self.row_of_slot.clone(),
+            "counts": self.counts.clone(),
+            "sketch": self.sketch.state_dict(),
+            "steps_since_refresh": self.steps_since_refresh,
+            "candidates": torch.cat(self._candidates) if self._candidates else torch.zeros(0, dtype=torch.int64),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        row_of_slot = state["row_of_slot"]
+        if row_of_slot.numel() != self.capacity:
+            raise ValueError(f"cache state holds {row_of_slot.numel()} slots, this cache has {self.capacity}")
+        self.row_of_slot.copy_(row_of_slot)
+        self.counts.copy_(state["counts"])
+        self.sketch.load_state_dict(state["sketch"])
+        self.steps_since_refresh = int(state["steps_since_refresh"])
+        self._candidates = [state["candidates"]] if state["candidates"].numel() else []
+        self.slot_of_row.fill_(-1)
+        cached = self.row_of_slot >= 0
+        self.slot_of_row[self.row_of_slot[cached]] = torch.nonzero(cached).flatten().to(torch.int32)
+        self.free_slots = int((~cached).sum())
+        self.threshold = 0.0 if self.free_slots else float(self.counts.min())
