@@ -1,13 +1,34 @@
-"""Publishing to MLflow: metrics, a pyfunc model that serves raw events, a registered
-version tagged with the checkpoint and source positions it came from."""
+"""Publishing a checkpoint to MLflow: one evaluated, gated, idempotent model version.
+
+publish() makes, for one checkpoint:
+- a run with the params, the metrics (AUC, log loss, calibration, samples, source
+  positions, and whatever the trainer put in the checkpoint's metrics), and artifacts:
+  the spec, the packing plan, the positions, plots of the metrics over versions, and the
+  delta against the previous version (the embedding rows that changed);
+- a pyfunc model (connectors/pyfunc_model.py, logged as models-from-code with the picasso
+  modules it imports, pinned pip requirements and a signature from the spec);
+- a registered version tagged with the checkpoint id, the source positions and the data
+  counts, under the alias `candidate`, and promoted to `champion` by the PublishPolicy.
+
+It is idempotent: the version carries the checkpoint's id and path as tags, and a publish
+first searches for them, so publishing one checkpoint twice, or retrying after a failure
+at any point, gives one version. A failed attempt is retried with backoff; the caller
+(PublishOutbox) keeps the checkpoint pending when every attempt failed.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import apache_beam as beam
@@ -15,11 +36,23 @@ import mlflow
 import numpy as np
 import pyarrow as pa
 import torch
+from mlflow.entities import Metric, Param
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 import picasso
-from picasso.checkpoint import load_checkpoint
+from picasso.checkpoint import Checkpoint, load_checkpoint
 from picasso.connectors import pyfunc_model
+from picasso.connectors import registry_tags as tags
+from picasso.connectors.delta_store import DeltaStore
+from picasso.connectors.metric_plots import metrics_svg
+from picasso.connectors.model_signature import signature_for
+from picasso.connectors.publish_policy import CANDIDATE, CHAMPION, PublishPolicy, decide_promotion
+from picasso.connectors.retry import with_retries
+from picasso.connectors.serving_weights import save_weights, serving_state
+from picasso.packing import PackingPlan
+
+log = logging.getLogger(__name__)
 
 # What the pyfunc needs at serving time, and nothing of the trainer's (Beam, Kafka).
 SERVING_REQUIREMENTS = [
@@ -30,6 +63,10 @@ SERVING_REQUIREMENTS = [
     "pyyaml",
 ]
 MAX_TAG_CHARS = 5000
+MAX_PARAM_CHARS = 6000
+MAX_POSITION_METRICS = 100  # per-source position metrics; beyond that only the total
+HISTORY_RUNS = 200  # previous versions in the metric plots
+
 
 
 @dataclass(frozen=True)
@@ -57,9 +94,20 @@ class MLflowTarget:
 @dataclass(frozen=True)
 class PublishRequest:
     checkpoint_path: str
-    metrics: dict[str, float]
+    metrics: dict[str, float]  # evaluation and data counts: auc, logloss, calibration, samples, ...
     params: dict[str, str] = field(default_factory=dict)
     run_name: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)  # extra version tags (the date, data counts)
+    # Per-step series, {name: [[step, value], ...]}: logged with their steps, e.g. the hot
+    # cache's hit rate. Series under the checkpoint's metrics["step_metrics"] are logged too.
+    step_metrics: dict[str, list] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PublishRequest":
+        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -68,13 +116,49 @@ class ModelVersionRef:
     version: str
     model_uri: str  # models:/NAME/VERSION
     run_id: str
+    created: bool = True  # False: this checkpoint had been published before
+    champion: bool = False  # promoted by this publish (or earlier, for created=False)
+    promotion_reason: str = ""
+    delta_base: str | None = None  # the version the delta artifact applies to
+    full_bytes: int = 0  # serving weights
+    delta_bytes: int | None = None
+
+
+@contextmanager
+def http_settings(policy: PublishPolicy):
+    """MLflow reads its HTTP timeout and retries from the environment, per request."""
+    wanted = {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(math.ceil(policy.http_timeout_s))),
+              "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(policy.http_retries)}
+    saved = {key: os.environ.get(key) for key in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _experiment_id(client: MlflowClient, target: MLflowTarget) -> str:
     experiment = client.get_experiment_by_name(target.experiment)
     if experiment is not None:
         return experiment.experiment_id
-    return client.create_experiment(target.experiment, artifact_location=target.artifact_location)
+    try:
+        return client.create_experiment(target.experiment, artifact_location=target.artifact_location)
+    except MlflowException as err:  # created by a concurrent publisher, or by our lost first attempt
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(target.experiment).experiment_id
+
+
+def _ensure_registered_model(client: MlflowClient, name: str) -> None:
+    try:
+        client.create_registered_model(name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
 
 
 def _stage_code(directory: Path) -> Path:
@@ -91,62 +175,294 @@ def _stage_code(directory: Path) -> Path:
     return package
 
 
-def publish(request: PublishRequest, target: MLflowTarget) -> ModelVersionRef:
-    """Log a checkpoint as a run with a pyfunc model, and register it as a new version."""
-    checkpoint = load_checkpoint(request.checkpoint_path)
-    mlflow.set_tracking_uri(target.tracking_uri)
-    mlflow.set_registry_uri(target.tracking_uri)
-    client = MlflowClient(target.tracking_uri, target.tracking_uri)
-    experiment_id = _experiment_id(client, target)
-    tags = {
-        "picasso.checkpoint_id": checkpoint.checkpoint_id,
-        "picasso.step": str(checkpoint.step),
-        "picasso.samples": str(checkpoint.state["samples"]),
-    }
-    positions = json.dumps(checkpoint.positions, sort_keys=True)
-    if len(positions) <= MAX_TAG_CHARS:
-        tags["picasso.positions"] = positions
-    with tempfile.TemporaryDirectory() as tmp, mlflow.start_run(
-        experiment_id=experiment_id, run_name=request.run_name, tags=tags
-    ) as run:
-        tmp = Path(tmp)
-        config = checkpoint.state["config"]
-        mlflow.log_params({"model": config["model"], "hidden": list(config["hidden"]), "spec": checkpoint.spec.name,
-                           **request.params})
-        mlflow.log_metrics({k: float(v) for k, v in request.metrics.items() if v is not None})
-        torch.save(checkpoint.state["model"], tmp / "weights.pt")
-        (tmp / "model_config.json").write_text(json.dumps({"model": config["model"], "hidden": list(config["hidden"])}))
-        (tmp / "positions.json").write_text(positions)
-        mlflow.log_artifact(str(tmp / "positions.json"))
-        with warnings.catch_warnings():
-            # MLflow asks for type hints on predict() to infer a signature; the model takes
-            # whatever raw columns events carry, and checks them itself.
+def _quote(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _key_filter(checkpoint_id: str, checkpoint_path: str) -> str:
+    return (f"tags.`{tags.CHECKPOINT_ID}` = '{_quote(checkpoint_id)}' "
+            f"and tags.`{tags.CHECKPOINT_PATH}` = '{_quote(checkpoint_path)}'")
+
+
+def _metric_name(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", text)[:200]
+
+
+def _flatten_numbers(values: dict, prefix: str, skip: tuple[str, ...] = ("ledger", "step_metrics")) -> dict[str, float]:
+    """Numeric leaves of nested dicts, as dotted names."""
+    flat = {}
+    for key, value in values.items():
+        if key in skip:
+            continue
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten_numbers(value, f"{name}.", ()))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = float(value)
+    return flat
+
+
+class _Publication:
+    """One publish of one checkpoint: what every attempt shares."""
+
+    def __init__(self, request: PublishRequest, target: MLflowTarget, policy: PublishPolicy,
+                 workspace: Path | None, checkpoint_dir: str | None, on_stage: Callable[[str], None]):
+        self.request, self.target, self.policy = request, target, policy
+        self.checkpoint: Checkpoint = load_checkpoint(checkpoint_dir or request.checkpoint_path)
+        self.checkpoint_path = str(Path(request.checkpoint_path).resolve())
+        # The id of the checkpoint as saved (the outbox reads it from a copy of another name).
+        self.checkpoint_id = Path(request.checkpoint_path).name
+        self.deltas = DeltaStore(workspace)
+        self.on_stage = on_stage
+
+    # -- what gets logged ---------------------------------------------------------------
+
+    def version_tags(self, weights_sha: str, delta_base: str | None) -> dict[str, str]:
+        checkpoint = self.checkpoint
+        version_tags = {
+            tags.CHECKPOINT_ID: self.checkpoint_id,
+            tags.CHECKPOINT_PATH: self.checkpoint_path,
+            "picasso.step": str(checkpoint.step),
+            "picasso.samples": str(checkpoint.state["samples"]),
+            tags.AUC: repr(float(self.request.metrics.get("auc", math.nan))),
+            tags.WEIGHTS_SHA: weights_sha,
+            tags.DELTA_BASE: delta_base or "none",
+            **{k: str(v) for k, v in self.request.tags.items()},
+        }
+        positions = json.dumps(checkpoint.positions, sort_keys=True)
+        if len(positions) <= MAX_TAG_CHARS:
+            version_tags["picasso.positions"] = positions
+        return version_tags
+
+    def params(self) -> dict[str, str]:
+        config = self.checkpoint.state["config"]
+        params = {**{k: v for k, v in config.items()}, "spec": self.checkpoint.spec.name,
+                  "promote_epsilon": self.policy.promote_epsilon, "auto_promote": self.policy.auto_promote,
+                  **self.request.params}
+        return {k: str(v)[:MAX_PARAM_CHARS] for k, v in params.items()}
+
+    def metrics(self) -> dict[str, float]:
+        metrics = {k: float(v) for k, v in self.request.metrics.items() if v is not None}
+        positions = self.checkpoint.positions
+        metrics["positions_total"] = float(sum(positions.values()))
+        if len(positions) <= MAX_POSITION_METRICS:
+            metrics.update({f"positions.{_metric_name(source)}": float(p) for source, p in positions.items()})
+        metrics.update(_flatten_numbers(self.checkpoint.metrics, "train."))
+        return {k: v for k, v in metrics.items() if math.isfinite(v)}
+
+    def series(self) -> dict[str, list]:
+        return {**self.checkpoint.metrics.get("step_metrics", {}), **self.request.step_metrics}
+
+    # -- the steps ----------------------------------------------------------------------
+
+    def existing_version(self, client: MlflowClient):
+        name = self.target.model_name
+        found = client.search_model_versions(
+            f"name = '{_quote(name)}' and "
+            + _key_filter(self.checkpoint_id, self.checkpoint_path))
+        return min(found, key=lambda v: int(v.version)) if found else None
+
+    def logged_run(self, client: MlflowClient, experiment_id: str):
+        """A run of an earlier attempt whose model was logged in full."""
+        runs = client.search_runs([experiment_id], _key_filter(self.checkpoint_id, self.checkpoint_path)
+                                  + f" and tags.`{tags.MODEL_NAME}` = '{_quote(self.target.model_name)}'")
+        done = [run for run in runs if tags.MODEL_ID in run.data.tags]
+        return done[0] if done else None
+
+    def history(self, client: MlflowClient, experiment_id: str) -> list[dict]:
+        runs = client.search_runs([experiment_id], f"tags.`{tags.MODEL_NAME}` = '{_quote(self.target.model_name)}' "
+                                  f"and tags.`{tags.VERSION}` != ''", order_by=["attributes.start_time DESC"],
+                                  max_results=HISTORY_RUNS)
+        points = [{"label": f"v{run.data.tags[tags.VERSION]}", **run.data.metrics} for run in reversed(runs)]
+        request = self.request.metrics
+        calibration = request.get("calibration")
+        return points + [{"label": "new", "auc": request.get("auc"), "logloss": request.get("logloss"),
+                          "calibration": calibration}]
+
+    def log_run(self, client: MlflowClient, experiment_id: str, tmp: Path):
+        """A run with everything logged and the pyfunc model; returns (run_id, model_id, weights)."""
+        checkpoint, target = self.checkpoint, self.target
+        weights = tmp / "weights.pt"
+        state = serving_state(checkpoint.state["model"])
+        weights_sha = save_weights(state, weights)
+        delta = self.deltas.make(client, target.model_name, state, weights, weights_sha, tmp / "delta") \
+            if self.policy.deltas else None
+        del state
+        artifacts = tmp / "run"
+        (artifacts / "plots").mkdir(parents=True)
+        shutil.copy(checkpoint.path / "spec.yaml", artifacts / "spec.yaml")
+        (artifacts / "packing_plan.json").write_text(json.dumps(_plan_dict(checkpoint), indent=1))
+        (artifacts / "positions.json").write_text(json.dumps(checkpoint.positions, sort_keys=True, indent=1))
+        (artifacts / "plots" / "metrics_over_versions.svg").write_text(metrics_svg(self.history(client, experiment_id)))
+        if delta is not None:
+            shutil.copytree(delta.directory, artifacts / "delta")
+        parent = os.environ.get("MLFLOW_RUN_ID")  # inside `mlflow run`: nest under the project's run
+        run_tags = {tags.CHECKPOINT_ID: self.checkpoint_id, tags.CHECKPOINT_PATH: self.checkpoint_path,
+                    tags.MODEL_NAME: target.model_name, **({"mlflow.parentRunId": parent} if parent else {})}
+        run = client.create_run(experiment_id, run_name=self.request.run_name, tags=run_tags)
+        run_id = run.info.run_id
+        client.log_batch(run_id, metrics=_metric_entities(self.metrics(), self.series()),
+                         params=[Param(k, v) for k, v in self.params().items()])
+        client.log_artifacts(run_id, str(artifacts))
+        with _active_run(run_id), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*type hints to the `predict` method")
             info = mlflow.pyfunc.log_model(
                 name="model",
                 python_model=pyfunc_model.__file__,
                 artifacts={
-                    pyfunc_model.ARTIFACT_WEIGHTS: str(tmp / "weights.pt"),
+                    pyfunc_model.ARTIFACT_WEIGHTS: str(weights),
                     pyfunc_model.ARTIFACT_SPEC: str(checkpoint.path / "spec.yaml"),
-                    pyfunc_model.ARTIFACT_CONFIG: str(tmp / "model_config.json"),
+                    pyfunc_model.ARTIFACT_CONFIG: str(_write_model_config(checkpoint, tmp)),
                 },
                 code_paths=[str(_stage_code(tmp / "code"))],
                 pip_requirements=SERVING_REQUIREMENTS,
-                registered_model_name=target.model_name,
+                signature=signature_for(checkpoint.spec),
             )
-        version = str(info.registered_model_version)
-        for key, value in tags.items():
-            client.set_model_version_tag(target.model_name, version, key, value)
-    return ModelVersionRef(target.model_name, version, f"models:/{target.model_name}/{version}", run.info.run_id)
+        client.set_tag(run_id, tags.MODEL_ID, info.model_id)
+        self.on_stage("model_logged")
+        return run_id, info.model_id, weights, weights_sha, delta
+
+    def register(self, client: MlflowClient, run_id: str, model_id: str, weights_sha: str, delta) -> object:
+        _ensure_registered_model(client, self.target.model_name)
+        version = client.create_model_version(
+            self.target.model_name, source=f"models:/{model_id}", run_id=run_id, model_id=model_id,
+            tags=self.version_tags(weights_sha, delta.base_version if delta else None))
+        client.set_tag(run_id, tags.VERSION, version.version)
+        self.on_stage("registered")
+        return version
+
+    def promote(self, client: MlflowClient, version) -> tuple[bool, str]:
+        """Alias candidate; champion when the policy says so; tag the decision (last, so a
+        version without it is finished by the next attempt)."""
+        name, number = self.target.model_name, version.version
+        client.set_registered_model_alias(name, CANDIDATE, number)
+        try:
+            champion = client.get_model_version_by_alias(name, CHAMPION)
+        except MlflowException as err:
+            if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                raise
+            champion = None
+        if champion is not None and champion.version == number:
+            promoted, reason = True, version.tags.get(tags.PROMOTION_REASON) or "already champion"
+        else:
+            champion_auc = float(champion.tags.get(tags.AUC, "nan")) if champion else None
+            decision = decide_promotion(float(self.request.metrics.get("auc", math.nan)), champion_auc,
+                                        champion.version if champion else None, self.policy)
+            promoted, reason = decision.promote, decision.reason
+            if promoted:
+                client.set_registered_model_alias(name, CHAMPION, number)
+        client.set_model_version_tag(name, number, tags.PROMOTION_REASON, reason)
+        client.set_model_version_tag(name, number, tags.PROMOTION, "promoted" if promoted else "not_promoted")
+        self.on_stage("promoted")
+        return promoted, reason
+
+    def attempt(self) -> ModelVersionRef:
+        target = self.target
+        client = MlflowClient(target.tracking_uri, target.tracking_uri)
+        mlflow.set_tracking_uri(target.tracking_uri)
+        mlflow.set_registry_uri(target.tracking_uri)
+        version = self.existing_version(client)
+        created, weights, weights_sha, delta = version is None, None, None, None
+        if version is not None and tags.PROMOTION in version.tags:
+            # Published in full before: leave its aliases alone (a newer version may hold them).
+            return self.ref(version, created=False, champion=version.tags[tags.PROMOTION] == "promoted",
+                            reason=version.tags.get(tags.PROMOTION_REASON, ""))
+        with tempfile.TemporaryDirectory(prefix="picasso-publish-") as tmp:
+            if version is None:
+                experiment_id = _experiment_id(client, target)
+                run = self.logged_run(client, experiment_id)
+                if run is not None:  # an earlier attempt logged the model, then failed
+                    run_id, model_id = run.info.run_id, run.data.tags[tags.MODEL_ID]
+                    weights_sha = save_weights(serving_state(self.checkpoint.state["model"]), Path(tmp) / "w.pt")
+                else:
+                    run_id, model_id, weights, weights_sha, delta = self.log_run(client, experiment_id, Path(tmp))
+                version = self.register(client, run_id, model_id, weights_sha, delta)
+            promoted, reason = self.promote(client, version)
+            if weights is not None:
+                self.deltas.remember(target.model_name, version.version, weights, weights_sha)
+        return self.ref(version, created, promoted, reason, delta)
+
+    def ref(self, version, created: bool, champion: bool, reason: str, delta=None) -> ModelVersionRef:
+        name = self.target.model_name
+        base = version.tags.get(tags.DELTA_BASE) if delta is None else delta.base_version
+        return ModelVersionRef(
+            name, version.version, f"models:/{name}/{version.version}", version.run_id, created=created,
+            champion=champion, promotion_reason=reason, delta_base=None if base in (None, "none") else base,
+            full_bytes=delta.full_bytes if delta else 0, delta_bytes=delta.delta_bytes if delta else None)
+
+
+@contextmanager
+def _active_run(run_id: str):
+    """Make run_id the fluent API's active run (log_model logs there) without leaving it
+    active if anything fails; the run is ended here."""
+    mlflow.start_run(run_id=run_id)
+    try:
+        yield
+    except BaseException:
+        try:
+            mlflow.end_run("FAILED")  # pops the run before calling the server
+        except Exception:  # noqa: BLE001 - the server may be the reason we are here
+            pass
+        raise
+    mlflow.end_run()
+
+
+def _metric_entities(values: dict[str, float], series: dict[str, list]) -> list[Metric]:
+    import time
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, 0) for k, v in values.items()]
+    for name, points in series.items():
+        metrics += [Metric(_metric_name(name), float(value), now, int(step)) for step, value in points
+                    if value is not None and math.isfinite(float(value))]
+    return metrics
+
+
+def _plan_dict(checkpoint: Checkpoint) -> dict:
+    plan = PackingPlan.from_spec(checkpoint.spec)
+    return {"spec": checkpoint.spec.name, "groups": [
+        {"name": g.name, "embedding_dim": g.embedding_dim, "fields": list(g.fields), "rows": g.num_rows,
+         "row_offsets": list(g.row_offsets), "optimizer": g.optimizer, "table_bytes": g.table_bytes()}
+        for g in plan.groups]}
+
+
+def _write_model_config(checkpoint: Checkpoint, tmp: Path) -> Path:
+    config = checkpoint.state["config"]
+    path = tmp / "model_config.json"
+    path.write_text(json.dumps({"model": config["model"], "hidden": list(config["hidden"])}))
+    return path
+
+
+def publish(request: PublishRequest, target: MLflowTarget, policy: PublishPolicy = PublishPolicy(), *,
+            workspace: str | Path | None = None, checkpoint_dir: str | None = None,
+            on_stage: Callable[[str], None] = lambda stage: None, sleep=None) -> ModelVersionRef:
+    """Publish one checkpoint as one version (see the module docstring); retried per
+    policy.retry, the last error raised.
+
+    workspace: a directory kept between publishes (the outbox's); it holds the last
+    published weights, so the next delta needs no download. checkpoint_dir: where to read
+    the checkpoint when it is not at request.checkpoint_path any more (the outbox's copy).
+    """
+    import time
+
+    publication = _Publication(request, target, policy, Path(workspace) if workspace else None, checkpoint_dir,
+                               on_stage)
+    with http_settings(policy):
+        return with_retries(publication.attempt, policy.retry, f"publishing {publication.checkpoint_id}",
+                            sleep or time.sleep)
 
 
 class PublishToMLflow(beam.PTransform):
-    """PublishRequests in, ModelVersionRefs out."""
+    """PublishRequests in, PublishOutcomes out: each request goes through the outbox under
+    workspace, so a request MLflow could not take stays pending there (status "pending")
+    and is published by the next flush."""
 
-    def __init__(self, target: MLflowTarget):
+    def __init__(self, target: MLflowTarget, workspace: str | Path, policy: PublishPolicy = PublishPolicy()):
         super().__init__()
-        self.target = target
+        self.target, self.workspace, self.policy = target, str(workspace), policy
 
     def expand(self, requests):
-        target = self.target
-        return requests | "Publish" >> beam.Map(lambda request: publish(request, target))
+        from picasso.connectors.publish_outbox import PublishOutbox
+
+        target, workspace, policy = self.target, self.workspace, self.policy
+        return requests | "Publish" >> beam.Map(lambda request: PublishOutbox(workspace).submit(request, target, policy))

@@ -19,6 +19,7 @@ import torch
 
 from picasso.batch import pack
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.serving_weights import is_optimizer_slot
 from picasso.models import build_model
 from picasso.packing import PackingPlan
 from picasso.spec import load_spec
@@ -35,7 +36,13 @@ class CtrModel(mlflow.pyfunc.PythonModel):
             config = json.load(f)
         self.plan = PackingPlan.from_spec(self.spec)
         self.model = build_model(config["model"], self.spec, self.plan, tuple(config["hidden"]))
-        self.model.load_state_dict(torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True, map_location="cpu"))
+        weights = torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True, map_location="cpu")
+        # Serving weights leave out the sparse optimizer's slots (serving_weights.py); any
+        # other missing or unexpected tensor means weights of another model.
+        result = self.model.load_state_dict(weights, strict=False)
+        missing = [key for key in result.missing_keys if not is_optimizer_slot(key)]
+        if missing or result.unexpected_keys:
+            raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {result.unexpected_keys}")
         self.model.eval()
         self.decoder = RecordDecoder(self.spec, DecodeOptions(require_label=False))
 

@@ -1,4 +1,5 @@
-"""The `picasso` command line: generate, daily, demo, plan, stream, produce.
+"""The `picasso` command line: generate, daily, demo, plan, stream, produce, apply-delta,
+publish-pending.
 
 Each command shows progress on stderr and ends with a summary; with --json, the last
 line of stdout is one JSON object.
@@ -21,10 +22,13 @@ from rich.logging import RichHandler
 from rich.progress import Progress
 from rich.table import Table
 
+from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
+                                           run_publish_pending)
 from picasso.spec import SpecError, load_spec
 
 console = Console(stderr=True)
 DEMO_DATE = "2026-11-01"
+PENDING_EXIT = 3
 
 
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +59,10 @@ def _add_daily_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
     parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (FnApiRunner, DirectRunner, ...)")
+    parser.add_argument("--warm-start", choices=["latest", "champion", "none"], default="latest",
+                        help="start from the latest checkpoint, the champion version's checkpoint, or scratch")
+    parser.add_argument("--force", action="store_true", help="run a date again although it is done")
+    add_publish_args(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     daily.add_argument("--spec", default="criteo")
     daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD partitions")
     daily.add_argument("--date", required=True)
+    daily.add_argument("--eval-date", default=None,
+                       help="evaluate on this day (e.g. the next one) instead of a holdout slice of --date")
     _add_daily_args(daily)
 
     demo = commands.add_parser("demo", help="generate a small day, then run daily on embedded defaults")
@@ -84,7 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--sparse-optimizer", choices=["adagrad", "adam", "sgd"], default="adagrad",
                       help="the default sparse optimizer (it sizes the optimizer state)")
 
-    for command in (generate, daily, demo, plan):
+    publishing = add_publish_commands(commands)
+    for command in (generate, daily, demo, plan, *publishing):
         command.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     _add_kafka_commands(commands)
     return parser
@@ -169,6 +180,10 @@ def _daily(args, data: str, date: str):
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         batch_size=args.batch_size,
         holdout_fraction=args.holdout,
+        eval_date=getattr(args, "eval_date", None),
+        warm_start=args.warm_start,
+        force=args.force,
+        policy=publish_policy(args),
         runner=args.runner,
     )
     with console.status(f"daily run for {date}: read, decode, pack, train, evaluate, publish"):
@@ -195,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("apache_beam", "mlflow", "alembic", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     started = time.perf_counter()
+    pending = False  # a publish MLflow could not take: it waits in WORKDIR/publish
     try:
         if args.command == "generate":
             from picasso.pipelines.generate import dates_from
@@ -206,6 +222,13 @@ def main(argv: list[str] | None = None) -> int:
             output = _plan(args)
         elif args.command in ("stream", "produce"):
             output = _kafka_command(args)
+        elif args.command == "apply-delta":
+            output = run_apply_delta(args)
+            _summary("apply-delta: rebuilt bit for bit", output)
+        elif args.command == "publish-pending":
+            output = run_publish_pending(args)
+            _summary("publish-pending", output)
+            pending = bool(output["pending"])
         else:
             if args.command == "demo":
                 data = str(Path(args.workdir) / "data")
@@ -216,8 +239,12 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 result, target = _daily(args, args.data, args.date)
             output = {**asdict(result), "tracking_uri": target.tracking_uri}
-            _summary(f"daily {result.date}", {k: v for k, v in output.items() if k != "counters"})
-    except (SpecError, FileNotFoundError, ValueError) as err:
+            _summary(f"daily {result.date}" + (" (done before: nothing trained)" if result.skipped else ""),
+                     {k: v for k, v in output.items() if k != "counters"})
+            pending = result.status != "published"
+    except Exception as err:  # noqa: BLE001 - bad input and an unreachable MLflow: a message, not a traceback
+        if not isinstance(err, (SpecError, FileNotFoundError, ValueError)) and not type(err).__module__.startswith("mlflow"):
+            raise
         console.print(f"[red]error:[/red] {err}")
         if args.json:
             print(json.dumps({"error": str(err)}))
@@ -225,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     output["seconds"] = round(time.perf_counter() - started, 2)
     if args.json:
         print(json.dumps({k: _finite(v) for k, v in output.items()}))
+    if pending:
+        # Not 0: a scheduler sees it and retries, and the retry publishes what is pending.
+        console.print("[yellow]publish pending:[/yellow] MLflow did not take the version; it waits in "
+                      "WORKDIR/publish and goes out with the next run or `picasso publish-pending`")
+        return PENDING_EXIT
     return 0
 
 

@@ -3,25 +3,36 @@
   ReadDayFiles → DecodeRecords ─┬─ train   → PackFeatures → PicassoTrain → checkpoint
                                 ├─ holdout → PackFeatures → EvaluateCheckpoint ─┐
                                 └─ dead letters → DEAD_LETTER_DIR/*.jsonl        │
-                        checkpoint + metrics → PublishToMLflow → result file ◄───┘
+              checkpoint + metrics → PublishToMLflow (via the outbox) → result ◄─┘
 
-Training warm-starts from the latest checkpoint under WORKDIR/checkpoints.
+Evaluation is on a holdout slice of the day, or on the whole of the next day when
+eval_date is given (the day is then all training). Training warm-starts from the latest
+checkpoint under WORKDIR/checkpoints, from the champion's checkpoint, or from scratch.
+
+A date is done once its result file (WORKDIR/runs/daily-DATE.json) exists: running it
+again trains nothing unless forced. If MLflow was unreachable, the result says "pending"
+and the checkpoint waits in the publish outbox (WORKDIR/publish); any later run, the same
+date's included, publishes it first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from picasso.connectors.day_files import ReadDayFiles, partition_dir
+from picasso.connectors.champion import champion_checkpoint
+from picasso.connectors.day_files import ReadDayFiles, list_day_files, partition_dir
 from picasso.connectors.decoders import DecodeOptions
 from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, PublishToMLflow
+from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox, PublishOutcome
+from picasso.connectors.publish_policy import PublishPolicy
 from picasso.pipelines.counters import picasso_counters
 from picasso.pipelines.decode import DEAD_LETTERS, HOLDOUT, TRAIN, DecodeRecords
 from picasso.pipelines.pack import PackFeatures
@@ -29,7 +40,9 @@ from picasso.pipelines.train import CheckpointRef, EvaluateCheckpoint, PicassoTr
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, TrainConfig
 
+log = logging.getLogger(__name__)
 PLANTED_FILE = "_planted.json"  # written by `picasso generate` next to the parts
+WARM_STARTS = ("latest", "champion", "none")
 
 
 @dataclass(frozen=True)
@@ -42,13 +55,31 @@ class DailyConfig:
     train: TrainConfig = TrainConfig()
     decode: DecodeOptions = DecodeOptions()
     batch_size: int = 2048  # raw rows per chunk; a chunk's training rows make one step
-    holdout_fraction: float = 0.1
+    holdout_fraction: float = 0.1  # ignored when eval_date is given
+    eval_date: str | None = None  # evaluate on this (next) day instead of a holdout slice
+    warm_start: str = "latest"  # latest | champion | none
+    force: bool = False  # run a date that is done already
+    policy: PublishPolicy = PublishPolicy()
     runner: str = "FnApiRunner"
     beam_args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if self.warm_start not in WARM_STARTS:
+            raise ValueError(f"warm start must be one of {', '.join(WARM_STARTS)}, got {self.warm_start!r}")
+        if not 0 <= self.holdout_fraction < 1:
+            raise ValueError(f"holdout fraction must be in [0, 1), got {self.holdout_fraction}")
+        if self.eval_date == self.date:
+            raise ValueError(f"the evaluation day must differ from the training day ({self.date})")
+        if self.eval_date is None and self.holdout_fraction == 0:
+            raise ValueError("nothing to evaluate on: give a holdout fraction above 0 or an evaluation day")
 
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.workdir) / "checkpoints"
+
+    @property
+    def publish_dir(self) -> Path:
+        return Path(self.workdir) / "publish"
 
     @property
     def dead_letter_dir(self) -> Path:
@@ -62,24 +93,31 @@ class DailyConfig:
 @dataclass(frozen=True)
 class DailyResult:
     date: str
-    model_uri: str
-    version: str
-    run_id: str
+    status: str  # published | pending (MLflow was unreachable; the outbox holds it)
+    model_uri: str | None
+    version: str | None
+    run_id: str | None
     checkpoint: str
     step: int
     auc: float
     logloss: float
-    calibration: float  # mean prediction / mean label on the holdout
+    calibration: float  # mean prediction / mean label on the evaluation rows
     samples: int  # rows trained on in this run
-    holdout_samples: int
+    holdout_samples: int  # rows evaluated on (the holdout slice, or the evaluation day)
     rows_in: int
     dead_letters: int
     train_loss: float
+    champion: bool = False  # the version became (or already was) the champion
+    promotion_reason: str = ""
+    evaluation: str = "holdout"  # holdout | day=YYYY-MM-DD
+    warm_start_from: str | None = None  # the checkpoint training started from
+    skipped: bool = False  # the date was done already; nothing was trained
+    error: str | None = None  # why a pending publish is pending
     auc_ceiling: float | None = None  # the planted model's own AUC, for generated data
     counters: dict[str, int] = field(default_factory=dict)
 
 
-def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, date: str) -> PublishRequest:
+def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_RunFacts") -> PublishRequest:
     calibration = metrics.mean_prediction / metrics.mean_label if metrics.mean_label else math.nan
     return PublishRequest(
         checkpoint_path=checkpoint.path,
@@ -87,36 +125,87 @@ def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, date: str)
             "auc": metrics.auc,
             "logloss": metrics.logloss,
             "calibration": calibration,
+            "mean_prediction": metrics.mean_prediction,
+            "mean_label": metrics.mean_label,
             "holdout_samples": metrics.samples,
             "samples": checkpoint.stats.samples,
             "train_loss": checkpoint.stats.mean_loss,
         },
-        params={"date": date},
-        run_name=f"daily-{date}",
+        params={"date": config.date, "evaluation": config.evaluation, "warm_start": config.warm_start},
+        run_name=f"daily-{config.date}",
+        tags={"picasso.date": config.date, "picasso.evaluation": config.evaluation,
+              "picasso.train_samples": str(checkpoint.stats.samples), "picasso.eval_samples": str(metrics.samples),
+              "picasso.total_samples": str(checkpoint.stats.samples + metrics.samples)},
     )
 
 
-def _write_result(version, request: PublishRequest, checkpoint: CheckpointRef, path: str) -> None:
-    result = {
-        "model_uri": version.model_uri,
-        "version": version.version,
-        "run_id": version.run_id,
-        "checkpoint": checkpoint.path,
-        "step": checkpoint.step,
-        **request.metrics,
+@dataclass(frozen=True)
+class _RunFacts:
+    """What the pipeline's closures need (small and picklable)."""
+
+    date: str
+    evaluation: str
+    warm_start: str
+    warm_start_from: str | None
+
+
+def _outcome_fields(outcome: PublishOutcome) -> dict:
+    version = outcome.version
+    return {
+        "status": outcome.status,
+        "model_uri": version.model_uri if version else None,
+        "version": version.version if version else None,
+        "run_id": version.run_id if version else None,
+        "champion": version.champion if version else False,
+        "promotion_reason": version.promotion_reason if version else "",
+        "error": outcome.error,
     }
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    tmp = f"{path}.tmp"
-    Path(tmp).write_text(json.dumps(result))
+
+
+def _write_json(path: Path, values: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(values))
     os.replace(tmp, path)
 
 
-def build_daily(pipeline: beam.Pipeline, config: DailyConfig) -> None:
+def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts,
+                  path: str) -> None:
+    _write_json(Path(path), {
+        **_outcome_fields(outcome),
+        "checkpoint": checkpoint.path,
+        "step": checkpoint.step,
+        "evaluation": facts.evaluation,
+        "warm_start_from": facts.warm_start_from,
+        **request.metrics,
+    })
+
+
+def _evaluation_rows(pipeline: beam.Pipeline, config: DailyConfig, decoded):
+    """The holdout slice of the day, or the whole evaluation day."""
+    if config.eval_date is None:
+        return decoded[HOLDOUT]
+    evaluation = (
+        pipeline
+        | "ReadEvalDay" >> ReadDayFiles(config.data_root, config.eval_date, chunk_rows=config.batch_size)
+        | "DecodeEvalDay" >> DecodeRecords(config.spec, config.decode, holdout_fraction=1.0)
+    )
+    dead = Path(config.workdir) / "dead_letters" / f"date={config.eval_date}" / "eval-part"
+    (
+        evaluation[DEAD_LETTERS]
+        | "EvalDeadLetterJson" >> beam.Map(lambda letter: letter.to_json())
+        | "WriteEvalDeadLetters" >> beam.io.WriteToText(str(dead), file_name_suffix=".jsonl")
+    )
+    return evaluation[HOLDOUT]
+
+
+def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | None = "latest",
+                warm_start_from: str | None = None) -> None:
     spec = config.spec
     decoded = (
         pipeline
         | "ReadDayFiles" >> ReadDayFiles(config.data_root, config.date, chunk_rows=config.batch_size)
-        | "DecodeRecords" >> DecodeRecords(spec, config.decode, config.holdout_fraction)
+        | "DecodeRecords" >> DecodeRecords(spec, config.decode, 0.0 if config.eval_date else config.holdout_fraction)
     )
     (
         decoded[DEAD_LETTERS]
@@ -126,24 +215,25 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig) -> None:
     checkpoint = (
         decoded[TRAIN]
         | "PackTrain" >> PackFeatures(spec)
-        | "PicassoTrain" >> PicassoTrain(spec, config.train, config.checkpoint_dir)
+        | "PicassoTrain" >> PicassoTrain(spec, config.train, config.checkpoint_dir, start_from=start_from)
     )
     metrics = (
-        decoded[HOLDOUT]
+        _evaluation_rows(pipeline, config, decoded)
         | "PackHoldout" >> PackFeatures(spec)
         | "Evaluate" >> EvaluateCheckpoint(spec, config.train, checkpoint)
     )
-    date = config.date
+    facts = _RunFacts(config.date, f"day={config.eval_date}" if config.eval_date else "holdout", config.warm_start,
+                      warm_start_from)
     requests = metrics | "PublishRequest" >> beam.Map(
-        lambda m, ckpt: _publish_request(m, ckpt, date), ckpt=beam.pvalue.AsSingleton(checkpoint)
+        lambda m, ckpt: _publish_request(m, ckpt, facts), ckpt=beam.pvalue.AsSingleton(checkpoint)
     )
-    versions = requests | "PublishToMLflow" >> PublishToMLflow(config.mlflow)
-    result_path = str(config.result_path)
-    versions | "WriteResult" >> beam.Map(
+    outcomes = requests | "PublishToMLflow" >> PublishToMLflow(config.mlflow, config.publish_dir, config.policy)
+    outcomes | "WriteResult" >> beam.Map(
         _write_result,
         request=beam.pvalue.AsSingleton(requests),
         checkpoint=beam.pvalue.AsSingleton(checkpoint),
-        path=result_path,
+        facts=facts,
+        path=str(config.result_path),
     )
 
 
@@ -152,16 +242,40 @@ def planted_ceiling(data_root: str, date: str) -> float | None:
     return json.loads(path.read_text())["auc_ceiling"] if path.exists() else None
 
 
-def run_daily(config: DailyConfig) -> DailyResult:
-    if config.result_path.exists():
-        config.result_path.unlink()
-    options = PipelineOptions([f"--runner={config.runner}", *config.beam_args])
-    with beam.Pipeline(options=options) as pipeline:
-        build_daily(pipeline, config)
-    counters = picasso_counters(pipeline.result) if hasattr(pipeline, "result") else {}
-    outcome = json.loads(config.result_path.read_text())
+def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
+    """(what PicassoTrain restores: "latest", a checkpoint path or None; the path it is)."""
+    if config.warm_start == "none":
+        return None, None
+    if config.warm_start == "champion":
+        champion = champion_checkpoint(config.mlflow, config.policy)
+        if champion is not None:
+            log.info("warm start from the champion, version %s: %s", champion.version, champion.checkpoint_path)
+            return champion.checkpoint_path, champion.checkpoint_path
+        log.info("%s has no champion yet: warm start from the latest checkpoint", config.mlflow.model_name)
+    from picasso.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(config.checkpoint_dir)
+    return "latest", str(latest) if latest else None
+
+
+def _done_result(config: DailyConfig, outcome: dict) -> DailyResult:
+    """The result of a date done before; a pending publish of it is retried first."""
+    if outcome["status"] != PUBLISHED:
+        outbox = PublishOutbox(config.publish_dir)
+        outbox.flush(config.mlflow, config.policy)
+        record = outbox.published(outcome["checkpoint"])
+        if record is not None:
+            outcome = {**outcome, "status": PUBLISHED, "error": None, "model_uri": record["model_uri"],
+                       "version": record["version"], "run_id": record["run_id"], "champion": record["champion"],
+                       "promotion_reason": record.get("promotion_reason", "")}
+            _write_json(config.result_path, outcome)
+    return _result(config, outcome, {}, skipped=True)
+
+
+def _result(config: DailyConfig, outcome: dict, counters: dict, skipped: bool = False) -> DailyResult:
     return DailyResult(
         date=config.date,
+        status=outcome["status"],
         model_uri=outcome["model_uri"],
         version=outcome["version"],
         run_id=outcome["run_id"],
@@ -175,6 +289,32 @@ def run_daily(config: DailyConfig) -> DailyResult:
         rows_in=counters.get("rows_in", 0),
         dead_letters=counters.get("dead_letters", 0),
         train_loss=outcome["train_loss"],
+        champion=outcome["champion"],
+        promotion_reason=outcome["promotion_reason"],
+        evaluation=outcome["evaluation"],
+        warm_start_from=outcome["warm_start_from"],
+        skipped=skipped,
+        error=outcome["error"],
         auc_ceiling=planted_ceiling(config.data_root, config.date),
         counters=counters,
     )
+
+
+def run_daily(config: DailyConfig) -> DailyResult:
+    if config.result_path.exists() and not config.force:
+        log.info("%s is done already (%s); --force runs it again", config.date, config.result_path)
+        return _done_result(config, json.loads(config.result_path.read_text()))
+    for date in filter(None, (config.date, config.eval_date)):  # a missing day fails before anything is written
+        list_day_files(config.data_root, date)
+    start_from, warm_start_from = _start_from(config)
+    config.result_path.unlink(missing_ok=True)
+    options = PipelineOptions([f"--runner={config.runner}", *config.beam_args])
+    with beam.Pipeline(options=options) as pipeline:
+        build_daily(pipeline, config, start_from, warm_start_from)
+    counters = picasso_counters(pipeline.result) if hasattr(pipeline, "result") else {}
+    return _result(config, json.loads(config.result_path.read_text()), counters)
+
+
+def result_dict(result: DailyResult) -> dict:
+    return asdict(result)
+

@@ -25,16 +25,21 @@ from picasso.trainer import EvalMetrics, TrainConfig, Trainer, TrainStats, evalu
 @dataclass(frozen=True)
 class TrainerHandler:
     """How to build the trainer a pipeline run trains: warm-started from the latest
-    checkpoint under checkpoint_dir, if any."""
+    checkpoint under checkpoint_dir (start_from="latest", the default), from a given
+    checkpoint directory, or from scratch (start_from=None)."""
 
     spec: FeatureSpec
     config: TrainConfig
     checkpoint_dir: str
     run_id: str  # one trainer per pipeline run, even when runs share a process
+    start_from: str | None = "latest"
 
     def load(self) -> Trainer:
         trainer = Trainer(self.spec, self.config)
-        trainer.warm_start(self.checkpoint_dir)
+        if self.start_from == "latest":
+            trainer.warm_start(self.checkpoint_dir)
+        elif self.start_from is not None:
+            trainer.restore(self.start_from)
         return trainer
 
 
@@ -96,9 +101,10 @@ class _CheckpointDoFn(beam.DoFn):
 class PicassoTrain(beam.PTransform):
     """PackedBatches in; one CheckpointRef out, once all of them are trained on."""
 
-    def __init__(self, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path):
+    def __init__(self, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path,
+                 start_from: str | None = "latest"):
         super().__init__()
-        self.handler = TrainerHandler(spec, config, str(checkpoint_dir), run_id=uuid.uuid4().hex)
+        self.handler = TrainerHandler(spec, config, str(checkpoint_dir), run_id=uuid.uuid4().hex, start_from=start_from)
         self.shared = Shared()
 
     def expand(self, batches):

@@ -1,0 +1,109 @@
+"""Deltas between two versions' serving weights: the embedding rows that changed.
+
+A streaming cycle touches a small share of a table's rows (the ids its events carried),
+so shipping only those rows, with their indices, is much smaller than the whole model.
+Rows are compared bit for bit (as integers of the same width), so a row counts as
+unchanged only when every bit is the same, and -0.0 vs 0.0 or NaN payloads are never lost.
+
+A tensor goes whole into the delta when it is not row-shaped (a scalar), changed shape or
+dtype, is new, or changed in more than half its rows (indices would then cost more than
+they save): dense layers change every step and always go whole, and they are small.
+
+Applying a delta to the base it was made from gives tensors equal bit for bit to the
+target, in the target's key order, so saving them (serving_weights.save_weights) gives
+the target's very bytes; the delta carries both SHA-256s to check that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DELTA_FORMAT = 1
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@dataclass(frozen=True)
+class DeltaStats:
+    changed_rows: int  # rows shipped by index
+    whole_tensors: int
+    delta_bytes: int  # of the saved delta file
+    full_bytes: int  # of the saved target weights
+
+    @property
+    def full_vs_delta(self) -> float:
+        return self.full_bytes / self.delta_bytes if self.delta_bytes else float("inf")
+
+
+class DeltaMismatch(ValueError):
+    """A delta applied to weights other than its base, or giving other than its target."""
+
+
+def _as_bits(tensor: torch.Tensor) -> torch.Tensor:
+    rows = tensor.reshape(tensor.shape[0], -1)
+    if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+        return rows.view(_BITS[tensor.element_size()])
+    return rows
+
+
+def changed_rows(base: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Indices of the rows (first dimension) whose bits differ."""
+    return (_as_bits(base) != _as_bits(target)).any(dim=1).nonzero().flatten()
+
+
+def compute_delta(base: dict[str, torch.Tensor], target: dict[str, torch.Tensor], base_sha256: str,
+                  target_sha256: str) -> dict:
+    """The delta taking base to target (both serving states)."""
+    rows, whole = {}, {}
+    for key, tensor in target.items():
+        old = base.get(key)
+        row_shaped = tensor.dim() >= 1 and tensor.shape[0] > 1
+        if old is None or not row_shaped or old.shape != tensor.shape or old.dtype != tensor.dtype:
+            whole[key] = tensor
+            continue
+        ids = changed_rows(old, tensor)
+        if ids.numel() * 2 > tensor.shape[0]:
+            whole[key] = tensor
+        elif ids.numel():
+            rows[key] = {"ids": ids, "values": tensor[ids].contiguous()}
+    return {"format": DELTA_FORMAT, "base_sha256": base_sha256, "target_sha256": target_sha256,
+            "keys": list(target), "rows": rows, "whole": whole}
+
+
+def apply_delta(base: dict[str, torch.Tensor], delta: dict) -> dict[str, torch.Tensor]:
+    """Target weights from base + delta, keys in the target's order."""
+    if delta.get("format") != DELTA_FORMAT:
+        raise DeltaMismatch(f"unknown delta format {delta.get('format')!r} (this picasso reads {DELTA_FORMAT})")
+    rebuilt = {}
+    for key in delta["keys"]:
+        if key in delta["whole"]:
+            rebuilt[key] = delta["whole"][key].clone()
+            continue
+        if key not in base:
+            raise DeltaMismatch(f"the base has no tensor {key!r}: it is not the weights this delta was made from")
+        tensor = base[key].clone()
+        if key in delta["rows"]:
+            change = delta["rows"][key]
+            tensor[change["ids"]] = change["values"]
+        rebuilt[key] = tensor
+    return rebuilt
+
+
+def save_delta(delta: dict, path: str | Path) -> int:
+    torch.save(delta, path)
+    return Path(path).stat().st_size
+
+
+def load_delta(path: str | Path) -> dict:
+    return torch.load(path, weights_only=True, map_location="cpu")
+
+
+def delta_stats(delta: dict, delta_bytes: int, full_bytes: int) -> DeltaStats:
+    return DeltaStats(
+        changed_rows=sum(int(r["ids"].numel()) for r in delta["rows"].values()),
+        whole_tensors=len(delta["whole"]),
+        delta_bytes=delta_bytes,
+        full_bytes=full_bytes,
+    )

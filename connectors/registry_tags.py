@@ -1,0 +1,12 @@
+"""Names of the tags picasso puts on MLflow runs and model versions."""
+
+CHECKPOINT_ID = "picasso.checkpoint_id"
+CHECKPOINT_PATH = "picasso.checkpoint_path"
+MODEL_NAME = "picasso.model_name"  # on the run: the registered model it publishes to
+MODEL_ID = "picasso.model_id"  # on the run, once its model is logged
+VERSION = "picasso.version"  # on the run, once registered
+AUC = "picasso.auc"
+WEIGHTS_SHA = "picasso.weights_sha256"  # of the serving weights (artifacts/weights.pt of the model)
+DELTA_BASE = "picasso.delta_base"  # the version the run's delta/ artifact applies to, or "none"
+PROMOTION = "picasso.promotion"  # promoted | not_promoted; set last: the version is complete
+PROMOTION_REASON = "picasso.promotion_reason"

@@ -1,0 +1,48 @@
+"""Retrying a call to an outside system with exponential backoff."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    attempts: int = 5  # calls in all, the first one included
+    first_backoff_s: float = 1.0  # doubles after each failure, up to max_backoff_s
+    max_backoff_s: float = 30.0
+
+    def __post_init__(self):
+        if self.attempts < 1:
+            raise ValueError(f"retry attempts must be at least 1, got {self.attempts}")
+        if self.first_backoff_s < 0 or self.max_backoff_s < self.first_backoff_s:
+            raise ValueError(f"retry backoff must satisfy 0 <= first ({self.first_backoff_s}) <= max "
+                             f"({self.max_backoff_s})")
+
+    def delays(self):
+        delay = self.first_backoff_s
+        for _ in range(self.attempts - 1):
+            yield delay
+            delay = min(self.max_backoff_s, delay * 2)
+
+
+def with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,
+                 sleep: Callable[[float], None] = time.sleep) -> T:
+    """call() until it returns; after policy.attempts failures the last error propagates."""
+    delays = policy.delays()
+    while True:
+        try:
+            return call()
+        except Exception as err:  # noqa: BLE001 - any failure of the outside system is retried
+            delay = next(delays, None)
+            if delay is None:
+                raise
+            log.warning("%s failed (%s: %s); retrying in %.1fs", what, type(err).__name__,
+                        str(err).splitlines()[0][:300] if str(err) else "", delay)
+            sleep(delay)

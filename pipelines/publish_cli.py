@@ -1,0 +1,86 @@
+"""The publishing side of the `picasso` command line: the publish-policy options shared by
+`daily`, `demo` and `stream`, and the `apply-delta` and `publish-pending` commands."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+
+def add_publish_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--promote-epsilon", type=float, default=0.005,
+                        help="promote a version to champion when its AUC >= the champion's AUC - this")
+    parser.add_argument("--no-auto-promote", action="store_true",
+                        help="register versions as candidate only; promote by hand")
+    parser.add_argument("--no-deltas", action="store_true", help="do not store each version's changed rows")
+    parser.add_argument("--publish-attempts", type=int, default=5,
+                        help="tries per publish (backoff 1 s doubling to 30 s) before it is left pending")
+
+
+def publish_policy(args):
+    from picasso.connectors.publish_policy import PublishPolicy
+    from picasso.connectors.retry import RetryPolicy
+
+    return PublishPolicy(promote_epsilon=args.promote_epsilon, auto_promote=not args.no_auto_promote,
+                         deltas=not args.no_deltas, retry=RetryPolicy(attempts=args.publish_attempts))
+
+
+def _add_target_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db")
+    parser.add_argument("--experiment", default="picasso")
+    parser.add_argument("--model-name", default="picasso-ctr")
+
+
+def add_publish_commands(commands) -> list[argparse.ArgumentParser]:
+    apply = commands.add_parser(
+        "apply-delta", help="rebuild a version's serving weights from the version before it plus its delta")
+    apply.add_argument("--out", required=True, help="where the rebuilt weights.pt goes")
+    apply.add_argument("--base", help="local weights of the base version (with --delta)")
+    apply.add_argument("--delta", help="a local delta.pt (with --base)")
+    apply.add_argument("--version", help="fetch the base weights and this version's delta from MLflow instead")
+    apply.add_argument("--workdir", default=".", help="for the default local MLflow store")
+    _add_target_args(apply)
+
+    pending = commands.add_parser("publish-pending", help="publish the checkpoints waiting in WORKDIR/publish")
+    pending.add_argument("--workdir", required=True)
+    _add_target_args(pending)
+    add_publish_args(pending)
+    return [apply, pending]
+
+
+def run_apply_delta(args) -> dict:
+    from mlflow.tracking import MlflowClient
+
+    from picasso.connectors.delta_store import rebuild, rebuild_version
+    from picasso.connectors.mlflow_registry import MLflowTarget
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.version:
+        if args.base or args.delta:
+            raise ValueError("give either --version (fetched from MLflow) or --base and --delta (local files)")
+        target = MLflowTarget.for_workdir(args.workdir, args.mlflow_uri, args.experiment, args.model_name)
+        client = MlflowClient(target.tracking_uri, target.tracking_uri)
+        return rebuild_version(client, target.model_name, args.version, out)
+    if not (args.base and args.delta):
+        raise ValueError("apply-delta needs --version, or both --base and --delta")
+    for path in (args.base, args.delta):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    sha = rebuild(Path(args.base), Path(args.delta), out)
+    return {"sha256": sha, "out": str(out), "delta_bytes": Path(args.delta).stat().st_size,
+            "full_bytes": out.stat().st_size}
+
+
+def run_publish_pending(args) -> dict:
+    from picasso.connectors.mlflow_registry import MLflowTarget
+    from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox
+
+    workdir = Path(args.workdir).resolve()
+    target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
+    outcomes = PublishOutbox(workdir / "publish").flush(target, publish_policy(args))
+    published = [o.version.version for o in outcomes if o.status == PUBLISHED]
+    pending = [o.checkpoint_path for o in outcomes if o.status != PUBLISHED]
+    return {"published": published, "pending": pending, "error": next((o.error for o in outcomes if o.error), None)}
