@@ -4,9 +4,11 @@ The hot-row cache needs to know, for any row, roughly how often it was looked up
 lately. Exact counts for every row of a 100M-row table would cost as much memory as a
 column of the table itself, so rows outside the cache are counted in a count-min sketch:
 `depth` rows of `width` counters, each id hashed to one counter per row, and the estimate
-is the smallest of its counters. It never under-counts; it over-counts by at most
-(total count) × e / width with high probability, which is why the cache sizes the width
-from its capacity. Counts decay: `decay(factor)` scales every counter, so old traffic
+is the smallest of its counters. It never under-counts. Updates are conservative (a
+counter only rises as far as the row's new estimate), which keeps the over-count of rare
+rows far below the plain sketch's (total count) × e / width: on a Zipf(0.8) stream the
+long tail is most of the traffic, and plain updates let tail rows look as hot as the
+rows the cache should hold. Counts decay: `decay(factor)` scales every counter, so old traffic
 fades and the sketch follows a drifting stream.
 """
 
@@ -42,10 +44,11 @@ class DecayedSketch:
         return (hashed & (self.width - 1)) + self.row_base
 
     def add(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
-        """Count `counts[i]` more lookups of `rows[i]` (rows need not be unique)."""
+        """Count `counts[i]` more lookups of `rows[i]` (rows unique within one call)."""
         if rows.numel():
             cells = self._cells(rows)
-            self.counters.index_add_(0, cells.reshape(-1), counts.to(torch.float32).repeat(self.depth))
+            raised = self.counters[cells].amin(dim=0) + counts.to(torch.float32)
+            self.counters.scatter_reduce_(0, cells.reshape(-1), raised.repeat(self.depth), reduce="amax")
 
     def estimate(self, rows: torch.Tensor) -> torch.Tensor:
         """Decayed count of each row, never below the true one."""

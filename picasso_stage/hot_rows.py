@@ -6,10 +6,11 @@ cached) and decides what to admit and evict. Counts decay with a half-life in st
 - every other row is counted in a DecayedSketch;
 - a miss whose estimate beats the coldest cached row becomes a candidate.
 
-Every `refresh_every` steps (every step while slots are free), `plan_refresh` admits the
-candidates that beat the coldest cached rows, evicting those in one batch, and returns
+Every `refresh_every` steps, `plan_refresh` admits the candidates that beat the coldest cached rows, evicting those in one batch, and returns
 the moves for the storage to carry out (write the evicted rows back, load the admitted
-ones). The directory never touches embedding values: which rows are cached changes how
+ones). While slots are free it refreshes every step; once the cache is full the interval
+doubles from one step up to `refresh_every`, because a cold cache is filled with whatever
+came first and the counts that correct it sharpen quickly. The directory never touches embedding values: which rows are cached changes how
 fast training is, never what it computes.
 """
 
@@ -52,6 +53,7 @@ class HotRowDirectory:
         self.threshold = 0.0  # count of the coldest cached row (0 while slots are free)
         self._candidates: list[torch.Tensor] = []
         self.steps_since_refresh = 0
+        self.full_refreshes = 0  # refreshes since the cache first filled up
         self.free_slots = capacity
 
     # -- per step ---------------------------------------------------------------------
@@ -74,8 +76,9 @@ class HotRowDirectory:
 
     @property
     def refresh_due(self) -> bool:
-        pending = bool(self._candidates) and any(c.numel() for c in self._candidates)
-        return pending and (self.steps_since_refresh >= self.refresh_every or self.free_slots > 0)
+        pending = any(c.numel() for c in self._candidates)
+        interval = 1 if self.free_slots else min(self.refresh_every, 1 << min(self.full_refreshes, 30))
+        return pending and self.steps_since_refresh >= interval
 
     # -- refresh ----------------------------------------------------------------------
 
@@ -119,6 +122,7 @@ class HotRowDirectory:
         self.counts[admit_slots] = admit_counts
         self.free_slots = int((self.row_of_slot < 0).sum())
         self.threshold = 0.0 if self.free_slots else float(self.counts.min())
+        self.full_refreshes += 0 if self.free_slots else 1
         return RefreshPlan(evict_rows=evict_rows, evict_slots=evict_slots, admit_rows=admit_rows,
                            admit_slots=admit_slots)
 
@@ -130,6 +134,7 @@ class HotRowDirectory:
             "counts": self.counts.clone(),
             "sketch": self.sketch.state_dict(),
             "steps_since_refresh": self.steps_since_refresh,
+            "full_refreshes": self.full_refreshes,
             "candidates": torch.cat(self._candidates) if self._candidates else torch.zeros(0, dtype=torch.int64),
         }
 
@@ -141,6 +146,7 @@ class HotRowDirectory:
         self.counts.copy_(state["counts"])
         self.sketch.load_state_dict(state["sketch"])
         self.steps_since_refresh = int(state["steps_since_refresh"])
+        self.full_refreshes = int(state["full_refreshes"])
         self._candidates = [state["candidates"]] if state["candidates"].numel() else []
         self.slot_of_row.fill_(-1)
         cached = self.row_of_slot >= 0
