@@ -64,13 +64,13 @@ class ZipfStream:
 
 
 def cache_hits(directory: HotRowDirectory, ids: torch.Tensor) -> int:
-    """One training step as the cache sees it: refresh if due, look up, count."""
+    """One training step as the cache sees it (HotCache.prepare, then Trainer._begin):
+    count the batch's ids, refresh if due, and serve the batch from the mapping then."""
+    rows, counts = torch.unique(ids, return_counts=True)
+    directory.observe(rows, counts, directory.slots_of(rows))
     if directory.refresh_due:
         directory.plan_refresh()
-    rows, counts = torch.unique(ids, return_counts=True)
-    slots = directory.slots_of(rows)
-    directory.observe(rows, counts, slots)
-    return int(counts[slots >= 0].sum())
+    return int(counts[directory.slots_of(rows) >= 0].sum())
 
 
 def static_hit_ratio(rows: int, lookups: int, steps: int, alpha: float, share: float, seed: int) -> tuple[float, float]:

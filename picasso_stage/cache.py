@@ -10,8 +10,9 @@
 
 A batch goes through three calls:
 1. `prepare` (may run in a worker thread while the previous batch computes): de-duplicate
-   the batch's ids, map them to fast-tier slots, gather the missing rows (and their
-   slots) from the big tier, and rewrite the ids as fast-tier indices;
+   the batch's ids, count them in the directory, map them to fast-tier slots, gather the
+   missing rows (and their slots) from the big tier, and rewrite the ids as fast-tier
+   indices;
 2. `install` (main thread, just before compute): copy the gathered rows into the staging
    area; a row the previous batch also staged was written back after `prepare` read it,
    so it is read again now;
@@ -182,12 +183,16 @@ class HotCache:
 
     # -- the three calls of a batch ---------------------------------------------------
 
-    def prepare(self, tensors: TorchBatch) -> PreparedBatch:
+    def prepare(self, tensors: TorchBatch, observe: bool = True) -> PreparedBatch:
+        """`observe`: count the lookups (training batches, once each). No refresh may run
+        meanwhile: it changes the mapping this reads."""
         groups, local_ids = {}, {}
         for name, directory in self.directories.items():
             rows, inverse, counts = torch.unique(tensors.ids[name], sorted=True, return_inverse=True,
                                                  return_counts=True)
             slots = directory.slots_of(rows)
+            if observe:
+                directory.observe(rows, counts, slots)
             miss = slots < 0
             miss_rows = rows[miss]
             local = slots.clone()
@@ -215,7 +220,6 @@ class HotCache:
                     table.load(staging[group.reread], table.gather(group.miss_rows[group.reread]))
             self._in_flight[name] = group.miss_rows
             if training:
-                directory.observe(group.rows, group.counts, group.slots)
                 hit_lookups = int(group.counts[group.slots >= 0].sum())
                 self.stats.lookups += int(group.counts.sum())
                 self.stats.hits += hit_lookups

@@ -43,12 +43,19 @@ class DecayedSketch:
         hashed = (mixed * self.multipliers) >> (64 - self.bits)
         return (hashed & (self.width - 1)) + self.row_base
 
-    def add(self, rows: torch.Tensor, counts: torch.Tensor) -> None:
-        """Count `counts[i]` more lookups of `rows[i]` (rows unique within one call)."""
-        if rows.numel():
-            cells = self._cells(rows)
-            raised = self.counters[cells].amin(dim=0) + counts.to(torch.float32)
-            self.counters.scatter_reduce_(0, cells.reshape(-1), raised.repeat(self.depth), reduce="amax")
+    def add(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Count `counts[i]` more lookups of `rows[i]` (rows unique within one call).
+
+        Returns each row's new estimate: never below its true count, and at most what a
+        fresh `estimate` call would say (less when all its counters were also raised by
+        another row of this call).
+        """
+        if not rows.numel():
+            return torch.zeros(0, dtype=torch.float32)
+        cells = self._cells(rows)
+        raised = self.counters[cells].amin(dim=0) + counts.to(torch.float32)
+        self.counters.scatter_reduce_(0, cells.reshape(-1), raised.repeat(self.depth), reduce="amax")
+        return raised
 
     def estimate(self, rows: torch.Tensor) -> torch.Tensor:
         """Decayed count of each row, never below the true one."""

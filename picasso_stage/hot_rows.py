@@ -66,12 +66,9 @@ class HotRowDirectory:
         """Count one step's lookups: unique `rows`, how often each was looked up, their slots."""
         hit = slots >= 0
         self.counts.index_add_(0, slots[hit], counts[hit].to(torch.float32))
-        miss_rows, miss_counts = rows[~hit], counts[~hit]
-        self.sketch.add(miss_rows, miss_counts)
-        if self.free_slots:
-            self._candidates.append(miss_rows)
-        else:
-            self._candidates.append(miss_rows[self.sketch.estimate(miss_rows) > self.threshold])
+        miss_rows = rows[~hit]
+        estimates = self.sketch.add(miss_rows, counts[~hit])
+        self._candidates.append(miss_rows if self.free_slots else miss_rows[estimates > self.threshold])
         self.steps_since_refresh += 1
 
     @property

@@ -28,9 +28,12 @@ class Prefetcher(Generic[Item, Prepared]):
         self._future: Future | None = None
         self._exhausted = False
         self.wait_seconds = 0.0  # time the consumer spent waiting for a prepared item
+        self.source_seconds = 0.0  # time spent pulling items (decoding, when the iterator does it)
 
     def _produce(self) -> Prepared | None:
+        start = time.perf_counter()
         item = next(self._items, _END)
+        self.source_seconds += time.perf_counter() - start
         if item is _END:
             self._exhausted = True
             return None

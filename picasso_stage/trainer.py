@@ -36,7 +36,9 @@ from picasso.spec import FeatureSpec
 
 log = logging.getLogger(__name__)
 
-STAGES = ("prepare", "wait", "install", "compute", "commit", "refresh")
+# source: pulling batches from the iterator (decoding and packing, when it does them
+# lazily); wait: the compute thread waiting for a prepared batch (interleaving only).
+STAGES = ("source", "prepare", "wait", "install", "compute", "commit", "refresh")
 
 
 @dataclass(frozen=True)
@@ -158,18 +160,19 @@ class Trainer:
                              stats.samples / elapsed, self._cache_progress())
                 step = prefetch.next()
             self.stage_seconds["wait"] += prefetch.wait_seconds
+            self.stage_seconds["source"] += prefetch.source_seconds
         stats.seconds = time.perf_counter() - start
         return stats
 
     # -- the stages of a step ---------------------------------------------------------
 
-    def _prepare(self, batch: PackedBatch) -> "_Step":
+    def _prepare(self, batch: PackedBatch, observe: bool = True) -> "_Step":
         start = time.perf_counter()
         tensors, cached = None, None
         if batch.num_samples:
             tensors = batch.to_torch()
             if self.cache is not None:
-                cached = self.cache.prepare(tensors)
+                cached = self.cache.prepare(tensors, observe)
                 tensors = cached.tensors
             tensors = tensors.to(self.device)
         self.stage_seconds["prepare"] += time.perf_counter() - start
@@ -184,7 +187,7 @@ class Trainer:
             self.cache.refresh()
             self.stage_seconds["refresh"] += time.perf_counter() - start
         if step.cached.epoch != self.cache.epoch:  # prepared against the mapping before a refresh
-            step = self._prepare(step.batch)
+            step = self._prepare(step.batch, observe=False)  # its lookups are counted already
         start = time.perf_counter()
         self.cache.install(step.cached)
         self.stage_seconds["install"] += time.perf_counter() - start
@@ -234,7 +237,7 @@ class Trainer:
         self.model.eval()
         tensors = batch.to_torch()
         if self.cache is not None and batch.num_samples:
-            prepared = self.cache.prepare(tensors)
+            prepared = self.cache.prepare(tensors, observe=False)
             self.cache.install(prepared, training=False)
             tensors = prepared.tensors
         return torch.sigmoid(self.model(tensors.to(self.device))).cpu().numpy()

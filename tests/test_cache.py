@@ -113,7 +113,7 @@ def test_performance_metrics_report_cache_and_stages(batches):
     trainer = Trainer(SPEC, replace(CONFIG, cache=SMALL_CACHE))
     trainer.train(batches[:6])
     metrics = trainer.performance_metrics()
-    for stage in ("prepare", "wait", "install", "compute", "commit", "refresh"):
+    for stage in ("source", "prepare", "wait", "install", "compute", "commit", "refresh"):
         assert metrics[f"{stage}_s_per_step"] >= 0
     assert metrics["compute_s_per_step"] > 0 and metrics["prepare_s_per_step"] > 0
     assert 0 < metrics["cache_hit_rate"] < 1 and metrics["cache_steps"] == 6
@@ -123,10 +123,10 @@ def test_performance_metrics_report_cache_and_stages(batches):
 
 
 def observe(directory: HotRowDirectory, ids: list[int]) -> None:
-    if directory.refresh_due:
-        directory.plan_refresh()
     rows, counts = torch.unique(torch.tensor(ids), return_counts=True)
     directory.observe(rows, counts, directory.slots_of(rows))
+    if directory.refresh_due:
+        directory.plan_refresh()
 
 
 def test_directory_caches_the_hottest_rows_and_moves_their_counts():
