@@ -306,6 +306,9 @@ class _Publication:
         client.log_artifacts(run_id, str(artifacts))
         with _active_run(run_id), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*type hints to the `predict` method")
+            # An input example would make MLflow run the model at logging time (seconds);
+            # the signature comes from the spec instead.
+            warnings.filterwarnings("ignore", message=".*input example was not provided")
             info = mlflow.pyfunc.log_model(
                 name="model",
                 python_model=pyfunc_model.__file__,

@@ -77,6 +77,11 @@ class StreamConfig:
     max_cycles: int | None = None
     max_seconds: float | None = None
     max_failures: int | None = None  # consecutive failed cycles before giving up
+    publish_policy: object | None = None  # a PublishPolicy (promotion, retries); None: the defaults
+
+    @property
+    def publish_dir(self) -> Path:
+        return Path(self.workdir) / "publish"
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -232,26 +237,48 @@ class StreamRunner:
             consumer.close()
 
     def publish_version(self, model: StreamModel) -> str | None:
+        """Publish the last checkpoint through the outbox, with the progressive-validation
+        metrics of the window since the last publish (each batch scored before it was
+        trained on). Raises when MLflow did not take it: it then waits in the outbox and
+        goes out, in order, with the next publish."""
         config = self.config
         if config.mlflow is None or model.checkpoint is None:
             return None
-        from picasso.connectors.mlflow_registry import PublishRequest, publish  # imports mlflow: only when used
+        # These import mlflow: only when publishing.
+        from picasso.connectors.mlflow_registry import PublishRequest
+        from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox
+        from picasso.connectors.publish_policy import PublishPolicy
 
+        window = model.window_metrics()
+        mean_label = window["mean_label"]
+        calibration = window["mean_prediction"] / mean_label if mean_label else float("nan")
         request = PublishRequest(
             checkpoint_path=str(model.checkpoint),
-            metrics={**model.window_metrics(), "samples": model.trainer.samples, "step": model.trainer.step},
-            params={"mode": "stream", "topics": ",".join(config.topics)},
+            metrics={**window, "calibration": calibration, "samples": model.trainer.samples,
+                     "step": model.trainer.step},
+            params={"mode": "stream", "topics": ",".join(config.topics), "evaluation": "progressive"},
             run_name=f"stream-cycle-{model.ledger.cycles}",
+            tags={"picasso.evaluation": "progressive", "picasso.window_samples": str(window["window_samples"]),
+                  "picasso.total_samples": str(model.trainer.samples)},
         )
-        version = publish(request, config.mlflow)
-        record = {"version": version.version, "model_uri": version.model_uri, "published_ms": int(time.time() * 1000),
-                  "newest_event_ms": model.ledger.newest_timestamp_ms, "checkpoint": str(model.checkpoint),
-                  "cycle": model.ledger.cycles, "samples": model.trainer.samples}
+        outbox = PublishOutbox(config.publish_dir)
+        outbox.add(request)
+        outcomes = outbox.flush(config.mlflow, config.publish_policy or PublishPolicy())
         config.versions_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(config.versions_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        self.summary.versions.append(version.version)
-        return version.version
+        for outcome in (o for o in outcomes if o.status == PUBLISHED):
+            record = {"version": outcome.version.version, "model_uri": outcome.version.model_uri,
+                      "published_ms": int(time.time() * 1000), "checkpoint": outcome.checkpoint_path,
+                      "champion": outcome.version.champion}
+            if outcome.checkpoint_path == request.checkpoint_path:
+                record |= {"newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles,
+                           "samples": model.trainer.samples}
+            with open(config.versions_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+            self.summary.versions.append(outcome.version.version)
+        mine = next(o for o in outcomes if o.checkpoint_path == request.checkpoint_path)
+        if mine.status != PUBLISHED:
+            raise RuntimeError(f"publish pending in {config.publish_dir}: {mine.error}")
+        return mine.version.version
 
     # -- the loop ----------------------------------------------------------------------
 

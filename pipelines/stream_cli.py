@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from picasso.pipelines.publish_cli import add_publish_args, publish_policy
 from picasso.spec import load_spec
 
 
@@ -76,9 +77,10 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     stream.add_argument("--idle-sleep", type=float, default=1.0, help="seconds between checks when caught up")
     stream.add_argument("--keep-checkpoints", type=int, default=3)
     stream.add_argument("--until-caught-up", action="store_true", help="exit once no message is left to train on")
-    stream.add_argument("--max-cycles", type=int, default=None)
-    stream.add_argument("--max-seconds", type=float, default=None)
+    stream.add_argument("--max-cycles", type=int, default=None, help="0: no limit")
+    stream.add_argument("--max-seconds", type=float, default=None, help="0: no limit")
     stream.add_argument("--max-failures", type=int, default=None, help="consecutive failed cycles before exiting")
+    add_publish_args(stream)
     stream.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     return stream
 
@@ -132,9 +134,10 @@ def run_stream_command(args, console: Console) -> dict:
         deterministic=args.deterministic,
         runner=args.runner,
         until_caught_up=args.until_caught_up,
-        max_cycles=args.max_cycles,
-        max_seconds=args.max_seconds,
+        max_cycles=args.max_cycles or None,  # 0 (the MLproject's default) means no limit
+        max_seconds=args.max_seconds or None,
         max_failures=args.max_failures,
+        publish_policy=publish_policy(args),
     )
 
     def progress(report, summary):
