@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
 from picasso.connectors.dead_letters import DeadLetter
+from picasso.connectors.id_hashing import hash_many
 from picasso.hashing import bucket_of, hash_to_buckets
 from picasso.spec import FeatureSpec, SparseField
 
@@ -64,6 +65,8 @@ class _Verdicts:
 
     def refuse(self, rows: np.ndarray, reason: Callable[[int], str]) -> None:
         """Refuse rows (a boolean mask or indices); reason(i) is built only for new ones."""
+        if rows.dtype == bool and not rows.any():  # the usual case: nothing to refuse
+            return
         rows = np.flatnonzero(rows) if rows.dtype == bool else np.asarray(rows)
         for i in rows[~self.bad[rows]]:
             self.reasons[int(i)] = reason(int(i))
@@ -248,6 +251,9 @@ class RecordDecoder:
         payload_of: Callable[[int], str],
     ) -> DecodeResult:
         spec = self.spec
+        # One contiguous array per Arrow column, made once (a table of many IPC messages
+        # comes in many chunks).
+        columns = {name: _as_array(v) if isinstance(v, pa.ChunkedArray) else v for name, v in columns.items()}
         out: dict[str, pa.Array] = {}
         label_values = columns.get(spec.label)
         if label_values is None and self.options.require_label:
@@ -266,8 +272,10 @@ class RecordDecoder:
         for j, f in enumerate(spec.dense):
             out[f.name] = dense[:, j]
 
+        out.update(self._plain_hashed(columns, n))
         for f in spec.sparse:
-            out[f.name] = self._sparse(f, columns.get(f.name), n, verdicts)
+            if f.name not in out:
+                out[f.name] = self._sparse(f, columns.get(f.name), n, verdicts)
 
         if self.options.unknown_fields == "reject":
             for name in sorted(set(columns) - self.known):
@@ -330,6 +338,27 @@ class RecordDecoder:
             verdicts.refuse(wrong, lambda i: f"field '{name}': expected a number, got {_describe(items[i])}")
             numbers = np.array([float(v) if (_is_number(v) or isinstance(v, bool)) else 0.0 for v in items])
         return numbers, null
+
+    def _plain_hashed(self, columns: dict[str, object], n: int) -> dict[str, pa.ListArray]:
+        """Bags of the hashed fields whose column holds exactly one id per row (a string or
+        integer Arrow array without nulls: the usual shape of JSON events), hashed
+        together. No row of such a column can be refused, and one hash call over all of
+        them costs about what one call per field costs in overhead alone."""
+        plain: dict[pa.DataType, list[tuple[SparseField, pa.Array]]] = {}
+        for f in self.spec.sparse:
+            arr = columns.get(f.name) if f.hashed else None
+            if (isinstance(arr, pa.Array) and arr.null_count == 0 and len(arr) == n
+                    and (pa.types.is_integer(arr.type) or pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type))):
+                plain.setdefault(arr.type, []).append((f, arr))
+        if not plain:
+            return {}
+        offsets = pa.array(np.arange(n + 1, dtype=np.int32))
+        out = {}
+        for fields in plain.values():
+            rows = hash_many([arr for _, arr in fields], [f.hash_buckets for f, _ in fields])
+            for (f, _), field_rows in zip(fields, rows):
+                out[f.name] = pa.ListArray.from_arrays(offsets, pa.array(field_rows))
+        return out
 
     def _sparse(self, f: SparseField, values, n: int, verdicts: _Verdicts) -> pa.ListArray:
         """Bags of row indices (before packing offsets), one per row; bad rows refused."""

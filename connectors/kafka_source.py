@@ -36,6 +36,8 @@ from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.utils.timestamp import Duration, Timestamp
 from kafka import TopicPartition
 
+from picasso.connectors.kafka_blocks import blocks_of, use_blocks
+from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets, source_name, topic_partitions
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,7 @@ class PartitionRange:
         return source_name(self.topic, self.partition)
 
 
+@register_sized_coder
 @dataclass(frozen=True)
 class Messages:
     """Consecutive messages of one partition: one element of ReadFromKafka."""
@@ -76,6 +79,11 @@ class Messages:
     @property
     def source(self) -> str:
         return source_name(self.topic, self.partition)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the payloads, plus a little per message for its offset and timestamp."""
+        return sum(map(len, filter(None, self.values))) + sum(map(len, filter(None, self.keys))) + 16 * len(self)
 
 
 class SourceStalled(RuntimeError):
@@ -126,6 +134,7 @@ class _ReadPartitionDoFn(beam.DoFn):
 
     def setup(self):
         self.consumer = self.connection.consumer(**{**FETCH_SETTINGS, **self.connection.options})
+        self.blocks = use_blocks(self.consumer)
 
     def teardown(self):
         self.consumer.close()
@@ -136,7 +145,7 @@ class _ReadPartitionDoFn(beam.DoFn):
         tracker=beam.DoFn.RestrictionParam(_Restrictions()),
         watermark=beam.DoFn.WatermarkEstimatorParam(ManualWatermarkEstimator.default_provider()),
     ):
-        reader = _PartitionReader(self.consumer, element, tracker, self.max_messages)
+        reader = _PartitionReader(self.consumer, element, tracker, self.max_messages, self.blocks)
         bounded = element.stop != UNBOUNDED
         started = last_progress = time.monotonic()
         while not reader.done:
@@ -153,7 +162,7 @@ class _ReadPartitionDoFn(beam.DoFn):
                 last_progress = time.monotonic()
             now = time.monotonic()
             if bounded and now - last_progress > self.stall_timeout_s:
-                raise SourceStalled(f"{element.source}: no progress at position {reader.position} "
+                raise SourceStalled(f"{element.source}: no progress at position {reader.fetched} "
                                     f"(reading up to {reader.stop}) for {self.stall_timeout_s:.0f}s")
             if not bounded and now - started > self.resume_every_s and reader.empty:
                 # Hand the rest back to the runner; it resumes from the next unclaimed offset.
@@ -162,19 +171,26 @@ class _ReadPartitionDoFn(beam.DoFn):
 
 
 class _PartitionReader:
-    """Polls one partition into Messages cut every max_messages messages."""
+    """Polls one partition into Messages cut every max_messages messages.
 
-    def __init__(self, consumer, element: PartitionRange, tracker, max_messages: int):
+    A poll may bring more than one element's worth (whole record batches, see
+    connectors.kafka_blocks): what lies past a cut point waits in the reader for the next
+    element, so cut points stay a pure function of the start position.
+    """
+
+    def __init__(self, consumer, element: PartitionRange, tracker, max_messages: int, blocks: bool):
         self.consumer = consumer
         self.tracker = tracker
         self.max_messages = max_messages
+        self.blocks = blocks
         self.tp = TopicPartition(element.topic, element.partition)
-        self.position = self.batch_start = tracker.current_restriction().start
-        self.done = self.position >= self.stop
+        self.batch_start = tracker.current_restriction().start  # where the next element begins
+        self.fetched = self.batch_start  # offsets below it are waiting here or already emitted
+        self.done = self.fetched >= self.stop
         self.progressed = False
         self._clear()
         consumer.assign([self.tp])
-        consumer.seek(self.tp, self.position)
+        consumer.seek(self.tp, self.fetched)
 
     @property
     def stop(self) -> int:
@@ -182,48 +198,63 @@ class _PartitionReader:
 
     @property
     def empty(self) -> bool:
-        return not self.offsets and self.position == self.batch_start
+        return not self.offsets and self.fetched == self.batch_start
 
     def _clear(self):
         self.offsets, self.values, self.keys, self.timestamps = [], [], [], []
 
     def read(self, flush_partial: bool) -> Messages | None:
-        """Poll once; a Messages when a cut point (or the end) is reached, else None."""
+        """Poll (unless a full element is already waiting); a Messages when a cut point (or
+        the end) is reached, else None."""
         stop = self.stop
-        wanted = self.max_messages - len(self.offsets)
-        records = self.consumer.poll(timeout_ms=200, max_records=wanted).get(self.tp, [])
-        before = self.position
-        if records and records[-1].offset >= stop:
-            records = [r for r in records if r.offset < stop]
-            self.position = stop
-        else:
-            self.position = min(self.consumer.position(self.tp), stop)
-        self.progressed = self.position > before
-        self.offsets += [r.offset for r in records]
-        self.values += [r.value for r in records]
-        self.keys += [r.key for r in records]
-        self.timestamps += [r.timestamp for r in records]
-        at_end = self.position >= stop
+        got = 0
+        self.progressed = False
+        if len(self.offsets) < self.max_messages and self.fetched < stop:
+            got = self._poll(stop)
         full = len(self.offsets) >= self.max_messages
-        if not (full or at_end or (flush_partial and not records and self.offsets)):
+        at_end = self.fetched >= stop
+        if not (full or at_end or (flush_partial and not got and self.offsets)):
             return None
-        return self._emit(at_end)
+        return self._emit()
 
-    def _emit(self, at_end: bool) -> Messages | None:
-        if self.position == self.batch_start:
+    def _poll(self, stop: int) -> int:
+        # Block mode takes everything the fetcher holds, so that kafka-python sends the
+        # next fetch now and the broker prepares it while this one is decoded.
+        wanted = 1 << 20 if self.blocks else self.max_messages - len(self.offsets)
+        block = blocks_of(self.consumer.poll(timeout_ms=200, max_records=wanted).get(self.tp, []))
+        before = self.fetched
+        if len(block) and block.offsets[-1] >= stop:
+            self.fetched = stop
+        else:
+            self.fetched = max(self.fetched, min(self.consumer.position(self.tp), stop))
+        # A fetch answers with whole batches, which may begin before the position asked for.
+        block = block.between(before, stop)
+        self.progressed = self.fetched > before
+        self.offsets += block.offsets.tolist()
+        self.values += block.values
+        self.keys += block.keys
+        self.timestamps += block.timestamps.tolist()
+        return len(block)
+
+    def _emit(self) -> Messages | None:
+        n = min(len(self.offsets), self.max_messages)
+        # Cut inside what was fetched: the element ends after its last message.
+        position = self.offsets[n - 1] + 1 if n < len(self.offsets) else self.fetched
+        if position == self.batch_start:
             return None
-        if not self.tracker.try_claim(self.position - 1):
+        if not self.tracker.try_claim(position - 1):
             # The runner split the restriction: what lies below the new stop is still ours.
             stop = self.stop
-            keep = sum(1 for offset in self.offsets if offset < stop)
+            n = sum(1 for offset in self.offsets[:n] if offset < stop)
+            position = self.fetched = stop
             self.offsets, self.values, self.keys, self.timestamps = (
-                self.offsets[:keep], self.values[:keep], self.keys[:keep], self.timestamps[:keep])
-            self.position, at_end = stop, True
-        batch = Messages(self.tp.topic, self.tp.partition, self.batch_start, self.position,
-                         self.offsets, self.values, self.keys, self.timestamps)
-        self.batch_start = self.position
-        self._clear()
-        self.done = at_end and self.position >= self.stop
+                self.offsets[:n], self.values[:n], self.keys[:n], self.timestamps[:n])
+        batch = Messages(self.tp.topic, self.tp.partition, self.batch_start, position,
+                         self.offsets[:n], self.values[:n], self.keys[:n], self.timestamps[:n])
+        self.offsets, self.values, self.keys, self.timestamps = (
+            self.offsets[n:], self.values[n:], self.keys[n:], self.timestamps[n:])
+        self.batch_start = position
+        self.done = position >= self.stop
         return batch
 
 
@@ -264,5 +295,5 @@ class ReadFromKafka(beam.PTransform):
             pbegin
             | "Partitions" >> beam.Create(self.ranges)
             | "Read" >> beam.ParDo(_ReadPartitionDoFn(self.connection, self.max_messages, self.stall_timeout_s,
-                                                      self.resume_every_s))
+                                                      self.resume_every_s)).with_output_types(Messages)
         )

@@ -20,6 +20,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from picasso.batch import PackedBatch, pack
+from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.message_formats import FORMATS, decode_messages
@@ -41,16 +42,26 @@ class MessageSpan:
     offset_sum: int = 0  # sum of the span's message offsets: which messages, in one number
 
 
+@register_sized_coder
 @dataclass(frozen=True)
 class DecodedMessageChunk:
     table: pa.Table  # canonical rows
     span: MessageSpan
 
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes
 
+
+@register_sized_coder
 @dataclass(frozen=True)
 class PackedMessages:
     batch: PackedBatch
     span: MessageSpan
+
+    @property
+    def nbytes(self) -> int:
+        return self.batch.data.nbytes
 
 
 class _DecodeMessagesDoFn(beam.DoFn):
@@ -97,7 +108,7 @@ class DecodeMessages(beam.PTransform):
     def expand(self, messages):
         return messages | "Decode" >> beam.ParDo(
             _DecodeMessagesDoFn(self.spec, self.formats, self.options)
-        ).with_outputs(DEAD_LETTERS, main="chunks")
+        ).with_output_types(DecodedMessageChunk).with_outputs(DEAD_LETTERS, main="chunks")
 
 
 class PackMessages(PackFeatures):
@@ -108,3 +119,6 @@ class PackMessages(PackFeatures):
     def pack_chunk(self, chunk: DecodedMessageChunk) -> PackedMessages:
         span = chunk.span
         return PackedMessages(pack(chunk.table, self.spec, self.plan, {span.source: span.next_position}), span)
+
+    def expand(self, chunks):
+        return chunks | "Pack" >> beam.Map(self.pack_chunk).with_output_types(PackedMessages)

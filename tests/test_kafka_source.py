@@ -12,10 +12,13 @@ from apache_beam.io.restriction_trackers import OffsetRange, OffsetRestrictionTr
 from apache_beam.io.watermark_estimators import ManualWatermarkEstimator
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.sdf_utils import RestrictionTrackerView, ThreadsafeRestrictionTracker
-from kafka import KafkaConsumer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka_broker import create_topic, produce_values
 
+from picasso.connectors import kafka_source
+from picasso.connectors.kafka_blocks import blocks_of, use_blocks
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets
+from picasso.connectors.record_batches import RecordBlock
 from picasso.connectors.kafka_source import UNBOUNDED, PartitionRange, ReadFromKafka, _ReadPartitionDoFn
 
 PARTITIONS = 3
@@ -59,9 +62,12 @@ def _check_exact(spans, starts: dict[str, int], ends: dict[str, int], max_messag
         assert offsets == list(range(starts.get(source, 0), ends[source]))  # each offset once, in order
 
 
+@pytest.mark.parametrize("reading", ["blocks", "records"])
 @pytest.mark.parametrize("beam_args", [(), ("--direct_num_workers=2", "--direct_running_mode=multi_threading")],
                          ids=["one-worker", "two-workers"])
-def test_bounded_read_yields_every_offset_once(kafka_bootstrap, topic, tmp_path, beam_args):
+def test_bounded_read_yields_every_offset_once(kafka_bootstrap, topic, tmp_path, beam_args, reading, monkeypatch):
+    if reading == "records":  # as with a kafka-python that batches cannot be taken from
+        monkeypatch.setattr(kafka_source, "use_blocks", lambda consumer: False)
     spans = read_spans(kafka_bootstrap, topic, tmp_path, beam_args=beam_args)
     ends = {f"{topic}/{p}": MESSAGES // PARTITIONS for p in range(PARTITIONS)}
     _check_exact(spans, {}, ends, 128)
@@ -77,6 +83,37 @@ def test_bounded_read_starts_from_positions_and_cuts_at_the_same_points(kafka_bo
     # Cut points depend on the start positions only, never on how the fetches went.
     assert sorted(s[:3] for s in first) == sorted(s[:3] for s in second)
     assert [s[2] - s[1] for s in sorted(first) if s[0] == f"{topic}/0"][:2] == [100, 100]
+
+
+def test_block_polls_hold_the_same_records_as_kafka_python_polls(kafka_bootstrap, kafka_topic):
+    create_topic(kafka_bootstrap, kafka_topic)
+    values = [None if i % 97 == 13 else b"v%d" % i * (i % 7) for i in range(2000)]
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5, batch_size=4096)
+    for i, value in enumerate(values):
+        producer.send(kafka_topic, key=b"k%d" % i if i % 2 or value is None else None, value=value)
+    producer.flush()
+    producer.close()
+
+    def read(blocks: bool, start: int) -> RecordBlock:
+        consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False)
+        if blocks:
+            assert use_blocks(consumer)
+        tp = TopicPartition(kafka_topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, start)  # inside a producer batch: the fetch brings all of it
+        parts = []
+        try:
+            while consumer.position(tp) < len(values):
+                parts.append(blocks_of(consumer.poll(timeout_ms=1000, max_records=100).get(tp, [])))
+        finally:
+            consumer.close()
+        return RecordBlock.concat(parts).between(start, len(values))
+
+    with_blocks, with_records = read(True, 1234), read(False, 1234)
+    assert with_blocks.offsets.tolist() == with_records.offsets.tolist() == list(range(1234, 2000))
+    assert with_blocks.values == with_records.values == values[1234:]
+    assert with_blocks.keys == with_records.keys
+    assert with_blocks.timestamps.tolist() == with_records.timestamps.tolist()
 
 
 def test_latest_offsets_reaches_the_tail_of_every_partition(kafka_bootstrap, topic):
