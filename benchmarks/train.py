@@ -1,24 +1,29 @@
-"""End-to-end training throughput: raw rows in, a trained Wide&Deep out.
+"""End-to-end training throughput: raw rows in, a trained model out.
 
-Side by side, on the same rows with the same hyper-parameters (batch 1024, dim from the
-spec, MLP 256-128, Adam 1e-3 on dense weights, Adagrad 0.05 on embeddings):
+For Wide&Deep and DLRM, side by side on the same rows with the same hyper-parameters
+(batch 1024, dims from the spec, MLPs 256-128, Adam 1e-3 on dense weights, Adagrad 0.05
+on embeddings):
 - naive: a Dataset of row dicts, a DataLoader whose collate validates and hashes each value
   (memoised, which favours it) into per-field tensors, one nn.EmbeddingBag per field
-  (deep and wide) with torch.optim.Adagrad, and the same dense part;
-- picasso: RecordDecoder + pack on Arrow record batches, then Trainer.train_step
-  (PackedEmbedding with the fused kernels); decoding and packing are timed with it;
-- dense only: the dense part alone (MLP and first-order terms) stepped on ready-made
-  inputs of the same shape: the compute no data path avoids, so the limit.
+  (two for Wide&Deep: deep and wide) with torch.optim.Adagrad, and the same dense part;
+- picasso: RecordDecoder + pack on Arrow record batches, then Trainer.train with the
+  hot-row cache (10% of each table) and interleaving: batch i+1 is decoded, packed,
+  de-duplicated and its missing rows staged in a worker thread while batch i computes.
+  Decoding and packing are timed with it;
+- picasso, interleaving off: the same, every stage in one thread;
+- dense only: the dense part alone (MLPs, interaction, first-order terms) stepped on
+  ready-made inputs of the same shape: the compute no data path avoids, so the limit.
 
-Ratios: vs_naive@F and vs_dense_only@F (samples/s over samples/s); auc_delta@F is
-picasso's held-out AUC minus naive's. The hot-row cache and interleaving are not built
-yet, so interleave_on_vs_off is not reported.
+Ratios (Wide&Deep, the model the targets were set for): vs_naive@F and vs_dense_only@F
+(samples/s over samples/s) and interleave_on_vs_off@F; DLRM's are the same names with
+",dlrm". auc_delta@F is picasso's held-out AUC minus naive's.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -26,9 +31,11 @@ import torch.nn.functional as F
 from benchmarks.harness import parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
+from picasso.cache import CacheConfig
 from picasso.connectors.decoders import RecordDecoder
 from picasso.hashing import bucket_of
 from picasso.metrics import auc
+from picasso.models.dlrm import DLRMDensePart
 from picasso.models.wide_deep import WideDeepDensePart
 from picasso.packing import PackingPlan
 from picasso.synthetic import PlantedModel
@@ -36,23 +43,39 @@ from picasso.trainer import TrainConfig, Trainer
 
 BATCH = 1024
 HIDDEN = (256, 128)
+MODELS = ("wide_deep", "dlrm")
 
 
-class NaiveWideDeep(torch.nn.Module):
-    """Wide&Deep as plain PyTorch writes it: two nn.EmbeddingBag per field."""
+def dense_part(model: str, spec, plan: PackingPlan) -> torch.nn.Module:
+    """The model's dense part over `plan`'s groups (pooled inputs arrive group by group)."""
+    if model == "dlrm":
+        return DLRMDensePart(len(spec.dense), plan, HIDDEN)
+    width = sum(g.num_fields * g.embedding_dim for g in plan.groups)
+    return WideDeepDensePart(len(spec.dense), len(plan.groups), width, HIDDEN)
 
-    def __init__(self, spec):
+
+def per_field_plan(spec) -> PackingPlan:
+    """One group per field: how the naive model's per-field outputs line up."""
+    return PackingPlan.from_spec(replace(spec, sparse=tuple(replace(f, group=f.name) for f in spec.sparse)))
+
+
+class NaiveModel(torch.nn.Module):
+    """The model as plain PyTorch writes it: nn.EmbeddingBag per field (and per part)."""
+
+    def __init__(self, model: str, spec):
         super().__init__()
-        self.spec = spec
+        plan = per_field_plan(spec)
+        self.fields = [spec.sparse_field(g.fields[0]) for g in plan.groups]
         self.deep = torch.nn.ModuleList(
-            torch.nn.EmbeddingBag(f.num_rows, f.embedding_dim, mode=f.pooling, sparse=True) for f in spec.sparse)
-        self.wide = torch.nn.ModuleList(torch.nn.EmbeddingBag(f.num_rows, 1, mode=f.pooling, sparse=True) for f in spec.sparse)
+            torch.nn.EmbeddingBag(f.num_rows, f.embedding_dim, mode=f.pooling, sparse=True) for f in self.fields)
         for bag in self.deep:
             torch.nn.init.uniform_(bag.weight, -0.05, 0.05)
-        for bag in self.wide:
-            torch.nn.init.zeros_(bag.weight)
-        width = sum(f.embedding_dim for f in spec.sparse)
-        self.dense_part = WideDeepDensePart(len(spec.dense), len(spec.sparse), width, HIDDEN)
+        self.wide = torch.nn.ModuleList()
+        if model == "wide_deep":
+            self.wide.extend(torch.nn.EmbeddingBag(f.num_rows, 1, mode=f.pooling, sparse=True) for f in self.fields)
+            for bag in self.wide:
+                torch.nn.init.zeros_(bag.weight)
+        self.dense_part = dense_part(model, spec, plan)
 
     def forward(self, dense, fields):
         deep = [bag(ids, offsets).unsqueeze(1) for bag, (ids, offsets) in zip(self.deep, fields)]
@@ -63,8 +86,9 @@ class NaiveWideDeep(torch.nn.Module):
 class RowCollate:
     """Rows (dicts) -> (label, dense, per-field (ids, offsets)), one value at a time."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, fields):
         self.spec = spec
+        self.fields = fields
         self.memo: dict = {}
 
     def __call__(self, rows):
@@ -73,7 +97,7 @@ class RowCollate:
         dense = torch.tensor([[math.copysign(math.log1p(abs(r[f.name] or 0.0)), r[f.name] or 0.0) for f in spec.dense]
                               for r in rows])
         fields = []
-        for f in spec.sparse:
+        for f in self.fields:
             ids, offsets = [], []
             for r in rows:
                 offsets.append(len(ids))
@@ -87,13 +111,14 @@ class RowCollate:
         return labels, dense, fields
 
 
-def run_naive(spec, train_table, test_table) -> tuple[float, float]:
+def run_naive(model_name, spec, train_table, test_table) -> tuple[float, float]:
     torch.manual_seed(0)
-    model = NaiveWideDeep(spec)
+    model = NaiveModel(model_name, spec)
     sparse = [p for bags in (model.deep, model.wide) for p in bags.parameters()]
     sparse_optimizer = torch.optim.Adagrad(sparse, lr=0.05)
     dense_optimizer = torch.optim.Adam(model.dense_part.parameters(), lr=1e-3)
-    loader = torch.utils.data.DataLoader(train_table.to_pylist(), batch_size=BATCH, collate_fn=RowCollate(spec))
+    collate = RowCollate(spec, model.fields)
+    loader = torch.utils.data.DataLoader(train_table.to_pylist(), batch_size=BATCH, collate_fn=collate)
     start = time.perf_counter()
     for labels, dense, fields in loader:
         loss = F.binary_cross_entropy_with_logits(model(dense, fields), labels)
@@ -104,33 +129,40 @@ def run_naive(spec, train_table, test_table) -> tuple[float, float]:
         dense_optimizer.step()
     seconds = time.perf_counter() - start
     with torch.no_grad():
-        labels, dense, fields = RowCollate(spec)(test_table.to_pylist())
+        labels, dense, fields = collate(test_table.to_pylist())
         scores = torch.sigmoid(model(dense, fields)).numpy()
     return train_table.num_rows / seconds, auc(labels.numpy(), scores)
 
 
-def run_picasso(spec, train_table, test_table) -> tuple[float, float]:
+def run_picasso(model_name, spec, train_table, test_table, interleave: bool) -> tuple[float, float, dict]:
     plan = PackingPlan.from_spec(spec)
     decoder = RecordDecoder(spec)
-    trainer = Trainer(spec, TrainConfig(hidden=HIDDEN, log_every=0))
+    config = TrainConfig(model=model_name, hidden=HIDDEN, log_every=0, cache=CacheConfig(capacity="10%"),
+                         interleave=interleave)
+    trainer = Trainer(spec, config)
+
+    def packed_batches():  # lazily: with interleaving on, this runs in the worker thread
+        for batch in train_table.to_batches(max_chunksize=BATCH):
+            yield pack(decoder.decode_table(batch, "bench").table, spec, plan)
+
     start = time.perf_counter()
-    for batch in train_table.to_batches(max_chunksize=BATCH):
-        trainer.train_step(pack(decoder.decode_table(batch, "bench").table, spec, plan))
+    trainer.train(packed_batches())
     seconds = time.perf_counter() - start
     held_out = pack(decoder.decode_table(test_table, "bench").table, spec, plan)
-    return train_table.num_rows / seconds, auc(test_table.column(spec.label).to_numpy(), trainer.predict(held_out))
+    score = auc(test_table.column(spec.label).to_numpy(), trainer.predict(held_out))
+    return train_table.num_rows / seconds, score, trainer.performance_metrics()
 
 
-def run_dense_only(spec, rows: int) -> float:
+def run_dense_only(model_name, spec, rows: int) -> float:
     """The dense part stepped on ready-made (dense, pooled) inputs of the real shapes."""
     torch.manual_seed(0)
     plan = PackingPlan.from_spec(spec)
-    width = sum(g.num_fields * g.embedding_dim for g in plan.groups)
-    part = WideDeepDensePart(len(spec.dense), len(plan.groups), width, HIDDEN)
+    part = dense_part(model_name, spec, plan)
     optimizer = torch.optim.Adam(part.parameters(), lr=1e-3)
     dense = torch.randn(BATCH, len(spec.dense))
     pooled = [torch.randn(BATCH, g.num_fields, g.embedding_dim, requires_grad=True) for g in plan.groups]
-    pooled += [torch.randn(BATCH, g.num_fields, 1, requires_grad=True) for g in plan.groups]
+    if model_name == "wide_deep":
+        pooled += [torch.randn(BATCH, g.num_fields, 1, requires_grad=True) for g in plan.groups]
     labels = (torch.rand(BATCH) < 0.25).float()
     steps = max(1, rows // BATCH)
     start = time.perf_counter()
@@ -144,27 +176,35 @@ def run_dense_only(spec, rows: int) -> float:
 
 def main() -> None:
     def extra(parser):
-        parser.add_argument("--rows", type=int, default=40_960, help="training rows at 39 fields (half as many at 400)")
+        parser.add_argument("--rows", type=int, default=40_960, help="training rows at 39 fields")
+        parser.add_argument("--rows-400", type=int, default=40_960, help="training rows at 400 fields")
+        parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: wide_deep, dlrm")
 
     args = parse_args(__doc__.splitlines()[0], extra)
     ratios, metrics, table_rows = {}, {}, []
-    for name, label, rows in (("criteo", "39", args.rows), ("criteo:387", "400", max(BATCH, args.rows // 2))):
+    for name, fields, rows in (("criteo", "39", args.rows), ("criteo:387", "400", args.rows_400)):
         spec = builtin_spec(name)
         planted = PlantedModel(spec)
         train_table, _ = planted.sample(rows, stream=0)
         test_table, _ = planted.sample(10_000, stream=1)
-        naive_rate, naive_auc = run_naive(spec, train_table, test_table)
-        picasso_rate, picasso_auc = run_picasso(spec, train_table, test_table)
-        dense_rate = run_dense_only(spec, rows)
-        ratios[f"vs_naive@{label}"] = picasso_rate / naive_rate
-        ratios[f"vs_dense_only@{label}"] = picasso_rate / dense_rate
-        metrics.update({f"naive_samples_per_s@{label}": naive_rate, f"picasso_samples_per_s@{label}": picasso_rate,
-                        f"dense_only_samples_per_s@{label}": dense_rate, f"naive_auc@{label}": naive_auc,
-                        f"picasso_auc@{label}": picasso_auc, f"auc_delta@{label}": picasso_auc - naive_auc})
-        table_rows.append([f"{len(spec.dense) + len(spec.sparse)}", naive_rate, picasso_rate, dense_rate,
-                           f"{picasso_auc - naive_auc:+.4f}"])
-    report("train", ["fields", "naive samples/s", "picasso samples/s", "dense-only samples/s", "auc delta"],
-           table_rows, ratios, metrics, args.json)
+        for model_name in args.models.split(","):
+            key = fields if model_name == "wide_deep" else f"{fields},{model_name}"
+            naive_rate, naive_auc = run_naive(model_name, spec, train_table, test_table)
+            picasso_rate, picasso_auc, stages = run_picasso(model_name, spec, train_table, test_table, interleave=True)
+            serial_rate, _, _ = run_picasso(model_name, spec, train_table, test_table, interleave=False)
+            dense_rate = run_dense_only(model_name, spec, rows)
+            ratios[f"vs_naive@{key}"] = picasso_rate / naive_rate
+            ratios[f"vs_dense_only@{key}"] = picasso_rate / dense_rate
+            ratios[f"interleave_on_vs_off@{key}"] = picasso_rate / serial_rate
+            metrics.update({f"naive_samples_per_s@{key}": naive_rate, f"picasso_samples_per_s@{key}": picasso_rate,
+                            f"picasso_serial_samples_per_s@{key}": serial_rate,
+                            f"dense_only_samples_per_s@{key}": dense_rate, f"naive_auc@{key}": naive_auc,
+                            f"picasso_auc@{key}": picasso_auc, f"auc_delta@{key}": picasso_auc - naive_auc,
+                            **{f"{stat}@{key}": value for stat, value in stages.items()}})
+            table_rows.append([fields, model_name, naive_rate, picasso_rate, serial_rate, dense_rate,
+                               f"{stages['cache_hit_rate']:.3f}", f"{picasso_auc - naive_auc:+.4f}"])
+    report("train", ["fields", "model", "naive samples/s", "picasso samples/s", "picasso, no interleaving",
+                     "dense-only samples/s", "cache hit rate", "auc delta"], table_rows, ratios, metrics, args.json)
 
 
 if __name__ == "__main__":

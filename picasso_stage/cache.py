@@ -223,7 +223,9 @@ class HotCache:
                 hit_lookups = int(group.counts[group.slots >= 0].sum())
                 self.stats.lookups += int(group.counts.sum())
                 self.stats.hits += hit_lookups
-                self._count_moved(name, group.miss_rows.numel())
+                # Staged in now and written back by commit (counted here: commit may run
+                # in the compute thread, and stats are only written from this one).
+                self._count_moved(name, 2 * group.miss_rows.numel())
         if training:
             self.stats.steps += 1
 
@@ -233,7 +235,6 @@ class HotCache:
             staging = self.directories[name].capacity + torch.arange(group.miss_rows.numel())
             for table in self.tables[name]:
                 table.write_back(staging, group.miss_rows)
-            self._count_moved(name, group.miss_rows.numel())
 
     # -- refresh, flush, checkpoints --------------------------------------------------
 

@@ -1,69 +1,70 @@
-"""Interleaving: prepare the next batch while the current one computes.
+"""Interleaving: while one step computes, the next batch is made ready.
 
-A Prefetcher pulls items from an iterator and prepares them (for the trainer: decode and
-pack when the iterator does that lazily, then de-duplicate ids and gather missing rows
-into the cache's staging), one item ahead, in a single worker thread. The consumer says
-when the next item may start (`start_next`), because preparing must not overlap some
-steps of its own (a cache refresh remaps the rows a prepared batch points at). Most of
-the work on both sides is in torch, numpy and Arrow kernels that release the GIL, so a
-thread is enough. Switched off, the same calls prepare each item in the caller's thread.
+A step has three parts (the trainer's):
+- prepare: everything that does not touch the model (to tensors; with the hot-row cache,
+  de-duplicate the ids, count them, map them to fast-tier slots, gather the rows that
+  are not hot);
+- begin: the short part that must follow the previous step (a cache refresh, loading
+  the gathered rows into the fast tier);
+- finish: compute (forward, backward with the fused sparse update, dense optimizer step)
+  and commit (write the staged rows back).
+
+StepPipeline runs each finish in a worker thread and returns to the caller at once, so
+the caller's thread makes the next batch (decoding and packing it, in a pipeline or a
+Beam bundle) and prepares it while the previous step computes. Most of the work on both
+sides is in torch, numpy and Arrow kernels that release the GIL, so threads suffice.
+Switched off, every part runs in the caller's thread, in the same order, with the same
+results.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
-Prepared = TypeVar("Prepared")
+Ready = TypeVar("Ready")
+Result = TypeVar("Result")
 
 
-class Prefetcher(Generic[Item, Prepared]):
-    def __init__(self, items: Iterable[Item], prepare: Callable[[Item], Prepared], enabled: bool = True):
-        self._items = iter(items)
-        self._prepare = prepare
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="picasso-prefetch") if enabled else None
-        self._future: Future | None = None
-        self._exhausted = False
-        self.wait_seconds = 0.0  # time the consumer spent waiting for a prepared item
-        self.source_seconds = 0.0  # time spent pulling items (decoding, when the iterator does it)
+class StepPipeline(Generic[Item, Ready, Result]):
+    def __init__(self, prepare: Callable[[Item], Ready], begin: Callable[[Ready], Ready],
+                 finish: Callable[[Ready], Result], enabled: bool = True):
+        self._prepare, self._begin, self._finish = prepare, begin, finish
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="picasso-compute") if enabled else None
+        self._running: Future | None = None
+        self.wait_seconds = 0.0  # the caller waiting for a step to finish computing
 
-    def _produce(self) -> Prepared | None:
+    def push(self, item: Item) -> list[Result]:
+        """Start the step of `item`; returns the results of the steps that finished."""
+        ready = self._prepare(item)  # overlaps the step still computing
+        done = self.drain()
+        ready = self._begin(ready)
+        if self._pool is None:
+            return [*done, self._finish(ready)]
+        self._running = self._pool.submit(self._finish, ready)
+        return done
+
+    def drain(self) -> list[Result]:
+        """Wait for the step computing now, if any; its result (or its exception)."""
+        if self._running is None:
+            return []
         start = time.perf_counter()
-        item = next(self._items, _END)
-        self.source_seconds += time.perf_counter() - start
-        if item is _END:
-            self._exhausted = True
-            return None
-        return self._prepare(item)
-
-    def start_next(self) -> None:
-        """Begin preparing the next item in the worker (no-op when switched off)."""
-        if self._pool is not None and self._future is None and not self._exhausted:
-            self._future = self._pool.submit(self._produce)
-
-    def next(self) -> Prepared | None:
-        """The next prepared item, or None at the end."""
-        if self._future is None:
-            return None if self._exhausted else self._produce()
-        start = time.perf_counter()
+        running, self._running = self._running, None
         try:
-            return self._future.result()
+            return [running.result()]
         finally:
-            self._future = None
             self.wait_seconds += time.perf_counter() - start
 
     def close(self) -> None:
+        """Let the running step finish (its update is applied either way), then stop."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool.shutdown(wait=True)
 
-    def __enter__(self) -> "Prefetcher[Item, Prepared]":
+    def __enter__(self) -> "StepPipeline[Item, Ready, Result]":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-_END = object()

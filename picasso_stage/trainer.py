@@ -8,7 +8,7 @@ A step has stages: prepare (PackedBatch to tensors; with the hot-row cache, de-d
 ids and gather the rows that are not hot), then install (refresh the cache when due, load
 the gathered rows), compute (forward, backward with the fused sparse update, dense
 optimizer step) and commit (write the batch's staged rows back). With interleaving on,
-`train` prepares batch i+1 in a worker thread while batch i computes.
+batch i computes in a worker thread while the caller makes and prepares batch i+1.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from picasso.batch import PackedBatch, TorchBatch
 from picasso.cache import CacheConfig, HotCache, PreparedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from picasso.embedding import PackedEmbedding
-from picasso.interleave import Prefetcher
+from picasso.interleave import StepPipeline
 from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc, logloss
 from picasso.models import build_model
@@ -36,8 +36,8 @@ from picasso.spec import FeatureSpec
 
 log = logging.getLogger(__name__)
 
-# source: pulling batches from the iterator (decoding and packing, when it does them
-# lazily); wait: the compute thread waiting for a prepared batch (interleaving only).
+# source: pulling batches from train()'s iterator (decoding and packing, when it does them
+# lazily); wait: waiting for the previous step to finish computing (interleaving only).
 STAGES = ("source", "prepare", "wait", "install", "compute", "commit", "refresh")
 
 
@@ -67,6 +67,14 @@ class EvalMetrics:
     mean_label: float
 
 
+@dataclass(frozen=True)
+class StepResult:
+    step: int  # the trainer's step count after it (unchanged by an empty batch)
+    samples: int
+    loss_sum: float  # summed per-sample log loss
+    positions: dict[str, int]
+
+
 @dataclass
 class TrainStats:
     steps: int = 0
@@ -83,6 +91,12 @@ class TrainStats:
             seconds=self.seconds + other.seconds,
             positions=merge_positions(self.positions, other.positions),
         )
+
+    def add(self, result: "StepResult") -> None:
+        self.steps += 1 if result.samples else 0
+        self.samples += result.samples
+        self.loss_sum += result.loss_sum
+        self.positions = merge_positions(self.positions, result.positions)
 
     @property
     def mean_loss(self) -> float:
@@ -139,28 +153,37 @@ class Trainer:
         An empty batch (every record of its chunk was refused) moves the source positions
         and nothing else.
         """
-        return self._finish(self._begin(self._prepare(batch)))
+        return self._finish(self._begin(self._prepare(batch))).loss_sum
+
+    def pipeline(self) -> StepPipeline:
+        """Steps as a pipeline: push(batch) starts a step and returns the StepResults of
+        the steps that finished; drain() waits for the last. With interleaving on, a step
+        computes in a worker thread while the caller makes and prepares the next batch."""
+        return StepPipeline(self._prepare, self._begin, self._finish, enabled=self.config.interleave)
 
     def train(self, batches: Iterable[PackedBatch]) -> TrainStats:
         stats = TrainStats()
         start = time.perf_counter()
-        with Prefetcher(batches, self._prepare, enabled=self.config.interleave) as prefetch:
-            step = prefetch.next()
-            while step is not None:
-                step = self._begin(step)
-                prefetch.start_next()
-                batch = step.batch
-                stats.loss_sum += self._finish(step)
-                stats.steps += 1 if batch.num_samples else 0
-                stats.samples += batch.num_samples
-                stats.positions = merge_positions(stats.positions, batch.positions)
-                if self.config.log_every and batch.num_samples and self.step % self.config.log_every == 0:
+
+        def account(results: list[StepResult]) -> None:
+            for result in results:
+                stats.add(result)
+                if self.config.log_every and result.samples and result.step % self.config.log_every == 0:
                     elapsed = time.perf_counter() - start
-                    log.info("step %d: loss %.4f, %.0f samples/s%s", self.step, stats.mean_loss,
+                    log.info("step %d: loss %.4f, %.0f samples/s%s", result.step, stats.mean_loss,
                              stats.samples / elapsed, self._cache_progress())
-                step = prefetch.next()
-            self.stage_seconds["wait"] += prefetch.wait_seconds
-            self.stage_seconds["source"] += prefetch.source_seconds
+
+        with self.pipeline() as pipeline:
+            batches = iter(batches)
+            while True:
+                pulled = time.perf_counter()  # pulling may decode and pack, while a step computes
+                batch = next(batches, None)
+                self.stage_seconds["source"] += time.perf_counter() - pulled
+                if batch is None:
+                    break
+                account(pipeline.push(batch))
+            account(pipeline.drain())
+            self.stage_seconds["wait"] += pipeline.wait_seconds
         stats.seconds = time.perf_counter() - start
         return stats
 
@@ -193,11 +216,11 @@ class Trainer:
         self.stage_seconds["install"] += time.perf_counter() - start
         return step
 
-    def _finish(self, step: "_Step") -> float:
+    def _finish(self, step: "_Step") -> "StepResult":
         batch = step.batch
         self.positions = merge_positions(self.positions, batch.positions)
         if batch.num_samples == 0:
-            return 0.0
+            return StepResult(self.step, 0, 0.0, batch.positions)
         start = time.perf_counter()
         tensors = step.tensors
         self.model.train()
@@ -214,7 +237,7 @@ class Trainer:
             self.stage_seconds["commit"] += time.perf_counter() - start
         self.step += 1
         self.samples += batch.num_samples
-        return loss_sum
+        return StepResult(self.step, batch.num_samples, loss_sum, batch.positions)
 
     def _cache_progress(self) -> str:
         if self.cache is None:

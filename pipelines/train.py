@@ -15,11 +15,14 @@ from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.shared import Shared
+from apache_beam.utils.timestamp import MIN_TIMESTAMP
+from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.batch import PackedBatch
 from picasso.spec import FeatureSpec
-from picasso.trainer import EvalMetrics, TrainConfig, Trainer, TrainStats, evaluation_metrics
+from picasso.trainer import EvalMetrics, StepResult, TrainConfig, Trainer, TrainStats, evaluation_metrics
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,11 @@ class CheckpointRef:
 
 
 class _TrainDoFn(beam.DoFn):
+    """Trains on each batch through the trainer's step pipeline: with interleaving on, a
+    step computes in a worker thread while the runner decodes and packs the next batch
+    (the fused upstream stages) and the trainer prepares it. The bundle's last step is
+    waited for in finish_bundle, so a bundle commits only what it trained."""
+
     def __init__(self, handler: TrainerHandler, shared: Shared):
         self.handler = handler
         self.shared = shared
@@ -58,10 +66,23 @@ class _TrainDoFn(beam.DoFn):
     def setup(self):
         self.trainer = self.shared.acquire(self.handler.load, tag=self.handler.run_id)
 
+    def start_bundle(self):
+        self.steps = self.trainer.pipeline()
+
     def process(self, batch: PackedBatch):
-        loss_sum = self.trainer.train_step(batch)
-        yield TrainStats(steps=1 if batch.num_samples else 0, samples=batch.num_samples, loss_sum=loss_sum,
-                         positions=batch.positions)
+        yield from map(_stats_of, self.steps.push(batch))
+
+    def finish_bundle(self):
+        try:
+            for result in self.steps.drain():
+                yield WindowedValue(_stats_of(result), MIN_TIMESTAMP, [GlobalWindow()])
+        finally:
+            self.steps.close()
+
+
+def _stats_of(result: StepResult) -> TrainStats:
+    return TrainStats(steps=1 if result.samples else 0, samples=result.samples, loss_sum=result.loss_sum,
+                      positions=result.positions)
 
 
 class _MergeStats(beam.CombineFn):

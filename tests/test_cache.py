@@ -12,7 +12,7 @@ import torch
 from picasso.cache import CacheConfig, parse_capacity
 from picasso.frequency import DecayedSketch
 from picasso.hot_rows import HotRowDirectory
-from picasso.interleave import Prefetcher
+from picasso.interleave import StepPipeline
 from picasso.trainer import Trainer
 
 from helpers import planted_batches
@@ -219,12 +219,37 @@ def test_a_failing_batch_source_surfaces_and_stops_the_worker(batches):
     assert trainer.step == 3  # what came before the failure was trained, once
 
 
-def test_prefetcher_prepares_in_order_and_ahead():
-    seen = []
-    with Prefetcher(range(5), lambda i: seen.append(i) or i * 10) as prefetch:
-        out = [prefetch.next()]
-        while out[-1] is not None:
-            prefetch.start_next()
-            assert len(seen) <= len(out) + 1  # never more than one item ahead
-            out.append(prefetch.next())
-    assert out == [0, 10, 20, 30, 40, None] and seen == [0, 1, 2, 3, 4]
+def test_step_pipeline_keeps_the_order_of_parts():
+    log = []
+
+    def part(name):
+        def run(item):
+            log.append((name, item))
+            return item
+        return run
+
+    for enabled in (False, True):
+        log.clear()
+        results = []
+        with StepPipeline(part("prepare"), part("begin"), part("finish"), enabled=enabled) as pipeline:
+            for item in range(4):
+                results += pipeline.push(item)
+            results += pipeline.drain()
+        assert results == [0, 1, 2, 3]
+        # A step begins only after the previous one finished; prepare may come before that.
+        for item in range(1, 4):
+            assert log.index(("finish", item - 1)) < log.index(("begin", item))
+            assert log.index(("begin", item - 1)) < log.index(("prepare", item))
+
+
+def test_a_failing_step_surfaces_at_the_next_push():
+    def finish(item):
+        if item == 1:
+            raise RuntimeError("step 1 failed")
+        return item
+
+    with StepPipeline(lambda i: i, lambda i: i, finish) as pipeline:
+        assert pipeline.push(0) == []
+        assert pipeline.push(1) == [0]
+        with pytest.raises(RuntimeError, match="step 1 failed"):
+            pipeline.push(2)
