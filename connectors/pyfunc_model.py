@@ -61,6 +61,12 @@ class CtrModel(mlflow.pyfunc.PythonModel):
 def _column(series: pd.Series) -> pa.Array | list:
     """An Arrow array, or for a column of mixed values a list the decoder checks one by
     one (so one bad value fails one row, not the request)."""
+    if series.dtype.kind == "f" and series.hasnans:
+        # pandas (and JSON parsed into a DataFrame) turns an integer column with a missing
+        # value into floats with NaN: give integer ids back their type, missing as null.
+        present = series.dropna()
+        if ((present == np.floor(present)) & (present.abs() < 2**53)).all():
+            series = series.astype("Int64")
     try:
         return pa.array(series, from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
