@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -46,7 +47,8 @@ def first_run(criteo_day, mlflow_server, tmp_path_factory):
 def test_daily_run_trains_evaluates_and_registers_a_version(first_run, criteo_day, mlflow_server):
     result, workdir, model_name = first_run
     root, date = criteo_day
-    assert result.version == "1"
+    assert result.version == "1" and result.status == "published" and not result.skipped
+    assert result.champion and result.promotion_reason == "no champion yet"  # the first version
     assert result.model_uri == f"models:/{model_name}/1"
     assert result.rows_in == 30_000 and result.dead_letters == 0
     assert result.samples + result.holdout_samples == 30_000
@@ -135,3 +137,52 @@ def test_bad_rows_go_to_dead_letters_and_the_run_goes_on(mlflow_server, tmp_path
 def test_missing_partition_is_a_clear_error(tmp_path, mlflow_server):
     with pytest.raises(FileNotFoundError, match="no partition for 2026-01-01"):
         run_daily(_config(tmp_path, "2026-01-01", tmp_path / "work", mlflow_server, "unused"))
+
+
+def test_a_done_date_does_nothing_again(first_run, criteo_day, mlflow_server):
+    result, workdir, model_name = first_run
+    root, date = criteo_day
+    checkpoints = sorted((workdir / "checkpoints").iterdir())
+    again = run_daily(_config(root, date, workdir, mlflow_server, model_name))
+    assert again.skipped and again.version == result.version and again.checkpoint == result.checkpoint
+    assert sorted((workdir / "checkpoints").iterdir()) == checkpoints  # nothing trained
+
+
+def test_next_day_evaluation_force_and_warm_start_from_the_champion(mlflow_server, tmp_path):
+    from picasso.connectors.champion import champion_checkpoint
+    from picasso.connectors.publish_policy import PublishPolicy
+
+    days = ["2026-11-10", "2026-11-11"]
+    generate_days(criteo_spec(), tmp_path / "data", days, rows=6_000, rows_per_file=6_000)
+    model_name = f"ctr-{uuid.uuid4().hex[:8]}"
+    work = tmp_path / "work"
+
+    def daily(date, **overrides):
+        return run_daily(_config(tmp_path / "data", date, work, mlflow_server, model_name, **overrides))
+
+    first = daily(days[0], eval_date=days[1])
+    assert first.evaluation == f"day={days[1]}"
+    assert first.samples == 6_000 and first.holdout_samples == 6_000  # all of day 1 trained, all of day 2 scored
+    assert first.version == "1" and first.champion
+    client = MlflowClient(mlflow_server)
+    assert client.get_model_version(model_name, "1").tags["picasso.evaluation"] == f"day={days[1]}"
+
+    forced = daily(days[0], eval_date=days[1], force=True, policy=PublishPolicy(auto_promote=False))
+    assert not forced.skipped and forced.version == "2" and not forced.champion
+    assert forced.step == first.step + 3 and forced.warm_start_from == first.checkpoint  # latest: version 1's
+
+    from_champion = daily(days[1], warm_start="champion")
+    assert from_champion.warm_start_from == first.checkpoint  # the champion (1), not the latest (2)
+    assert from_champion.step == first.step + 3
+    # A champion whose checkpoint is not on this machine is an error, not a silent substitute.
+    client.set_registered_model_alias(model_name, "champion", "3")
+    Path(from_champion.checkpoint).rename(tmp_path / "moved")
+    with pytest.raises(FileNotFoundError, match="not on this machine"):
+        champion_checkpoint(MLflowTarget(mlflow_server, model_name=model_name))
+
+
+def test_bad_daily_configuration_is_a_clear_error(tmp_path, mlflow_server):
+    with pytest.raises(ValueError, match="warm start must be one of"):
+        _config(tmp_path, "2026-11-01", tmp_path, mlflow_server, "unused", warm_start="best")
+    with pytest.raises(ValueError, match="evaluation day must differ"):
+        _config(tmp_path, "2026-11-01", tmp_path, mlflow_server, "unused", eval_date="2026-11-01")
