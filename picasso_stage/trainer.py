@@ -144,6 +144,10 @@ class Trainer:
         self.positions: dict[str, int] = {}
         self.restored_from: Path | None = None
         self.stage_seconds = dict.fromkeys(STAGES, 0.0)
+        # Per-step metrics, one point per `log_every` steps (averaged over them), for the
+        # run's charts: name -> [(step, value)].
+        self.step_metrics: dict[str, list[tuple[int, float]]] = {}
+        self._last_record: tuple[int, dict[str, float]] = (0, self._totals())
 
     # -- training ---------------------------------------------------------------------
 
@@ -237,7 +241,34 @@ class Trainer:
             self.stage_seconds["commit"] += time.perf_counter() - start
         self.step += 1
         self.samples += batch.num_samples
+        if self.step % (self.config.log_every or 100) == 0:
+            self._record_step_metrics()
         return StepResult(self.step, batch.num_samples, loss_sum, batch.positions)
+
+    def _totals(self) -> dict[str, float]:
+        totals = {f"{stage}_s": seconds for stage, seconds in self.stage_seconds.items()}
+        if self.cache is not None:
+            stats = self.cache.stats
+            totals.update(lookups=stats.lookups, hits=stats.hits, rows_moved=stats.rows_moved,
+                          bytes_moved=stats.bytes_moved)
+        return totals
+
+    def _record_step_metrics(self) -> None:
+        last_step, last = self._last_record
+        steps = self.step - last_step
+        if steps <= 0:  # restored to an earlier step
+            self._last_record = (self.step, self._totals())
+            return
+        now = self._totals()
+        delta = {name: now[name] - last.get(name, 0.0) for name in now}
+        points = {f"{stage}_s_per_step": delta[f"{stage}_s"] / steps for stage in STAGES}
+        if self.cache is not None:
+            points["cache_hit_rate"] = delta["hits"] / delta["lookups"] if delta["lookups"] else float("nan")
+            points["cache_rows_moved_per_step"] = delta["rows_moved"] / steps
+            points["cache_bytes_moved_per_step"] = delta["bytes_moved"] / steps
+        for name, value in points.items():
+            self.step_metrics.setdefault(name, []).append((self.step, value))
+        self._last_record = (self.step, now)
 
     def _cache_progress(self) -> str:
         if self.cache is None:

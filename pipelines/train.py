@@ -115,7 +115,10 @@ class _CheckpointDoFn(beam.DoFn):
             raise RuntimeError(
                 f"trainer holds {trainer.step - trainer.start_step} steps of this run, but {stats.steps} were trained"
             )
-        path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics={"train_loss": stats.mean_loss})
+        # Stage times and cache counts go with the checkpoint; publishing logs them to the
+        # MLflow run, the per-step series as charts.
+        metrics = {"train_loss": stats.mean_loss, **trainer.performance_metrics(), "step_metrics": trainer.step_metrics}
+        path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics=metrics)
         yield CheckpointRef(path=str(path), step=trainer.step, stats=stats)
 
 

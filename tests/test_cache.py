@@ -253,3 +253,18 @@ def test_a_failing_step_surfaces_at_the_next_push():
         assert pipeline.push(1) == [0]
         with pytest.raises(RuntimeError, match="step 1 failed"):
             pipeline.push(2)
+
+
+def test_step_metrics_are_recorded_every_log_interval(batches):
+    trainer = Trainer(SPEC, replace(CONFIG, cache=SMALL_CACHE, log_every=5))
+    trainer.train(batches[:12])
+    hit_rates = trainer.step_metrics["cache_hit_rate"]
+    assert [step for step, _ in hit_rates] == [5, 10]
+    assert all(0 <= rate <= 1 for _, rate in hit_rates)
+    # A point covers its own interval: the first is the hit rate of the first five steps.
+    first_five = Trainer(SPEC, replace(CONFIG, cache=SMALL_CACHE, log_every=5))
+    first_five.train(batches[:5])
+    assert hit_rates[0][1] == pytest.approx(first_five.cache.stats.hit_rate)
+    assert hit_rates[1][1] != hit_rates[0][1]
+    assert all(value > 0 for _, value in trainer.step_metrics["compute_s_per_step"])
+    assert all(value > 0 for _, value in trainer.step_metrics["cache_rows_moved_per_step"])
