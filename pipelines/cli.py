@@ -180,7 +180,7 @@ def _daily(args, data: str, date: str):
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         batch_size=args.batch_size,
         holdout_fraction=args.holdout,
-        eval_date=getattr(args, "eval_date", None),
+        eval_date=getattr(args, "eval_date", None) or None,  # "" (the MLproject default): a holdout slice
         warm_start=args.warm_start,
         force=args.force,
         policy=publish_policy(args),
