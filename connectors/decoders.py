@@ -114,7 +114,7 @@ class RecordDecoder:
         """Rows of a Parquet file or an Arrow batch, one column per field."""
         if isinstance(table, pa.RecordBatch):
             table = pa.Table.from_batches([table])
-        columns = {name: table.column(name) for name in table.column_names}
+        columns = dict(zip(table.column_names, table.columns))
         return self.decode_columns(columns, table.num_rows, source, first_position, positions)
 
     def decode_columns(
@@ -302,10 +302,19 @@ class RecordDecoder:
         once for all of them: missing values are 0, log1p applied, and values that are not
         finite, or overflow a float32, refused."""
         fields = self.spec.dense
-        values = np.zeros((n, len(fields)))
-        for j, f in enumerate(fields):
-            column, null = self._numbers(f.name, columns.get(f.name), n, verdicts)
-            values[:, j] = np.where(null, 0.0, column) if null.any() else column
+        plain = [_plain_numbers(columns.get(f.name)) for f in fields]
+        if fields and all(column is not None for column in plain):
+            # Every column an Arrow array of numbers (the usual case): nothing to refuse by
+            # type, and numpy stacks them in one pass; nulls (missing values) become 0.
+            values = np.column_stack([column for column, _ in plain]).astype(np.float64, copy=False)
+            for j, (_, null) in enumerate(plain):
+                if null is not None:
+                    values[null, j] = 0.0
+        else:
+            values = np.zeros((n, len(fields)))
+            for j, f in enumerate(fields):
+                column, null = self._numbers(f.name, columns.get(f.name), n, verdicts)
+                values[:, j] = np.where(null, 0.0, column) if null.any() else column
         if self._log1p.any():
             logged = values[:, self._log1p]
             values[:, self._log1p] = np.sign(logged) * np.log1p(np.abs(logged))
@@ -411,6 +420,15 @@ class RecordDecoder:
             rows.extend(bucket_of(v, f.hash_buckets) if f.hashed else v for v in bag)
             owner.extend([i] * len(bag))
         return lengths, np.array(rows, dtype=np.int64), np.array(owner, dtype=np.int64)
+
+
+def _plain_numbers(values) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """An integer or floating Arrow array as numpy, with its null mask (None when it has
+    no nulls); None for anything else."""
+    if not isinstance(values, pa.Array) or not (pa.types.is_integer(values.type) or pa.types.is_floating(values.type)):
+        return None
+    null = values.is_null().to_numpy(zero_copy_only=False) if values.null_count else None
+    return values.to_numpy(zero_copy_only=False), null
 
 
 def _out_of_range(f: SparseField) -> str:

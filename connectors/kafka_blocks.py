@@ -90,7 +90,7 @@ class _BlockBatch:
         batch = self._batch
         raw = getattr(batch, "_buffer", None)
         if batch.magic == 2 and raw is not None:
-            block = read_batch(bytes(raw))
+            block = read_batch(raw)
         else:  # an old message format (or a kafka-python without the buffer): its own records
             block = RecordBlock.from_records(list(batch))
         if len(block):

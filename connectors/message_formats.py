@@ -42,10 +42,11 @@ class DecodedMessages:
 def decode_messages(decoder: RecordDecoder, fmt: str, messages: Messages) -> DecodedMessages:
     """Decode and validate one poll's messages; never raises on bad input."""
     source = source_name(messages.topic, messages.partition)
-    present = [i for i, value in enumerate(messages.values) if value]
-    empty = {messages.offsets[i]: "empty message (no value)" for i in range(len(messages)) if not messages.values[i]}
-    values = [messages.values[i] for i in present]
-    offsets = np.asarray([messages.offsets[i] for i in present], dtype=np.int64)
+    values, offsets, empty = messages.values, np.asarray(messages.offsets, dtype=np.int64), {}
+    if not all(values):  # some messages have no value (a tombstone, say): refused whole
+        present = [i for i, value in enumerate(values) if value]
+        empty = {messages.offsets[i]: "empty message (no value)" for i in range(len(messages)) if not values[i]}
+        values, offsets = [values[i] for i in present], offsets[present]
     if fmt == "json":
         result, row_offsets, broken = decode_json_values(decoder, values, source, offsets), offsets, {}
     elif fmt == "tsv":
@@ -134,6 +135,8 @@ def _decode_arrow(decoder: RecordDecoder, values: Sequence[bytes], source: str, 
 def _dead_letters(messages: Messages, result: DecodeResult, row_offsets: np.ndarray, whole: dict,
                   per_row: bool) -> list[MessageDeadLetter]:
     """One MessageDeadLetter per message with any refused record, in offset order."""
+    if not whole and not result.dead_letters:
+        return []
     index = {offset: i for i, offset in enumerate(messages.offsets)}
     reasons: dict[int, list[str]] = defaultdict(list)
     for offset, reason in whole.items():  # messages refused whole: empty, or not an IPC stream

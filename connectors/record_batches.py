@@ -37,8 +37,6 @@ HEADER = struct.Struct(">qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size  # 61
 LOG_APPEND_TIME = 0x08
 _DECOMPRESS = {1: codec.gzip_decode, 2: codec.snappy_decode, 3: codec.lz4_decode, 4: codec.zstd_decode}
-_VARINT_BYTES = np.arange(10)
-_VARINT_SHIFTS = (7 * np.arange(10)).astype(np.uint64)
 
 
 @dataclass(frozen=True)
@@ -89,7 +87,7 @@ def read_batch(batch: bytes | bytearray | memoryview) -> RecordBlock:
      _producer, _producer_epoch, _sequence, count) = HEADER.unpack_from(batch)
     if magic != 2:
         raise ValueError(f"record batch of magic {magic}: only v2 batches are read as columns")
-    records = batch[HEADER_SIZE:]
+    records = memoryview(batch)[HEADER_SIZE:]
     compression = attributes & 0x07
     if compression:
         if compression not in _DECOMPRESS:
@@ -105,8 +103,7 @@ def _read_records(data: bytes, count: int, base_offset: int, base_timestamp: int
     if count == 0:
         return RecordBlock(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [])
     bodies, ends = _record_bounds(data, count)
-    # Ten zero bytes of padding: a varint window never reads past the buffer.
-    buf = np.frombuffer(data + bytes(10), dtype=np.uint8)
+    buf = np.frombuffer(data, dtype=np.uint8)
     pos = bodies + 1  # past the record's attributes (int8, unused by Kafka so far)
     timestamp_delta, pos = _varints(buf, pos)
     offset_delta, pos = _varints(buf, pos)
@@ -132,32 +129,37 @@ def _read_records(data: bytes, count: int, base_offset: int, base_timestamp: int
 def _record_bounds(data: bytes, count: int) -> tuple[np.ndarray, np.ndarray]:
     """Where each record's body starts and ends. Each start depends on the previous
     record's length, so this walk is sequential: the one Python loop per record, kept to
-    a varint of one or two bytes in the common case."""
-    bodies = [0] * count
-    ends = [0] * count
-    pos, size = 0, len(data)
+    a varint of one or two bytes in the common case and checked once at the end."""
+    bodies: list[int] = []
+    lengths: list[int] = []
+    add_body, add_length = bodies.append, lengths.append
+    pos = 0
     try:
-        for i in range(count):
+        for _ in range(count):
             b = data[pos]
             if b < 0x80:
-                raw, pos = b, pos + 1
+                raw = b
+                pos += 1
             else:
                 b1 = data[pos + 1]
                 if b1 < 0x80:
-                    raw, pos = (b & 0x7F) | (b1 << 7), pos + 2
+                    raw = (b & 0x7F) | (b1 << 7)
+                    pos += 2
                 else:
                     raw, pos = _varint_at(data, pos)
             length = (raw >> 1) ^ -(raw & 1)
-            bodies[i] = pos
+            add_body(pos)
+            add_length(length)
             pos += length
-            ends[i] = pos
-            if length < 0 or pos > size:
-                raise CorruptRecordError(f"record {i} of {count} has an impossible length {length}")
     except IndexError:
-        raise CorruptRecordError(f"record batch ends inside record {i} of {count}") from None
-    if pos != size:
-        raise CorruptRecordError(f"{size - pos} unconsumed bytes after all {count} records")
-    return np.array(bodies, dtype=np.int64), np.array(ends, dtype=np.int64)
+        raise CorruptRecordError(f"record batch ends inside record {len(bodies)} of {count}") from None
+    starts = np.array(bodies, dtype=np.int64)
+    sizes = np.array(lengths, dtype=np.int64)
+    if (sizes < 0).any() or (starts < 0).any():
+        raise CorruptRecordError("a record has a negative length")
+    if pos != len(data):
+        raise CorruptRecordError(f"records of the batch end at byte {pos} of {len(data)}")
+    return starts, starts + sizes
 
 
 def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
@@ -175,21 +177,27 @@ def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def _varints(buf: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The zig-zag varints starting at each position, and the positions after them."""
-    first = buf[pos]
-    if (first < 0x80).all():  # one byte each: the usual case for small fields
-        raw = first.astype(np.int64)
-        return (raw >> 1) ^ -(raw & 1), pos + 1
-    window = buf[pos[:, None] + _VARINT_BYTES]
-    more = window >= 0x80
-    if more.all(axis=1).any():
-        raise CorruptRecordError("varint longer than 10 bytes")
-    sizes = np.argmin(more, axis=1) + 1
-    payload = (window & 0x7F).astype(np.uint64) << _VARINT_SHIFTS
-    payload[_VARINT_BYTES >= sizes[:, None]] = 0
-    raw = np.bitwise_or.reduce(payload, axis=1)
+    """The zig-zag varints starting at each position, and the positions after them.
+
+    One vectorised pass per byte of the longest varint, each over the varints still
+    going. Reads are clipped to the buffer: a varint cut off by its end shows up as a
+    position past its record, which the caller refuses."""
+    last = len(buf) - 1
+    byte = buf[np.minimum(pos, last)]
+    raw = (byte & 0x7F).astype(np.uint64)
+    going = np.flatnonzero(byte >= 0x80)
+    size = np.ones(len(pos), dtype=np.int64)
+    shift = np.uint64(7)
+    while len(going):
+        if shift >= 70:
+            raise CorruptRecordError("varint longer than 10 bytes")
+        byte = buf[np.minimum(pos[going] + size[going], last)]
+        raw[going] |= (byte & 0x7F).astype(np.uint64) << shift
+        size[going] += 1
+        going = going[byte >= 0x80]
+        shift += np.uint64(7)
     values = (raw >> np.uint64(1)).astype(np.int64) ^ -(raw & np.uint64(1)).astype(np.int64)
-    return values, pos + sizes
+    return values, pos + size
 
 
 def _slices(data: bytes, starts: np.ndarray, lengths: np.ndarray) -> list:

@@ -30,6 +30,7 @@ def test_hash_many_matches_one_call_per_column(buckets, kind):
 
 
 def test_groups_keep_common_multiples_in_range():
-    assert _groups([4, 6, 10]) == [[0, 1, 2]]
-    for group in _groups([2**31 - 1, 2**31 - 19, 1_000_003, 999_983, 10]):
+    assert _groups([4, 6, 10], most=100) == [[0, 1, 2]]
+    assert _groups([4, 6, 10], most=2) == [[0, 1], [2]]
+    for group in _groups([2**31 - 1, 2**31 - 19, 1_000_003, 999_983, 10], most=100):
         assert np.lcm.reduce([[2**31 - 1, 2**31 - 19, 1_000_003, 999_983, 10][i] for i in group], dtype=object) <= 2**62
