@@ -1,5 +1,8 @@
-"""A real `mlflow server` process on loopback (SQLite store), which a test can stop and
-start again on the same port and store."""
+"""A local `mlflow server` on loopback with a SQLite store, for tests and benchmarks.
+
+It can be stopped (killed, as a crash would) and started again on the same port and
+store. One worker and no job execution: it starts in about 10 s instead of 24 s.
+"""
 
 from __future__ import annotations
 

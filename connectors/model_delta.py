@@ -5,6 +5,7 @@ so shipping only those rows, with their indices, is much smaller than the whole 
 Rows are compared bit for bit (as integers of the same width), so a row counts as
 unchanged only when every bit is the same, and -0.0 vs 0.0 or NaN payloads are never lost.
 
+Row ids are int32 where they fit and stored once for tables that changed the same rows.
 A tensor goes whole into the delta when it is not row-shaped (a scalar), changed shape or
 dtype, is new, or changed in more than half its rows (indices would then cost more than
 they save): dense layers change every step and always go whole, and they are small.
@@ -53,10 +54,22 @@ def changed_rows(base: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return (_as_bits(base) != _as_bits(target)).any(dim=1).nonzero().flatten()
 
 
+def _compact(ids: torch.Tensor, rows: int, seen: list[torch.Tensor]) -> torch.Tensor:
+    """Row ids as int32 when they fit (half the bytes of int64), and the very tensor of an
+    earlier table with the same ids: torch.save writes a shared tensor once, and the wide
+    and deep tables of a model change the same rows."""
+    ids = ids.to(torch.int32) if rows <= torch.iinfo(torch.int32).max else ids
+    for earlier in seen:
+        if earlier.dtype == ids.dtype and torch.equal(earlier, ids):
+            return earlier
+    seen.append(ids)
+    return ids
+
+
 def compute_delta(base: dict[str, torch.Tensor], target: dict[str, torch.Tensor], base_sha256: str,
                   target_sha256: str) -> dict:
     """The delta taking base to target (both serving states)."""
-    rows, whole = {}, {}
+    rows, whole, seen = {}, {}, []
     for key, tensor in target.items():
         old = base.get(key)
         row_shaped = tensor.dim() >= 1 and tensor.shape[0] > 1
@@ -67,7 +80,7 @@ def compute_delta(base: dict[str, torch.Tensor], target: dict[str, torch.Tensor]
         if ids.numel() * 2 > tensor.shape[0]:
             whole[key] = tensor
         elif ids.numel():
-            rows[key] = {"ids": ids, "values": tensor[ids].contiguous()}
+            rows[key] = {"ids": _compact(ids, tensor.shape[0], seen), "values": tensor[ids].contiguous()}
     return {"format": DELTA_FORMAT, "base_sha256": base_sha256, "target_sha256": target_sha256,
             "keys": list(target), "rows": rows, "whole": whole}
 
@@ -86,7 +99,7 @@ def apply_delta(base: dict[str, torch.Tensor], delta: dict) -> dict[str, torch.T
         tensor = base[key].clone()
         if key in delta["rows"]:
             change = delta["rows"][key]
-            tensor[change["ids"]] = change["values"]
+            tensor[change["ids"].long()] = change["values"]
         rebuilt[key] = tensor
     return rebuilt
 

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from mlflow_process import MlflowServer
+
+from picasso.connectors.local_mlflow import MlflowServer
 
 pytest_plugins = ["kafka_broker"]  # the Kafka broker fixtures
 

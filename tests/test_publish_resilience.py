@@ -8,10 +8,10 @@ import uuid
 
 import pytest
 from mlflow.tracking import MlflowClient
-from mlflow_process import MlflowServer
 from publish_helpers import CheckpointMaker, fresh_target, request
 
 from picasso.builtin_specs import criteo_spec
+from picasso.connectors.local_mlflow import MlflowServer
 from picasso.connectors.mlflow_registry import MLflowTarget, publish
 from picasso.connectors.publish_outbox import PublishOutbox
 from picasso.connectors.publish_policy import PublishPolicy

@@ -12,10 +12,10 @@ import urllib.request
 import mlflow
 import numpy as np
 import pandas as pd
-from mlflow_process import wait_http
 from publish_helpers import CheckpointMaker, fresh_target, request
 
 from picasso.connectors.local_broker import free_port
+from picasso.connectors.local_mlflow import wait_http
 from picasso.connectors.mlflow_registry import publish
 
 EVENTS = pd.DataFrame({
