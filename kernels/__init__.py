@@ -3,6 +3,9 @@
 Two ops over a packed table (see reference.py for their exact definition):
 - `lookup`: pool every (sample, field) bag in one call;
 - `fused_update`: the backward pass of lookup fused with a sparse optimizer step.
+Two for the hot-row cache's bookkeeping, which lives on the host:
+- `map_to_slots`: de-duplicate a batch's ids and map them to fast-tier indices;
+- `sketch_add`: a conservative count-min sketch update.
 
 Backends, chosen per device at run time:
 - "reference": plain torch, the definition; runs anywhere;
@@ -66,4 +69,18 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step,
     )
 
 
-__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "fused_update", "load_backend", "lookup"]
+def _host_op(name: str):
+    """The cache ops run on host tensors: the CPU backend's, else the reference."""
+    backend = _try("cpu") if os.environ.get("PICASSO_KERNELS", "cpu") == "cpu" else load_backend("reference")
+    return getattr(backend or load_backend("reference"), name)
+
+
+def map_to_slots(ids, slot_of_row, capacity):
+    return _host_op("map_to_slots")(ids, slot_of_row, capacity)
+
+
+def sketch_add(counters, rows, counts, multipliers, bits):
+    return _host_op("sketch_add")(counters, rows, counts, multipliers, bits)
+
+
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "fused_update", "load_backend", "lookup", "map_to_slots", "sketch_add"]

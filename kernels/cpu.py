@@ -1,4 +1,5 @@
-"""The C++ CPU backend: kernels/csrc/packed_embedding.cpp, built on first use.
+"""The C++ CPU backend: kernels/csrc/packed_embedding.cpp (lookup, fused update) and
+kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping), built on first use.
 
 torch.utils.cpp_extension compiles it against the torch already installed (no build
 isolation, so never a second torch) and caches the build under
@@ -17,7 +18,7 @@ from torch.utils import cpp_extension
 
 from picasso.kernels.reference import SparseOptimizer
 
-_SOURCE = Path(__file__).with_name("csrc") / "packed_embedding.cpp"
+_SOURCES = Path(__file__).with_name("csrc")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
@@ -36,7 +37,7 @@ def _machine_key() -> str:
     return f"torch{torch.__version__.split('+')[0]}-{digest}"
 
 
-def _build():
+def _build(name: str, source: str):
     root = Path(os.environ.get("PICASSO_KERNEL_CACHE", Path.home() / ".cache" / "picasso" / "kernels"))
     cache = root / _machine_key()
     cache.mkdir(parents=True, exist_ok=True)
@@ -45,8 +46,8 @@ def _build():
     # already loaded serves it, so there is one OpenMP runtime in the process.
     native = ["-march=native"] if os.uname().machine == "x86_64" else []
     return cpp_extension.load(
-        name="picasso_packed_embedding",
-        sources=[str(_SOURCE)],
+        name=name,
+        sources=[str(_SOURCES / source)],
         extra_cflags=["-O3", "-fopenmp", *native],
         extra_ldflags=["-fopenmp"],
         build_directory=str(cache),
@@ -54,10 +55,18 @@ def _build():
     )
 
 
-_ops = _build()
+_ops = _build("picasso_packed_embedding", "packed_embedding.cpp")
+_cache_ops = _build("picasso_hot_cache", "hot_cache.cpp")
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
-# when no field_rows are given, kept per table size so that no call pays for filling it.
+# (when no field_rows are given) and of map_to_slots, kept per table size so that no call
+# pays for filling it.
 _scratch: dict[int, torch.Tensor] = {}
+
+
+def _scratch_for(rows: int) -> torch.Tensor:
+    if rows not in _scratch:
+        _scratch[rows] = torch.full((rows,), -1, dtype=torch.int32)
+    return _scratch[rows]
 
 
 def _flags(mean_pooled):
@@ -99,9 +108,7 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: Spars
                  mean_pooled=None, max_len=None, field_rows=None):
     rows = weight.shape[0]
     if field_rows is None:
-        if rows not in _scratch:
-            _scratch[rows] = torch.full((rows,), -1, dtype=torch.int32)
-        scratch, bounds = _scratch[rows], _NO_LIMITS
+        scratch, bounds = _scratch_for(rows), _NO_LIMITS
     else:
         scratch, bounds = _NO_SCRATCH, field_rows.to(torch.int64).contiguous()
     _ops.fused_update(
@@ -109,3 +116,13 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: Spars
         optimizer.name, optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, int(step),
         _flags(mean_pooled), _limits(max_len), bounds, scratch,
     )
+
+
+def map_to_slots(ids, slot_of_row, capacity):
+    local, rows, counts, slots, miss_rows = _cache_ops.map_to_slots(
+        ids.contiguous(), slot_of_row, capacity, _scratch_for(slot_of_row.numel()))
+    return local, rows, counts, slots, miss_rows
+
+
+def sketch_add(counters, rows, counts, multipliers, bits):
+    return _cache_ops.sketch_add(counters, rows, counts.to(torch.int64), multipliers.flatten(), bits)

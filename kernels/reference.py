@@ -9,6 +9,9 @@ kernels do not check them (PackedBatch and PackedEmbedding hold to them by const
 
 The backward pass is fused with the optimizer: the gradient of each touched row is summed
 over its occurrences and applied at once, so no dense gradient of the table ever exists.
+The hot-row cache's bookkeeping is here too (see picasso/cache.py): `map_to_slots` turns a
+batch's ids into fast-tier indices, `sketch_add` counts rows in a count-min sketch.
+
 Optimizers (all with the rows' own slots):
 - sgd:     w -= lr * g
 - adagrad: row-wise, one slot per row: s += mean(g²); w -= lr * g / (sqrt(s) + eps)
@@ -125,3 +128,50 @@ def fused_update(
         v_hat = v / (1 - optimizer.beta2**step)
         w -= optimizer.lr * m_hat / (v_hat.sqrt() + optimizer.eps)
     weight[unique] = w.to(weight.dtype)
+
+
+def map_to_slots(ids: torch.Tensor, slot_of_row: torch.Tensor, capacity: int):
+    """De-duplicate ids (in order of first occurrence) and map them to fast-tier indices.
+
+    Returns (local_ids, rows, counts, slots, miss_rows): local_ids[i] is the fast-tier
+    index of ids[i]; rows are the unique ids, counts how often each occurs, slots their
+    hot slot (slot_of_row, -1 when not hot); miss_rows are the rows that are not hot, in
+    order, and the k-th of them is served from index capacity + k.
+    """
+    rows, inverse, counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
+    first = torch.full((rows.numel(),), ids.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, inverse, torch.arange(ids.numel()), reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    rows, counts, inverse = rows[order], counts[order], rank[inverse]
+    slots = slot_of_row[rows].to(torch.int64)
+    miss = slots < 0
+    local = slots.clone()
+    local[miss] = capacity + torch.arange(int(miss.sum()))
+    return local[inverse], rows, counts, slots, rows[miss]
+
+
+_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed int64
+
+
+def sketch_cells(rows: torch.Tensor, multipliers: torch.Tensor, bits: int) -> torch.Tensor:
+    """(depth, n) flat counter indices: multiply-shift hashing (odd multipliers, the top
+    `bits` bits of the 64-bit product) of each row, premixed so that ids differing only in
+    high bits spread too. multipliers: (depth,) int64."""
+    mixed = rows.to(torch.int64).unsqueeze(0) * _GOLDEN
+    mixed = mixed ^ (mixed >> 29)
+    hashed = (mixed * multipliers.view(-1, 1)) >> (64 - bits)
+    row_base = torch.arange(multipliers.numel(), dtype=torch.int64).unsqueeze(1) << bits
+    return (hashed & ((1 << bits) - 1)) + row_base
+
+
+def sketch_add(counters: torch.Tensor, rows: torch.Tensor, counts: torch.Tensor, multipliers: torch.Tensor,
+               bits: int) -> torch.Tensor:
+    """Conservative count-min update of `counters` (depth x 2^bits, flat), in place: each
+    row's estimate (its least counter) rises by its count, and its counters rise to at
+    most that. Estimates are all read before any counter moves. Returns the new estimates."""
+    cells = sketch_cells(rows, multipliers, bits)
+    raised = counters[cells].amin(dim=0) + counts.to(torch.float32)
+    counters.scatter_reduce_(0, cells.reshape(-1), raised.repeat(multipliers.numel()), reduce="amax")
+    return raised

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from picasso import kernels
 from picasso.batch import TorchBatch
 from picasso.embedding import PackedEmbedding
 from picasso.hot_rows import HotRowDirectory
@@ -188,16 +189,10 @@ class HotCache:
         meanwhile: it changes the mapping this reads."""
         groups, local_ids = {}, {}
         for name, directory in self.directories.items():
-            rows, inverse, counts = torch.unique(tensors.ids[name], sorted=True, return_inverse=True,
-                                                 return_counts=True)
-            slots = directory.slots_of(rows)
+            local_ids[name], rows, counts, slots, miss_rows = kernels.map_to_slots(
+                tensors.ids[name], directory.slot_of_row, directory.capacity)
             if observe:
                 directory.observe(rows, counts, slots)
-            miss = slots < 0
-            miss_rows = rows[miss]
-            local = slots.clone()
-            local[miss] = directory.capacity + torch.arange(miss_rows.numel())
-            local_ids[name] = local[inverse]
             previous = self._in_flight.get(name)
             reread = torch.zeros(0, dtype=torch.int64)
             if previous is not None and previous.numel() and miss_rows.numel():

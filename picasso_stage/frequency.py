@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-_GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed int64
+from picasso import kernels
+from picasso.kernels.reference import sketch_cells
 
 
 def _next_power_of_two(n: int) -> int:
@@ -29,19 +30,9 @@ class DecayedSketch:
         self.depth = depth
         self.bits = self.width.bit_length() - 1
         generator = torch.Generator().manual_seed(seed)
-        # Multiply-shift hashing: odd multipliers, the top `bits` bits of the 64-bit product.
-        multipliers = torch.randint(-(1 << 62), 1 << 62, (depth,), generator=generator, dtype=torch.int64)
-        self.multipliers = (multipliers * 2 + 1).unsqueeze(1)
-        self.row_base = (torch.arange(depth, dtype=torch.int64) * self.width).unsqueeze(1)
+        # Odd multipliers for multiply-shift hashing (kernels.reference.sketch_cells).
+        self.multipliers = torch.randint(-(1 << 62), 1 << 62, (depth,), generator=generator, dtype=torch.int64) * 2 + 1
         self.counters = torch.zeros(depth * self.width, dtype=torch.float32)
-
-    def _cells(self, rows: torch.Tensor) -> torch.Tensor:
-        """(depth, n) flat counter indices of each row."""
-        # Mixing with a fixed odd constant first spreads ids that differ only in high bits.
-        mixed = rows.to(torch.int64).unsqueeze(0) * _GOLDEN
-        mixed = mixed ^ (mixed >> 29)
-        hashed = (mixed * self.multipliers) >> (64 - self.bits)
-        return (hashed & (self.width - 1)) + self.row_base
 
     def add(self, rows: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Count `counts[i]` more lookups of `rows[i]` (rows unique within one call).
@@ -52,16 +43,13 @@ class DecayedSketch:
         """
         if not rows.numel():
             return torch.zeros(0, dtype=torch.float32)
-        cells = self._cells(rows)
-        raised = self.counters[cells].amin(dim=0) + counts.to(torch.float32)
-        self.counters.scatter_reduce_(0, cells.reshape(-1), raised.repeat(self.depth), reduce="amax")
-        return raised
+        return kernels.sketch_add(self.counters, rows, counts, self.multipliers, self.bits)
 
     def estimate(self, rows: torch.Tensor) -> torch.Tensor:
         """Decayed count of each row, never below the true one."""
         if not rows.numel():
             return torch.zeros(0, dtype=torch.float32)
-        return self.counters[self._cells(rows)].amin(dim=0)
+        return self.counters[sketch_cells(rows, self.multipliers, self.bits)].amin(dim=0)
 
     def decay(self, factor: float) -> None:
         self.counters.mul_(factor)

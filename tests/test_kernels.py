@@ -148,3 +148,49 @@ def test_lookup_reuses_its_output_only_once_nothing_holds_it():
     reused = cpu.lookup(weight, ids, offsets, 4)
     assert reused.data_ptr() == address
     torch.testing.assert_close(reused, expected, atol=1e-5, rtol=1e-5)
+
+
+# -- the hot-row cache's bookkeeping ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_map_to_slots_cpu_matches_reference(seed):
+    g = torch.Generator().manual_seed(seed)
+    rows_in_table, capacity = 500, 40
+    slot_of_row = torch.full((rows_in_table,), -1, dtype=torch.int32)
+    hot = torch.randperm(rows_in_table, generator=g)[:capacity]
+    slot_of_row[hot] = torch.randperm(capacity, generator=g).to(torch.int32)
+    ids = torch.randint(0, rows_in_table, (3000,), generator=g) ** 2 % rows_in_table  # repeats, skew
+    expected = reference.map_to_slots(ids, slot_of_row, capacity)
+    actual = cpu.map_to_slots(ids, slot_of_row, capacity)
+    for e, a in zip(expected, actual):
+        assert torch.equal(e, a)
+    local, rows, counts, slots, miss_rows = actual
+    # the contract: every id maps to its hot slot, or to capacity + its miss's position
+    hot = slot_of_row[ids] >= 0
+    assert hot.any() and (~hot).any()
+    assert torch.equal(local[hot], slot_of_row[ids][hot].long())
+    assert torch.equal(miss_rows[local[~hot] - capacity], ids[~hot])
+    assert torch.equal(slots >= 0, slot_of_row[rows] >= 0)
+    assert int(counts.sum()) == ids.numel() and torch.equal(rows[: 1], ids[:1])  # first occurrence first
+    assert torch.equal(rows.sort().values, torch.unique(ids))
+    # the scratch is left all -1, so the next call starts clean
+    assert torch.equal(cpu.map_to_slots(ids, slot_of_row, capacity)[0], local)
+
+
+def test_map_to_slots_refuses_ids_outside_the_table():
+    with pytest.raises(RuntimeError, match="outside the table"):
+        cpu.map_to_slots(torch.tensor([3, 10]), torch.full((10,), -1, dtype=torch.int32), 4)
+
+
+def test_sketch_add_cpu_matches_reference():
+    g = torch.Generator().manual_seed(0)
+    multipliers = torch.randint(-(1 << 62), 1 << 62, (4,), generator=g, dtype=torch.int64) * 2 + 1
+    expected_counters, actual_counters = torch.zeros(4 * 256), torch.zeros(4 * 256)
+    for _ in range(20):
+        rows = torch.unique(torch.randint(-(1 << 40), 1 << 40, (300,), generator=g))  # wide ids hash too
+        counts = torch.randint(1, 5, (rows.numel(),), generator=g)
+        expected = reference.sketch_add(expected_counters, rows, counts, multipliers, 8)
+        actual = cpu.sketch_add(actual_counters, rows, counts, multipliers, 8)
+        assert torch.equal(expected, actual)
+    assert torch.equal(expected_counters, actual_counters)

@@ -1,0 +1,121 @@
+// CPU kernels for the hot-row cache's per-batch bookkeeping. The definition they implement
+// is kernels/reference.py (map_to_slots, sketch_add).
+//
+// Both are single passes over one batch's ids, one thread: a batch holds tens of
+// thousands of ids, where the sort behind torch.unique and a dozen small tensor ops
+// (each waking the thread pool) cost more than the work itself.
+
+#include <torch/extension.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// De-duplicate ids in order of first occurrence and map each to its fast-tier index: a hot
+// row's slot, or capacity + its position among the batch's misses. `mark` is one int32
+// per table row, all -1 on entry and on return.
+std::vector<torch::Tensor> map_to_slots(torch::Tensor ids, torch::Tensor slot_of_row, int64_t capacity,
+                                        torch::Tensor mark) {
+  TORCH_CHECK(ids.scalar_type() == torch::kInt64 && ids.is_contiguous(), "ids must be contiguous int64");
+  TORCH_CHECK(slot_of_row.scalar_type() == torch::kInt32 && slot_of_row.is_contiguous(),
+              "slot_of_row must be contiguous int32");
+  TORCH_CHECK(mark.scalar_type() == torch::kInt32 && mark.numel() == slot_of_row.numel(),
+              "mark must be int32 scratch with one entry per row");
+  const int64_t n = ids.numel();
+  const int64_t rows_in_table = slot_of_row.numel();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  const int32_t* slot_of = slot_of_row.data_ptr<int32_t>();
+  int32_t* first = mark.data_ptr<int32_t>();
+
+  auto local = torch::empty({n}, ids.options());
+  int64_t* local_ptr = local.data_ptr<int64_t>();
+  std::vector<int64_t> rows, counts, slots, misses;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = id[i];
+    TORCH_CHECK(row >= 0 && row < rows_in_table, "id ", row, " lies outside the table's ", rows_in_table, " rows");
+    int32_t u = first[row];
+    if (u < 0) {
+      u = static_cast<int32_t>(rows.size());
+      first[row] = u;
+      rows.push_back(row);
+      counts.push_back(0);
+      const int32_t slot = slot_of[row];
+      if (slot >= 0) {
+        slots.push_back(slot);
+      } else {
+        slots.push_back(capacity + static_cast<int64_t>(misses.size()));
+        misses.push_back(row);
+      }
+    }
+    counts[u] += 1;
+    local_ptr[i] = slots[u];
+  }
+  for (int64_t row : rows) first[row] = -1;
+  // Misses were given staging indices above; the result reports them as -1 (not hot).
+  for (auto& slot : slots)
+    if (slot >= capacity) slot = -1;
+  auto as_tensor = [&](const std::vector<int64_t>& values) {
+    return torch::from_blob(const_cast<int64_t*>(values.data()), {static_cast<int64_t>(values.size())},
+                            ids.options())
+        .clone();
+  };
+  return {local, as_tensor(rows), as_tensor(counts), as_tensor(slots), as_tensor(misses)};
+}
+
+// Conservative count-min update: every row's estimate (the least of its `depth` counters)
+// rises by its count, and each counter rises to at most the largest new estimate among
+// the rows that hash to it. All estimates are read before any counter moves. Returns the
+// new estimates. Hashing: multiply-shift over a premixed id, as reference.py.
+torch::Tensor sketch_add(torch::Tensor counters, torch::Tensor rows, torch::Tensor counts, torch::Tensor multipliers,
+                         int64_t bits) {
+  TORCH_CHECK(counters.scalar_type() == torch::kFloat32 && counters.is_contiguous(), "counters must be float32");
+  TORCH_CHECK(rows.scalar_type() == torch::kInt64 && counts.scalar_type() == torch::kInt64,
+              "rows and counts must be int64");
+  TORCH_CHECK(multipliers.scalar_type() == torch::kInt64, "multipliers must be int64");
+  const int64_t depth = multipliers.numel();
+  const int64_t width = int64_t{1} << bits;
+  TORCH_CHECK(counters.numel() == depth * width, "counters must hold depth x 2^bits values");
+  rows = rows.contiguous();
+  counts = counts.contiguous();
+  multipliers = multipliers.contiguous();
+  const int64_t n = rows.numel();
+  const int64_t* row = rows.data_ptr<int64_t>();
+  const int64_t* count = counts.data_ptr<int64_t>();
+  const int64_t* multiplier = multipliers.data_ptr<int64_t>();
+  float* counter = counters.data_ptr<float>();
+
+  std::vector<int64_t> cells(n * depth);
+  auto raised = torch::empty({n}, counters.options());
+  float* raised_ptr = raised.data_ptr<float>();
+  const uint64_t golden = 0x9E3779B97F4A7C15ULL;
+  for (int64_t i = 0; i < n; ++i) {
+    // Two's-complement wrapping, as torch's int64 ops; >> on int64 is arithmetic there too.
+    int64_t mixed = static_cast<int64_t>(static_cast<uint64_t>(row[i]) * golden);
+    mixed = mixed ^ (mixed >> 29);
+    float least = std::numeric_limits<float>::infinity();
+    for (int64_t d = 0; d < depth; ++d) {
+      const int64_t hashed = static_cast<int64_t>(static_cast<uint64_t>(mixed) * static_cast<uint64_t>(multiplier[d]))
+                             >> (64 - bits);
+      const int64_t cell = (hashed & (width - 1)) + d * width;
+      cells[i * depth + d] = cell;
+      least = std::min(least, counter[cell]);
+    }
+    raised_ptr[i] = least + static_cast<float>(count[i]);
+  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t d = 0; d < depth; ++d) {
+      float& c = counter[cells[i * depth + d]];
+      c = std::max(c, raised_ptr[i]);
+    }
+  return raised;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("map_to_slots", &map_to_slots, "de-duplicate a batch's ids and map them to fast-tier indices");
+  m.def("sketch_add", &sketch_add, "conservative count-min sketch update");
+}
