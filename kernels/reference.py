@@ -15,6 +15,9 @@ batch's ids into fast-tier indices, `sketch_add` counts rows in a count-min sket
 Optimizers (all with the rows' own slots):
 - sgd:     w -= lr * g
 - adagrad: row-wise, one slot per row: s += mean(g²); w -= lr * g / (sqrt(s) + eps)
+- adagrad_elementwise: torch.optim.Adagrad's, one slot per value: s += g²;
+           w -= lr * g / (sqrt(s) + eps); dim times the state of row-wise, for runs that
+           must match a torch.optim.Adagrad model exactly
 - adam:    lazy, only touched rows move: m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²;
            w -= lr · (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), t the global step.
 """
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "adagrad_elementwise", "adam")
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ class SparseOptimizer:
 
     def slot_shapes(self, rows: int, dim: int) -> list[tuple[int, ...]]:
         """Shapes of the per-row optimizer slots of a (rows, dim) table."""
-        return {"sgd": [], "adagrad": [(rows,)], "adam": [(rows, dim), (rows, dim)]}[self.name]
+        return {"sgd": [], "adagrad": [(rows,)], "adagrad_elementwise": [(rows, dim)],
+                "adam": [(rows, dim), (rows, dim)]}[self.name]
 
 
 def bag_lengths(ids: torch.Tensor, offsets: torch.Tensor, num_fields: int, max_len: torch.Tensor | None) -> torch.Tensor:
@@ -119,6 +123,11 @@ def fused_update(
         s = state[unique] + g.pow(2).mean(dim=1)
         state[unique] = s
         w -= optimizer.lr * g / (s.sqrt().unsqueeze(1) + optimizer.eps)
+    elif optimizer.name == "adagrad_elementwise":
+        (state,) = slots
+        s = state[unique] + g.pow(2)
+        state[unique] = s
+        w -= optimizer.lr * g / (s.sqrt() + optimizer.eps)
     else:
         m_slot, v_slot = slots
         m = optimizer.beta1 * m_slot[unique] + (1 - optimizer.beta1) * g

@@ -109,6 +109,14 @@ def _adagrad_step(g, state_ptr, row, state_stride, dim, lr, eps):
 
 
 @triton.jit
+def _elementwise_adagrad_step(g, state_ptrs, in_row, lr, eps):
+    """torch.optim.Adagrad's step: one accumulator per value, s += g²."""
+    s = tl.load(state_ptrs, mask=in_row, other=0.0).to(tl.float32) + g * g
+    tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=in_row)
+    return lr * g / (tl.sqrt(s) + eps)
+
+
+@triton.jit
 def _adam_step(g, m_ptrs, v_ptrs, in_row, lr, eps, beta1, beta2, bias1, bias2):
     """Lazy Adam on one row; bias1/bias2 = 1 - beta^step, computed once on the host."""
     m = beta1 * tl.load(m_ptrs, mask=in_row, other=0.0).to(tl.float32) + (1 - beta1) * g
@@ -150,6 +158,9 @@ def _update_rows_kernel(
         w -= lr * g
     elif OPTIMIZER == "adagrad":
         w -= _adagrad_step(g, slot0_ptr, row, s0_row_stride, dim, lr, eps)
+    elif OPTIMIZER == "adagrad_elementwise":
+        state_ptrs = slot0_ptr + row * s0_row_stride + cols * s0_col_stride
+        w -= _elementwise_adagrad_step(g, state_ptrs, in_row, lr, eps)
     else:
         m_ptrs = slot0_ptr + row * s0_row_stride + cols * s0_col_stride
         v_ptrs = slot1_ptr + row * s1_row_stride + cols * s1_col_stride

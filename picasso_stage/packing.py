@@ -33,8 +33,10 @@ class PackedGroup:
         return self.num_rows * self.embedding_dim * 4
 
     def slot_bytes(self, default_optimizer: str = "adagrad") -> int:
-        """Bytes of optimizer state: adagrad keeps one float per row, adam two per value."""
-        per_row = {"sgd": 0, "adagrad": 1, "adam": 2 * self.embedding_dim}[self.optimizer or default_optimizer]
+        """Bytes of optimizer state: (row-wise) adagrad keeps one float per row, element-wise
+        adagrad one per value, adam two per value."""
+        per_row = {"sgd": 0, "adagrad": 1, "adagrad_elementwise": self.embedding_dim,
+                   "adam": 2 * self.embedding_dim}[self.optimizer or default_optimizer]
         return self.num_rows * per_row * 4
 
 

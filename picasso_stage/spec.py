@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 
 POOLING_MODES = ("sum", "mean")
-SPARSE_OPTIMIZERS = ("sgd", "adagrad", "adam")
+SPARSE_OPTIMIZERS = ("sgd", "adagrad", "adagrad_elementwise", "adam")
 DENSE_TRANSFORMS = ("identity", "log1p")
 
 

@@ -47,7 +47,9 @@ class TrainConfig:
     hidden: tuple[int, ...] = (256, 128)
     lr_dense: float = 1e-3  # Adam
     lr_sparse: float = 0.05  # the sparse optimizer's, on embedding rows
-    sparse_optimizer: str = "adagrad"  # row-wise adagrad, lazy adam or sgd; fields may override
+    # adagrad (row-wise), adagrad_elementwise (torch.optim.Adagrad's), adam (lazy) or sgd;
+    # fields may override
+    sparse_optimizer: str = "adagrad"
     seed: int = 0
     log_every: int = 100  # steps between progress lines
     device: str = "auto"  # auto: cuda when torch sees a GPU, else cpu

@@ -125,9 +125,9 @@ torch::Tensor lookup(torch::Tensor weight, torch::Tensor ids, torch::Tensor offs
 namespace {
 
 struct Step {
-  int kind;  // 0 sgd, 1 row-wise adagrad, 2 lazy adam
+  int kind;  // 0 sgd, 1 row-wise adagrad, 2 lazy adam, 3 element-wise adagrad
   float lr, eps, beta1, beta2, bias1, bias2;
-  float* state;  // adagrad: one per row
+  float* state;  // adagrad: one per row; element-wise adagrad: (rows, dim)
   float* m;      // adam: (rows, dim)
   float* v;
 };
@@ -143,6 +143,12 @@ inline void apply_step(const Step& s, DimT dim_t, float* row, int64_t r, const f
     s.state[r] += square / static_cast<float>(dim);
     const float rate = s.lr / (std::sqrt(s.state[r]) + s.eps);
     for (int64_t d = 0; d < dim; ++d) row[d] -= rate * g[d];
+  } else if (s.kind == 3) {
+    float* sr = s.state + r * dim;
+    for (int64_t d = 0; d < dim; ++d) {
+      sr[d] += g[d] * g[d];
+      row[d] -= s.lr * g[d] / (std::sqrt(sr[d]) + s.eps);
+    }
   } else {
     float* mr = s.m + r * dim;
     float* vr = s.v + r * dim;
@@ -210,8 +216,9 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
                   torch::Tensor field_rows, torch::Tensor slot_of_row) {
   check_inputs(weight, ids, offsets, num_fields);
   TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == torch::kFloat32, "grad must be contiguous float32");
-  TORCH_CHECK(optimizer == "sgd" || optimizer == "adagrad" || optimizer == "adam", "unknown optimizer ", optimizer);
-  const int kind = optimizer == "sgd" ? 0 : optimizer == "adagrad" ? 1 : 2;
+  TORCH_CHECK(optimizer == "sgd" || optimizer == "adagrad" || optimizer == "adam" || optimizer == "adagrad_elementwise",
+              "unknown optimizer ", optimizer);
+  const int kind = optimizer == "sgd" ? 0 : optimizer == "adagrad" ? 1 : optimizer == "adam" ? 2 : 3;
   const Step s{kind,
                static_cast<float>(lr),
                static_cast<float>(eps),
@@ -219,7 +226,7 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
                static_cast<float>(beta2),
                kind == 2 ? static_cast<float>(1.0 - std::pow(beta1, step)) : 1.0f,
                kind == 2 ? static_cast<float>(1.0 - std::pow(beta2, step)) : 1.0f,
-               kind == 1 ? slots.at(0).data_ptr<float>() : nullptr,
+               kind == 1 || kind == 3 ? slots.at(0).data_ptr<float>() : nullptr,
                kind == 2 ? slots.at(0).data_ptr<float>() : nullptr,
                kind == 2 ? slots.at(1).data_ptr<float>() : nullptr};
   const int64_t num_bags = offsets.size(0), num_ids = ids.numel();
