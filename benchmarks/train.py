@@ -1,8 +1,10 @@
 """End-to-end training throughput: raw rows in, a trained model out.
 
 For Wide&Deep and DLRM, side by side on the same rows with the same hyper-parameters
-(batch 1024, dims from the spec, MLPs 256-128, Adam 1e-3 on dense weights, Adagrad 0.05
-on embeddings):
+(batch 1024, dims from the spec, MLPs 256-128, Adam 1e-3 on dense weights, element-wise
+Adagrad 0.05 on embeddings: torch.optim.Adagrad's math, which picasso's kernels also
+offer) and the same initial weights, so that the two compute the same model and
+auc_delta shows what the fast path costs in quality, if anything:
 - naive: a Dataset of row dicts, a DataLoader whose collate validates and hashes each value
   (memoised, which favours it) into per-field tensors, one nn.EmbeddingBag per field
   (two for Wide&Deep: deep and wide) with torch.optim.Adagrad, and the same dense part;
@@ -21,6 +23,7 @@ Ratios (Wide&Deep, the model the targets were set for): vs_naive@F and vs_dense_
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from dataclasses import replace
@@ -34,6 +37,7 @@ from picasso.builtin_specs import builtin_spec
 from picasso.cache import CacheConfig
 from picasso.connectors.decoders import RecordDecoder
 from picasso.hashing import bucket_of
+from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc
 from picasso.models.dlrm import DLRMDensePart
 from picasso.models.wide_deep import WideDeepDensePart
@@ -54,33 +58,37 @@ def dense_part(model: str, spec, plan: PackingPlan) -> torch.nn.Module:
     return WideDeepDensePart(len(spec.dense), len(plan.groups), width, HIDDEN)
 
 
-def per_field_plan(spec) -> PackingPlan:
-    """One group per field: how the naive model's per-field outputs line up."""
-    return PackingPlan.from_spec(replace(spec, sparse=tuple(replace(f, group=f.name) for f in spec.sparse)))
-
-
 class NaiveModel(torch.nn.Module):
-    """The model as plain PyTorch writes it: nn.EmbeddingBag per field (and per part)."""
+    """The model as plain PyTorch writes it: an nn.EmbeddingBag per field (and per part),
+    starting from the weights of `template` (a picasso model of the same spec and seed)."""
 
-    def __init__(self, model: str, spec):
+    def __init__(self, spec, template: torch.nn.Module):
         super().__init__()
-        plan = per_field_plan(spec)
-        self.fields = [spec.sparse_field(g.fields[0]) for g in plan.groups]
-        self.deep = torch.nn.ModuleList(
-            torch.nn.EmbeddingBag(f.num_rows, f.embedding_dim, mode=f.pooling, sparse=True) for f in self.fields)
-        for bag in self.deep:
-            torch.nn.init.uniform_(bag.weight, -0.05, 0.05)
-        self.wide = torch.nn.ModuleList()
-        if model == "wide_deep":
-            self.wide.extend(torch.nn.EmbeddingBag(f.num_rows, 1, mode=f.pooling, sparse=True) for f in self.fields)
-            for bag in self.wide:
-                torch.nn.init.zeros_(bag.weight)
-        self.dense_part = dense_part(model, spec, plan)
+        plan = template.embedding.plan
+        self.fields = [spec.sparse_field(name) for g in plan.groups for name in g.fields]
+        self.group_sizes = [g.num_fields for g in plan.groups]
+        parts = [template.embedding] + ([template.wide_embedding] if hasattr(template, "wide_embedding") else [])
+        self.parts = torch.nn.ModuleList(torch.nn.ModuleList(_bags(spec, plan, packed)) for packed in parts)
+        self.dense_part = copy.deepcopy(template.dense_part)
 
     def forward(self, dense, fields):
-        deep = [bag(ids, offsets).unsqueeze(1) for bag, (ids, offsets) in zip(self.deep, fields)]
-        wide = [bag(ids, offsets).unsqueeze(1) for bag, (ids, offsets) in zip(self.wide, fields)]
-        return self.dense_part(dense, deep + wide)
+        pooled = []
+        for bags in self.parts:
+            per_field = [bag(ids, offsets) for bag, (ids, offsets) in zip(bags, fields)]
+            starts = [sum(self.group_sizes[:i]) for i in range(len(self.group_sizes))]
+            pooled += [torch.stack(per_field[a:a + n], dim=1) for a, n in zip(starts, self.group_sizes)]
+        return self.dense_part(dense, pooled)
+
+
+def _bags(spec, plan, packed):
+    """One EmbeddingBag per field, holding that field's rows of the packed table."""
+    for group in plan.groups:
+        table = packed.tables[group.name]
+        for name, start in zip(group.fields, group.row_offsets):
+            field = spec.sparse_field(name)
+            bag = torch.nn.EmbeddingBag(field.num_rows, table.shape[1], mode=field.pooling, sparse=True)
+            bag.weight.data.copy_(table[start:start + field.num_rows])
+            yield bag
 
 
 class RowCollate:
@@ -111,11 +119,16 @@ class RowCollate:
         return labels, dense, fields
 
 
+def train_config(model_name: str, interleave: bool = True) -> TrainConfig:
+    return TrainConfig(model=model_name, hidden=HIDDEN, lr_dense=1e-3, lr_sparse=0.05,
+                       sparse_optimizer="adagrad_elementwise", log_every=0, cache=CacheConfig(capacity="10%"),
+                       interleave=interleave)
+
+
 def run_naive(model_name, spec, train_table, test_table) -> tuple[float, float]:
-    torch.manual_seed(0)
-    model = NaiveModel(model_name, spec)
-    sparse = [p for bags in (model.deep, model.wide) for p in bags.parameters()]
-    sparse_optimizer = torch.optim.Adagrad(sparse, lr=0.05)
+    model = NaiveModel(spec, Trainer(spec, train_config(model_name)).model)  # picasso's initial weights
+    sparse = [p for bags in model.parts for p in bags.parameters()]
+    sparse_optimizer = torch.optim.Adagrad(sparse, lr=0.05, eps=SparseOptimizer().eps)
     dense_optimizer = torch.optim.Adam(model.dense_part.parameters(), lr=1e-3)
     collate = RowCollate(spec, model.fields)
     loader = torch.utils.data.DataLoader(train_table.to_pylist(), batch_size=BATCH, collate_fn=collate)
@@ -137,9 +150,7 @@ def run_naive(model_name, spec, train_table, test_table) -> tuple[float, float]:
 def run_picasso(model_name, spec, train_table, test_table, interleave: bool) -> tuple[float, float, dict]:
     plan = PackingPlan.from_spec(spec)
     decoder = RecordDecoder(spec)
-    config = TrainConfig(model=model_name, hidden=HIDDEN, log_every=0, cache=CacheConfig(capacity="10%"),
-                         interleave=interleave)
-    trainer = Trainer(spec, config)
+    trainer = Trainer(spec, train_config(model_name, interleave))
 
     def packed_batches():  # lazily: with interleaving on, this runs in the worker thread
         for batch in train_table.to_batches(max_chunksize=BATCH):
