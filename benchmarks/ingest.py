@@ -2,16 +2,23 @@
 
 Every side reads the same messages of a topic from the same broker, with the same
 consumer settings, and ends when it has handled all of them:
-- raw: a bare kafka-python loop that only iterates the messages (the client's own cost);
+- raw: a bare kafka-python loop that only iterates the messages (the client's own cost:
+  its transport, and a ConsumerRecord per message);
 - picasso JSON: a bounded Beam pipeline on the FnApiRunner, ReadFromKafka → DecodeMessages
-  → PackMessages, one JSON event per message (pipeline start-up included);
+  → PackMessages, one JSON event per message (pipeline start-up included). ReadFromKafka
+  uses the same client and transport but takes each record batch whole, as columns
+  (connectors.kafka_blocks), as `picasso stream` does;
 - picasso Arrow: the same pipeline over Arrow IPC messages of 1,000 events each;
 - naive: a kafka-python consumer, json.loads, a dict per row, validation and id hashing
   per value (memoised, which favours it), tensors per batch.
+
+The sides are timed in turns (see kafka_bench.timings_in_turns); each reports the median
+wall time (the ratios) and the median CPU time of this process.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import apache_beam as beam
@@ -21,8 +28,8 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from kafka import TopicPartition
 
-from benchmarks.harness import median_seconds, parse_args, report
-from benchmarks.kafka_bench import kafka_broker, pin_to_one_core, produce_all
+from benchmarks.harness import parse_args, report
+from benchmarks.kafka_bench import kafka_broker, pin_to_one_core, produce_all, timings_in_turns
 from benchmarks.pack import python_rows_pack
 from picasso.builtin_specs import criteo_spec
 from picasso.connectors.kafka_config import KafkaConnection
@@ -106,14 +113,15 @@ def main() -> None:
 
         assert picasso_pipeline(connection, json_topic, "json", spec) == n  # same input, all of it, first
         assert picasso_pipeline(connection, arrow_topic, "arrow", spec) == n
-        repeat = max(3, args.repeat)
-        raw_s = median_seconds(lambda: raw_consume(connection, json_topic, n), repeat)
-        json_s = median_seconds(lambda: picasso_pipeline(connection, json_topic, "json", spec), repeat)
-        arrow_s = median_seconds(lambda: picasso_pipeline(connection, arrow_topic, "arrow", spec), repeat)
         memo: dict = {}
-        naive_s = median_seconds(lambda: naive_consume(connection, json_topic, n, spec, plan, memo), 3)
+        timings = timings_in_turns({
+            "raw_consume": lambda: raw_consume(connection, json_topic, n),
+            "picasso_json": lambda: picasso_pipeline(connection, json_topic, "json", spec),
+            "picasso_arrow": lambda: picasso_pipeline(connection, arrow_topic, "arrow", spec),
+            "naive": lambda: naive_consume(connection, json_topic, n, spec, plan, memo),
+        }, repeat=max(3, args.repeat), only_first={"naive": 3})
 
-    rates = {"raw_consume": n / raw_s, "picasso_json": n / json_s, "picasso_arrow": n / arrow_s, "naive": n / naive_s}
+    rates = {name: n / timing.wall_s for name, timing in timings.items()}
     ratios = {
         "json_vs_raw_consume": rates["picasso_json"] / rates["raw_consume"],
         "arrow_vs_json": rates["picasso_arrow"] / rates["picasso_json"],
@@ -126,9 +134,13 @@ def main() -> None:
         "naive_events_per_s": rates["naive"],
         "events": n,
         "pinned_core": core,
+        # CPU time of this process (the broker's is not in it): steadier than wall time
+        # on a machine shared with other work, which the load average tells.
+        "cpu_us_per_event": {name: 1e6 * timing.cpu_s / n for name, timing in timings.items()},
+        "load_average_1m": os.getloadavg()[0],
     }
-    rows = [[name, rate, 1e6 / rate] for name, rate in rates.items()]
-    report("ingest", ["path", "events/s", "µs/event"], rows, ratios, metrics, args.json)
+    rows = [[name, rates[name], 1e6 / rates[name], 1e6 * timing.cpu_s / n] for name, timing in timings.items()]
+    report("ingest", ["path", "events/s", "µs/event", "CPU µs/event"], rows, ratios, metrics, args.json)
 
 
 if __name__ == "__main__":

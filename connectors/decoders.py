@@ -315,9 +315,10 @@ class RecordDecoder:
             for j, f in enumerate(fields):
                 column, null = self._numbers(f.name, columns.get(f.name), n, verdicts)
                 values[:, j] = np.where(null, 0.0, column) if null.any() else column
-        if self._log1p.any():
-            logged = values[:, self._log1p]
-            values[:, self._log1p] = np.sign(logged) * np.log1p(np.abs(logged))
+        if self._log1p.all():  # Criteo's case: the whole matrix, in place
+            values = _signed_log1p(values)
+        elif self._log1p.any():
+            values[:, self._log1p] = _signed_log1p(values[:, self._log1p])
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is what is checked next
             dense = values.astype(np.float32)
         bad = ~np.isfinite(dense)
@@ -420,6 +421,14 @@ class RecordDecoder:
             rows.extend(bucket_of(v, f.hash_buckets) if f.hashed else v for v in bag)
             owner.extend([i] * len(bag))
         return lengths, np.array(rows, dtype=np.int64), np.array(owner, dtype=np.int64)
+
+
+def _signed_log1p(values: np.ndarray) -> np.ndarray:
+    """sign(x)·log(1+|x|), reusing one buffer for the intermediate steps."""
+    out = np.abs(values)
+    np.log1p(out, out=out)
+    out *= np.sign(values)
+    return out
 
 
 def _plain_numbers(values) -> tuple[np.ndarray, np.ndarray | None] | None:
