@@ -255,6 +255,12 @@ class Trainer:
                           bytes_moved=stats.bytes_moved)
         return totals
 
+    def step_metrics_so_far(self) -> dict[str, list[tuple[int, float]]]:
+        """The per-step series, with a last point for the steps since the last full interval."""
+        if self.step > self._last_record[0]:
+            self._record_step_metrics()
+        return self.step_metrics
+
     def _record_step_metrics(self) -> None:
         last_step, last = self._last_record
         steps = self.step - last_step

@@ -22,9 +22,10 @@ from rich.logging import RichHandler
 from rich.progress import Progress
 from rich.table import Table
 
+from picasso.pipelines.cache_args import add_cache_args, cache_config
 from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
                                            run_publish_pending)
-from picasso.spec import SpecError, load_spec
+from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
 
 console = Console(stderr=True)
 DEMO_DATE = "2026-11-01"
@@ -54,8 +55,9 @@ def _add_daily_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr-sparse", type=float, default=0.05)
     parser.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
     parser.add_argument("--model", choices=["wide_deep", "deepfm", "dlrm", "dcn_v2"], default="wide_deep")
-    parser.add_argument("--sparse-optimizer", choices=["adagrad", "adam", "sgd"], default="adagrad",
+    parser.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad",
                         help="default optimizer of the embedding tables (fields may name their own)")
+    add_cache_args(parser)
     parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
     parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (FnApiRunner, DirectRunner, ...)")
@@ -91,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     plan = commands.add_parser("plan", help="print the packing plan of a spec: groups, rows and bytes")
     plan.add_argument("--spec", default="criteo", help="YAML file, or built-in: criteo, criteo:N")
-    plan.add_argument("--sparse-optimizer", choices=["adagrad", "adam", "sgd"], default="adagrad",
+    plan.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad",
                       help="the default sparse optimizer (it sizes the optimizer state)")
 
     publishing = add_publish_commands(commands)
@@ -176,6 +178,8 @@ def _daily(args, data: str, date: str):
             lr_dense=args.lr_dense,
             lr_sparse=args.lr_sparse,
             device=args.device,
+            cache=cache_config(args),
+            interleave=not args.no_interleave,
         ),
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         batch_size=args.batch_size,
@@ -212,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     pending = False  # a publish MLflow could not take: it waits in WORKDIR/publish
     try:
+        if hasattr(args, "cache_capacity"):
+            cache_config(args)  # a bad cache option fails here, before any work
         if args.command == "generate":
             from picasso.pipelines.generate import dates_from
 

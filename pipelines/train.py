@@ -117,7 +117,7 @@ class _CheckpointDoFn(beam.DoFn):
             )
         # Stage times and cache counts go with the checkpoint; publishing logs them to the
         # MLflow run, the per-step series as charts.
-        metrics = {"train_loss": stats.mean_loss, **trainer.performance_metrics(), "step_metrics": trainer.step_metrics}
+        metrics = {"train_loss": stats.mean_loss, **trainer.performance_metrics(), "step_metrics": trainer.step_metrics_so_far()}
         path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics=metrics)
         yield CheckpointRef(path=str(path), step=trainer.step, stats=stats)
 

@@ -1,0 +1,33 @@
+"""Command-line options of the hot-row cache and interleaving, shared by `daily`, `demo`
+and `stream`."""
+
+from __future__ import annotations
+
+import argparse
+
+from picasso.cache import CacheConfig, parse_capacity
+
+
+def add_cache_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("hot-row cache and interleaving")
+    group.add_argument("--cache-capacity", default="10%",
+                       help="fast-tier size per packed table: rows (50000), bytes (64MiB) or a share of rows (5%%); "
+                            "'off' trains without the cache")
+    group.add_argument("--cache-refresh-every", type=int, default=100, help="steps between admissions and evictions")
+    group.add_argument("--cache-half-life", type=float, default=2000.0, help="steps for an access count to halve")
+    group.add_argument("--big-tier-dir", default=None,
+                       help="memory-map every table from files here (tables larger than RAM)")
+    group.add_argument("--no-interleave", action="store_true",
+                       help="prepare each batch in the compute thread instead of while the previous one computes")
+
+
+def cache_config(args: argparse.Namespace) -> CacheConfig | None:
+    """The CacheConfig the options ask for; None for --cache-capacity off. A capacity that
+    means nothing fails here, before any work starts."""
+    if str(args.cache_capacity).lower() == "off":
+        return None
+    parse_capacity(args.cache_capacity, num_rows=1, row_bytes=1)  # raises ValueError naming the text
+    if args.cache_refresh_every < 1 or args.cache_half_life <= 0:
+        raise ValueError("--cache-refresh-every must be at least 1 and --cache-half-life positive")
+    return CacheConfig(capacity=args.cache_capacity, refresh_every=args.cache_refresh_every,
+                       half_life=args.cache_half_life, big_tier_dir=args.big_tier_dir)

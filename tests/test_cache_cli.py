@@ -1,0 +1,40 @@
+"""The cache's command-line options: a bad capacity fails at start; a run with the cache
+logs its hit rate, rows moved and stage times with the checkpoint and the MLflow run."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+
+from test_cli import run_cli
+
+
+def test_bad_cache_capacity_fails_at_start_naming_it(tmp_path):
+    done = run_cli("demo", "--workdir", str(tmp_path / "work"), "--rows", "2000", "--cache-capacity", "lots", "--json")
+    assert done.returncode == 2
+    assert "cache capacity 'lots'" in done.stderr
+    assert "error" in json.loads(done.stdout.strip().splitlines()[-1])
+    assert not (tmp_path / "work" / "data").exists()  # refused before any work
+
+
+def test_run_with_a_memory_mapped_cache_logs_its_metrics(tmp_path):
+    big_tier = tmp_path / "big-tier"
+    done = run_cli("demo", "--workdir", str(tmp_path / "work"), "--rows", "30000", "--hidden", "32,16",
+                   "--batch-size", "1024", "--cache-capacity", "5%", "--cache-refresh-every", "5",
+                   "--big-tier-dir", str(big_tier), "--json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["auc"] > 0.6
+    assert any(big_tier.iterdir())  # the tables lived in files there
+
+    (metrics_file,) = (tmp_path / "work").rglob("step-*/metrics.json")
+    metrics = json.loads(metrics_file.read_text())
+    assert 0 < metrics["cache_hit_rate"] < 1 and metrics["cache_rows_moved"] > 0
+    assert metrics["compute_s_per_step"] > 0
+    assert metrics["step_metrics"]["cache_hit_rate"]  # one point per log interval
+
+    mlflow.set_tracking_uri(result["tracking_uri"])
+    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    assert run.data.metrics["train.cache_hit_rate"] == metrics["cache_hit_rate"]
+    assert "train.compute_s_per_step" in run.data.metrics
