@@ -43,4 +43,4 @@ def champion_checkpoint(target: MLflowTarget, policy: PublishPolicy = PublishPol
         raise FileNotFoundError(f"{target.model_name}@{CHAMPION} (version {version.version}) was published from "
                                 f"checkpoint {path!r}, which is not on this machine; warm-start from the latest "
                                 "checkpoint instead (--warm-start latest)")
-    return ChampionCheckpoint(version.version, path)
+    return ChampionCheckpoint(str(version.version), path)

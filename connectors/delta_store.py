@@ -104,7 +104,7 @@ class DeltaStore:
             delta = compute_delta(load_weights(base_path), target, base_sha, weights_sha)
         delta_bytes = save_delta(delta, directory / DELTA_FILE)
         artifact = DeltaArtifact(
-            directory=str(directory), base_version=previous.version, base_sha256=base_sha, target_sha256=weights_sha,
+            directory=str(directory), base_version=str(previous.version), base_sha256=base_sha, target_sha256=weights_sha,
             changed_rows=sum(int(r["ids"].numel()) for r in delta["rows"].values()),
             whole_tensors=len(delta["whole"]), delta_bytes=delta_bytes, full_bytes=weights.stat().st_size)
         (directory / DELTA_INFO).write_text(json.dumps(asdict(artifact) | {"directory": None}, indent=1))

@@ -33,9 +33,6 @@ from pathlib import Path
 
 import apache_beam as beam
 import mlflow
-import numpy as np
-import pyarrow as pa
-import torch
 from mlflow.entities import Metric, Param
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
@@ -54,14 +51,18 @@ from picasso.packing import PackingPlan
 
 log = logging.getLogger(__name__)
 
-# What the pyfunc needs at serving time, and nothing of the trainer's (Beam, Kafka).
-SERVING_REQUIREMENTS = [
-    f"torch>={torch.__version__.split('+')[0]}",
-    f"pyarrow>={pa.__version__}",
-    f"numpy>={np.__version__}",
-    "pandas",
-    "pyyaml",
-]
+# What the pyfunc needs at serving time, and nothing of the trainer's (Beam, Kafka),
+# pinned to the versions it was logged with. torch is pinned without its local build tag
+# (2.13.0, not 2.13.0+cpu): the index serves the plain version.
+SERVING_PACKAGES = ("torch", "pyarrow", "numpy", "pandas", "pyyaml")
+
+
+def serving_requirements() -> list[str]:
+    from importlib.metadata import version
+
+    return [f"{name}=={version(name).split('+')[0]}" for name in SERVING_PACKAGES]
+
+
 MAX_TAG_CHARS = 5000
 MAX_PARAM_CHARS = 6000
 MAX_POSITION_METRICS = 100  # per-source position metrics; beyond that only the total
@@ -282,23 +283,25 @@ class _Publication:
     def log_run(self, client: MlflowClient, experiment_id: str, tmp: Path):
         """A run with everything logged and the pyfunc model; returns (run_id, model_id, weights)."""
         checkpoint, target = self.checkpoint, self.target
+        artifacts = tmp / "run"
+        (artifacts / "plots").mkdir(parents=True)
         weights = tmp / "weights.pt"
         state = serving_state(checkpoint.state["model"])
         weights_sha = save_weights(state, weights)
-        delta = self.deltas.make(client, target.model_name, state, weights, weights_sha, tmp / "delta") \
+        delta = self.deltas.make(client, target.model_name, state, weights, weights_sha, artifacts / "delta") \
             if self.policy.deltas else None
         del state
-        artifacts = tmp / "run"
-        (artifacts / "plots").mkdir(parents=True)
         shutil.copy(checkpoint.path / "spec.yaml", artifacts / "spec.yaml")
         (artifacts / "packing_plan.json").write_text(json.dumps(_plan_dict(checkpoint), indent=1))
         (artifacts / "positions.json").write_text(json.dumps(checkpoint.positions, sort_keys=True, indent=1))
         (artifacts / "plots" / "metrics_over_versions.svg").write_text(metrics_svg(self.history(client, experiment_id)))
-        if delta is not None:
-            shutil.copytree(delta.directory, artifacts / "delta")
         parent = os.environ.get("MLFLOW_RUN_ID")  # inside `mlflow run`: nest under the project's run
+        # The weights' hash and the delta's base go on the run too: a retry that reuses this
+        # run registers the version with them.
         run_tags = {tags.CHECKPOINT_ID: self.checkpoint_id, tags.CHECKPOINT_PATH: self.checkpoint_path,
-                    tags.MODEL_NAME: target.model_name, **({"mlflow.parentRunId": parent} if parent else {})}
+                    tags.MODEL_NAME: target.model_name, tags.WEIGHTS_SHA: weights_sha,
+                    tags.DELTA_BASE: delta.base_version if delta else "none",
+                    **({"mlflow.parentRunId": parent} if parent else {})}
         run = client.create_run(experiment_id, run_name=self.request.run_name, tags=run_tags)
         run_id = run.info.run_id
         client.log_batch(run_id, metrics=_metric_entities(self.metrics(), self.series()),
@@ -318,26 +321,30 @@ class _Publication:
                     pyfunc_model.ARTIFACT_CONFIG: str(_write_model_config(checkpoint, tmp)),
                 },
                 code_paths=[str(_stage_code(tmp / "code"))],
-                pip_requirements=SERVING_REQUIREMENTS,
+                pip_requirements=serving_requirements(),
                 signature=signature_for(checkpoint.spec),
             )
         client.set_tag(run_id, tags.MODEL_ID, info.model_id)
         self.on_stage("model_logged")
-        return run_id, info.model_id, weights, weights_sha, delta
+        return run_id, info.model_id, weights, delta
 
-    def register(self, client: MlflowClient, run_id: str, model_id: str, weights_sha: str, delta) -> object:
+    def register(self, client: MlflowClient, run) -> object:
+        """The version of a run whose model is logged; its tags come from the run's."""
         _ensure_registered_model(client, self.target.model_name)
+        run_tags = run.data.tags
+        model_id = run_tags[tags.MODEL_ID]
+        base = run_tags.get(tags.DELTA_BASE, "none")
         version = client.create_model_version(
-            self.target.model_name, source=f"models:/{model_id}", run_id=run_id, model_id=model_id,
-            tags=self.version_tags(weights_sha, delta.base_version if delta else None))
-        client.set_tag(run_id, tags.VERSION, version.version)
+            self.target.model_name, source=f"models:/{model_id}", run_id=run.info.run_id, model_id=model_id,
+            tags=self.version_tags(run_tags[tags.WEIGHTS_SHA], None if base == "none" else base))
+        client.set_tag(run.info.run_id, tags.VERSION, str(version.version))
         self.on_stage("registered")
         return version
 
     def promote(self, client: MlflowClient, version) -> tuple[bool, str]:
         """Alias candidate; champion when the policy says so; tag the decision (last, so a
         version without it is finished by the next attempt)."""
-        name, number = self.target.model_name, version.version
+        name, number = self.target.model_name, str(version.version)  # an int from a SQL store, a str over REST
         client.set_registered_model_alias(name, CANDIDATE, number)
         try:
             champion = client.get_model_version_by_alias(name, CHAMPION)
@@ -345,12 +352,12 @@ class _Publication:
             if err.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
                 raise
             champion = None
-        if champion is not None and champion.version == number:
+        if champion is not None and str(champion.version) == number:
             promoted, reason = True, version.tags.get(tags.PROMOTION_REASON) or "already champion"
         else:
             champion_auc = float(champion.tags.get(tags.AUC, "nan")) if champion else None
             decision = decide_promotion(float(self.request.metrics.get("auc", math.nan)), champion_auc,
-                                        champion.version if champion else None, self.policy)
+                                        str(champion.version) if champion else None, self.policy)
             promoted, reason = decision.promote, decision.reason
             if promoted:
                 client.set_registered_model_alias(name, CHAMPION, number)
@@ -365,7 +372,7 @@ class _Publication:
         mlflow.set_tracking_uri(target.tracking_uri)
         mlflow.set_registry_uri(target.tracking_uri)
         version = self.existing_version(client)
-        created, weights, weights_sha, delta = version is None, None, None, None
+        created, weights, delta = version is None, None, None
         if version is not None and tags.PROMOTION in version.tags:
             # Published in full before: leave its aliases alone (a newer version may hold them).
             return self.ref(version, created=False, champion=version.tags[tags.PROMOTION] == "promoted",
@@ -373,23 +380,21 @@ class _Publication:
         with tempfile.TemporaryDirectory(prefix="picasso-publish-") as tmp:
             if version is None:
                 experiment_id = _experiment_id(client, target)
-                run = self.logged_run(client, experiment_id)
-                if run is not None:  # an earlier attempt logged the model, then failed
-                    run_id, model_id = run.info.run_id, run.data.tags[tags.MODEL_ID]
-                    weights_sha = save_weights(serving_state(self.checkpoint.state["model"]), Path(tmp) / "w.pt")
-                else:
-                    run_id, model_id, weights, weights_sha, delta = self.log_run(client, experiment_id, Path(tmp))
-                version = self.register(client, run_id, model_id, weights_sha, delta)
+                run = self.logged_run(client, experiment_id)  # an earlier attempt's, which failed later
+                if run is None:
+                    run_id, _, weights, delta = self.log_run(client, experiment_id, Path(tmp))
+                    run = client.get_run(run_id)
+                version = self.register(client, run)
             promoted, reason = self.promote(client, version)
             if weights is not None:
-                self.deltas.remember(target.model_name, version.version, weights, weights_sha)
+                self.deltas.remember(target.model_name, str(version.version), weights, run.data.tags[tags.WEIGHTS_SHA])
         return self.ref(version, created, promoted, reason, delta)
 
     def ref(self, version, created: bool, champion: bool, reason: str, delta=None) -> ModelVersionRef:
-        name = self.target.model_name
+        name, number = self.target.model_name, str(version.version)
         base = version.tags.get(tags.DELTA_BASE) if delta is None else delta.base_version
         return ModelVersionRef(
-            name, version.version, f"models:/{name}/{version.version}", version.run_id, created=created,
+            name, number, f"models:/{name}/{number}", version.run_id, created=created,
             champion=champion, promotion_reason=reason, delta_base=None if base in (None, "none") else base,
             full_bytes=delta.full_bytes if delta else 0, delta_bytes=delta.delta_bytes if delta else None)
 

@@ -34,10 +34,27 @@ def save_weights(state: dict[str, torch.Tensor], path: str | Path) -> str:
     """Write state with torch.save; returns the file's SHA-256.
 
     Saved through a file object: given a path, torch.save names the archive's root folder
-    after the file, so equal weights under two names would differ in bytes."""
+    after the file, so equal weights under two names would differ in bytes. The hash is
+    taken as the bytes go out, rather than by reading hundreds of MB back."""
     with open(path, "wb") as f:
-        torch.save(state, f)
-    return file_sha256(path)
+        hashing = _HashingWriter(f)
+        torch.save(state, hashing)
+    return hashing.digest.hexdigest()
+
+
+class _HashingWriter:
+    """A write-only file that hashes what passes through it."""
+
+    def __init__(self, f):
+        self.f = f
+        self.digest = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.digest.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:

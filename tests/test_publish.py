@@ -21,7 +21,7 @@ from publish_helpers import SPEC, CheckpointMaker, fresh_target, request
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.delta_store import download_delta, download_weights, rebuild, rebuild_version
 from picasso.connectors.local_broker import free_port
-from picasso.connectors.mlflow_registry import MLflowTarget, publish
+from picasso.connectors.mlflow_registry import MLflowTarget, publish, serving_requirements
 from picasso.connectors.model_delta import DeltaMismatch, apply_delta, changed_rows, compute_delta
 from picasso.connectors.model_signature import signature_for
 from picasso.connectors.publish_outbox import PENDING, PUBLISHED, PublishOutbox
@@ -221,6 +221,10 @@ def test_the_model_loads_and_predicts_without_beam_kafka_or_an_installed_picasso
     repo = str(Path(__file__).resolve().parents[1])
     local = mlflow.artifacts.download_artifacts(f"models:/{target.model_name}/3", dst_path=str(tmp_path),
                                                 tracking_uri=mlflow_server)
+    requirements = (Path(local) / "requirements.txt").read_text().split()
+    assert set(serving_requirements()) <= set(requirements)
+    assert all("==" in line for line in requirements)  # pinned
+    assert not any(name in " ".join(requirements) for name in ("apache-beam", "kafka"))
     script = f"""
 import sys
 for name in ("apache_beam", "kafka"):
