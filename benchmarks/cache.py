@@ -31,6 +31,7 @@ from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
 from picasso.cache import CacheConfig
 from picasso.connectors.decoders import RecordDecoder
+from picasso import kernels
 from picasso.hot_rows import HotRowDirectory
 from picasso.packing import PackingPlan
 from picasso.synthetic import PlantedModel
@@ -66,11 +67,12 @@ class ZipfStream:
 def cache_hits(directory: HotRowDirectory, ids: torch.Tensor) -> int:
     """One training step as the cache sees it (HotCache.prepare, then Trainer._begin):
     count the batch's ids, refresh if due, and serve the batch from the mapping then."""
-    rows, counts = torch.unique(ids, return_counts=True)
-    directory.observe(rows, counts, directory.slots_of(rows))
+    _, miss_rows, miss_counts, hit_slots, hit_counts = kernels.map_to_slots(ids, directory.slot_of_row, 0)
+    directory.observe(miss_rows, miss_counts, hit_slots, hit_counts)
     if directory.refresh_due:
         directory.plan_refresh()
-    return int(counts[directory.slots_of(rows) >= 0].sum())
+        _, _, _, _, hit_counts = kernels.map_to_slots(ids, directory.slot_of_row, 0)
+    return int(hit_counts.sum())
 
 
 def static_hit_ratio(rows: int, lookups: int, steps: int, alpha: float, share: float, seed: int) -> tuple[float, float]:

@@ -5,6 +5,7 @@ Two ops over a packed table (see reference.py for their exact definition):
 - `fused_update`: the backward pass of lookup fused with a sparse optimizer step.
 Two for the hot-row cache's bookkeeping, which lives on the host:
 - `map_to_slots`: de-duplicate a batch's ids and map them to fast-tier indices;
+- `copy_rows`: move rows between tiers;
 - `sketch_add`: a conservative count-min sketch update.
 
 Backends, chosen per device at run time:
@@ -79,8 +80,15 @@ def map_to_slots(ids, slot_of_row, capacity):
     return _host_op("map_to_slots")(ids, slot_of_row, capacity)
 
 
+def copy_rows(dst, dst_index, src, src_index):
+    """Between host tensors, the host op; else torch's, across the bus."""
+    if dst.device.type == "cpu" and src.device.type == "cpu":
+        return _host_op("copy_rows")(dst, dst_index, src, src_index)
+    return load_backend("reference").copy_rows(dst, dst_index, src, src_index)
+
+
 def sketch_add(counters, rows, counts, multipliers, bits):
     return _host_op("sketch_add")(counters, rows, counts, multipliers, bits)
 
 
-__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "fused_update", "load_backend", "lookup", "map_to_slots", "sketch_add"]
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "fused_update", "load_backend", "copy_rows", "lookup", "map_to_slots", "sketch_add"]

@@ -119,9 +119,11 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: Spars
 
 
 def map_to_slots(ids, slot_of_row, capacity):
-    local, rows, counts, slots, miss_rows = _cache_ops.map_to_slots(
-        ids.contiguous(), slot_of_row, capacity, _scratch_for(slot_of_row.numel()))
-    return local, rows, counts, slots, miss_rows
+    return tuple(_cache_ops.map_to_slots(ids.contiguous(), slot_of_row, capacity, _scratch_for(slot_of_row.numel())))
+
+
+def copy_rows(dst, dst_index, src, src_index):
+    _cache_ops.copy_rows(dst, dst_index, src, src_index)
 
 
 def sketch_add(counters, rows, counts, multipliers, bits):

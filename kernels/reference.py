@@ -10,7 +10,8 @@ kernels do not check them (PackedBatch and PackedEmbedding hold to them by const
 The backward pass is fused with the optimizer: the gradient of each touched row is summed
 over its occurrences and applied at once, so no dense gradient of the table ever exists.
 The hot-row cache's bookkeeping is here too (see picasso/cache.py): `map_to_slots` turns a
-batch's ids into fast-tier indices, `sketch_add` counts rows in a count-min sketch.
+batch's ids into fast-tier indices, `copy_rows` moves rows between tiers, `sketch_add`
+counts rows in a count-min sketch.
 
 Optimizers (all with the rows' own slots):
 - sgd:     w -= lr * g
@@ -140,12 +141,13 @@ def fused_update(
 
 
 def map_to_slots(ids: torch.Tensor, slot_of_row: torch.Tensor, capacity: int):
-    """De-duplicate ids (in order of first occurrence) and map them to fast-tier indices.
+    """De-duplicate ids and map them to fast-tier indices.
 
-    Returns (local_ids, rows, counts, slots, miss_rows): local_ids[i] is the fast-tier
-    index of ids[i]; rows are the unique ids, counts how often each occurs, slots their
-    hot slot (slot_of_row, -1 when not hot); miss_rows are the rows that are not hot, in
-    order, and the k-th of them is served from index capacity + k.
+    Returns (local_ids, miss_rows, miss_counts, hit_slots, hit_counts): local_ids[i] is the
+    fast-tier index of ids[i], the row's hot slot (slot_of_row) or, for the k-th distinct
+    row that is not hot, capacity + k. miss_rows are those rows and miss_counts how often
+    each occurs; hit_slots are the hot slots used and hit_counts how often. Rows are taken
+    in order of first occurrence.
     """
     rows, inverse, counts = torch.unique(ids, sorted=True, return_inverse=True, return_counts=True)
     first = torch.full((rows.numel(),), ids.numel(), dtype=torch.int64)
@@ -158,7 +160,18 @@ def map_to_slots(ids: torch.Tensor, slot_of_row: torch.Tensor, capacity: int):
     miss = slots < 0
     local = slots.clone()
     local[miss] = capacity + torch.arange(int(miss.sum()))
-    return local[inverse], rows, counts, slots, rows[miss]
+    return local[inverse], rows[miss], counts[miss], slots[~miss], counts[~miss]
+
+
+def copy_rows(dst: torch.Tensor, dst_index: torch.Tensor, src: torch.Tensor, src_index: torch.Tensor) -> None:
+    """dst[dst_index[i]] = src[src_index[i]] for every i; an empty index means 0, 1, 2, ...
+    The rows are picked on src's device and placed on dst's (host and GPU tiers)."""
+    rows = src.index_select(0, src_index.to(src.device)) if src_index.numel() else src[: dst_index.numel()]
+    rows = rows.to(dst.device, non_blocking=True)
+    if dst_index.numel():
+        dst.index_copy_(0, dst_index.to(dst.device), rows)
+    else:
+        dst[: rows.shape[0]] = rows
 
 
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed int64

@@ -122,16 +122,23 @@ class TieredTable:
 
     def gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
         """Big-tier values of rows (and of their slots)."""
-        return [t.index_select(0, rows) for t in self.big]
+        values = []
+        for t in self.big:
+            value = torch.empty((rows.numel(), *t.shape[1:]), dtype=t.dtype)
+            kernels.copy_rows(value, _ALL, t, rows)
+            values.append(value)
+        return values
 
     def load(self, slots: torch.Tensor, values: list[torch.Tensor]) -> None:
-        slots = slots.to(self.device)
         for fast, value in zip(self.fast, values):
-            fast.index_copy_(0, slots, value.to(self.device, non_blocking=True))
+            kernels.copy_rows(fast, slots, value, _ALL)
 
     def write_back(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         for fast, big in zip(self.fast, self.big):
-            big.index_copy_(0, rows, fast.index_select(0, slots.to(self.device)).to(big.device))
+            kernels.copy_rows(big, rows, fast, slots)
+
+
+_ALL = torch.zeros(0, dtype=torch.int64)  # copy_rows: every row in order
 
 
 def _memory_mapped(tensor: torch.Tensor, path: Path) -> torch.Tensor:
@@ -143,9 +150,8 @@ def _memory_mapped(tensor: torch.Tensor, path: Path) -> torch.Tensor:
 
 @dataclass
 class PreparedGroup:
-    rows: torch.Tensor  # the batch's unique rows
-    counts: torch.Tensor  # lookups of each
-    slots: torch.Tensor  # their hot slots, -1 for misses
+    lookups: int  # ids looked up
+    hits: int  # of those, served by hot rows
     miss_rows: torch.Tensor  # rows staged for this batch, in staging order
     staged: list[list[torch.Tensor]]  # per tiered table, the gathered values of miss_rows
     reread: torch.Tensor  # staging positions to read again at install (written back since gathered)
@@ -189,16 +195,17 @@ class HotCache:
         meanwhile: it changes the mapping this reads."""
         groups, local_ids = {}, {}
         for name, directory in self.directories.items():
-            local_ids[name], rows, counts, slots, miss_rows = kernels.map_to_slots(
-                tensors.ids[name], directory.slot_of_row, directory.capacity)
+            ids = tensors.ids[name]
+            local_ids[name], miss_rows, miss_counts, hit_slots, hit_counts = kernels.map_to_slots(
+                ids, directory.slot_of_row, directory.capacity)
             if observe:
-                directory.observe(rows, counts, slots)
+                directory.observe(miss_rows, miss_counts, hit_slots, hit_counts)
             previous = self._in_flight.get(name)
             reread = torch.zeros(0, dtype=torch.int64)
             if previous is not None and previous.numel() and miss_rows.numel():
                 reread = torch.nonzero(torch.isin(miss_rows, previous)).flatten()
             staged = [table.gather(miss_rows) for table in self.tables[name]]
-            groups[name] = PreparedGroup(rows, counts, slots, miss_rows, staged, reread)
+            groups[name] = PreparedGroup(ids.numel(), int(hit_counts.sum()), miss_rows, staged, reread)
         local = TorchBatch(label=tensors.label, dense=tensors.dense, ids=local_ids, offsets=tensors.offsets)
         return PreparedBatch(local, groups, self.epoch)
 
@@ -215,9 +222,8 @@ class HotCache:
                     table.load(staging[group.reread], table.gather(group.miss_rows[group.reread]))
             self._in_flight[name] = group.miss_rows
             if training:
-                hit_lookups = int(group.counts[group.slots >= 0].sum())
-                self.stats.lookups += int(group.counts.sum())
-                self.stats.hits += hit_lookups
+                self.stats.lookups += group.lookups
+                self.stats.hits += group.hits
                 # Staged in now and written back by commit (counted here: commit may run
                 # in the compute thread, and stats are only written from this one).
                 self._count_moved(name, 2 * group.miss_rows.numel())

@@ -58,16 +58,11 @@ class HotRowDirectory:
 
     # -- per step ---------------------------------------------------------------------
 
-    def slots_of(self, rows: torch.Tensor) -> torch.Tensor:
-        """Fast-tier slot of each row, -1 where it is not cached (int64)."""
-        return self.slot_of_row[rows].to(torch.int64)
-
-    def observe(self, rows: torch.Tensor, counts: torch.Tensor, slots: torch.Tensor) -> None:
-        """Count one step's lookups: unique `rows`, how often each was looked up, their slots."""
-        hit = slots >= 0
-        self.counts.index_add_(0, slots[hit], counts[hit].to(torch.float32))
-        miss_rows = rows[~hit]
-        estimates = self.sketch.add(miss_rows, counts[~hit])
+    def observe(self, miss_rows: torch.Tensor, miss_counts: torch.Tensor, hit_slots: torch.Tensor,
+                hit_counts: torch.Tensor) -> None:
+        """Count one step's lookups: of the rows not cached (unique), and of the hot slots (unique)."""
+        self.counts.index_add_(0, hit_slots, hit_counts.to(torch.float32))
+        estimates = self.sketch.add(miss_rows, miss_counts)
         self._candidates.append(miss_rows if self.free_slots else miss_rows[estimates > self.threshold])
         self.steps_since_refresh += 1
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from picasso import kernels
 from picasso.cache import CacheConfig, parse_capacity
 from picasso.frequency import DecayedSketch
 from picasso.hot_rows import HotRowDirectory
@@ -123,8 +124,7 @@ def test_performance_metrics_report_cache_and_stages(batches):
 
 
 def observe(directory: HotRowDirectory, ids: list[int]) -> None:
-    rows, counts = torch.unique(torch.tensor(ids), return_counts=True)
-    directory.observe(rows, counts, directory.slots_of(rows))
+    directory.observe(*kernels.map_to_slots(torch.tensor(ids), directory.slot_of_row, directory.capacity)[1:])
     if directory.refresh_due:
         directory.plan_refresh()
 

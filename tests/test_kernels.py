@@ -165,17 +165,33 @@ def test_map_to_slots_cpu_matches_reference(seed):
     actual = cpu.map_to_slots(ids, slot_of_row, capacity)
     for e, a in zip(expected, actual):
         assert torch.equal(e, a)
-    local, rows, counts, slots, miss_rows = actual
+    local, miss_rows, miss_counts, hit_slots, hit_counts = actual
     # the contract: every id maps to its hot slot, or to capacity + its miss's position
-    hot = slot_of_row[ids] >= 0
-    assert hot.any() and (~hot).any()
-    assert torch.equal(local[hot], slot_of_row[ids][hot].long())
-    assert torch.equal(miss_rows[local[~hot] - capacity], ids[~hot])
-    assert torch.equal(slots >= 0, slot_of_row[rows] >= 0)
-    assert int(counts.sum()) == ids.numel() and torch.equal(rows[: 1], ids[:1])  # first occurrence first
-    assert torch.equal(rows.sort().values, torch.unique(ids))
+    is_hot = slot_of_row[ids] >= 0
+    assert is_hot.any() and (~is_hot).any()
+    assert torch.equal(local[is_hot], slot_of_row[ids][is_hot].long())
+    assert torch.equal(miss_rows[local[~is_hot] - capacity], ids[~is_hot])
+    assert torch.equal(miss_rows.sort().values, torch.unique(ids[~is_hot]))
+    assert torch.equal(hit_slots.sort().values, torch.unique(slot_of_row[ids][is_hot]).long())
+    assert int(miss_counts.sum()) == int((~is_hot).sum()) and int(hit_counts.sum()) == int(is_hot.sum())
     # the scratch is left all -1, so the next call starts clean
     assert torch.equal(cpu.map_to_slots(ids, slot_of_row, capacity)[0], local)
+
+
+@pytest.mark.parametrize("shape", [(50,), (50, 1), (50, 16)])
+def test_copy_rows_cpu_matches_reference(shape):
+    g = torch.Generator().manual_seed(0)
+    src = torch.randn(*shape, generator=g)
+    picked = torch.randperm(50, generator=g)[:20]
+    placed = torch.randperm(30, generator=g)[:20]
+    none = torch.zeros(0, dtype=torch.int64)
+    for dst_index, src_index, rows in ((placed, picked, 30), (none, picked, 20), (placed, none, 30)):
+        expected, actual = torch.zeros(rows, *shape[1:]), torch.zeros(rows, *shape[1:])
+        reference.copy_rows(expected, dst_index, src, src_index)
+        cpu.copy_rows(actual, dst_index, src, src_index)
+        assert torch.equal(expected, actual) and actual.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="out of range"):
+        cpu.copy_rows(torch.zeros(5, *shape[1:]), torch.tensor([7]), src, torch.tensor([0]))
 
 
 def test_map_to_slots_refuses_ids_outside_the_table():

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -16,7 +17,8 @@ namespace {
 
 // De-duplicate ids in order of first occurrence and map each to its fast-tier index: a hot
 // row's slot, or capacity + its position among the batch's misses. `mark` is one int32
-// per table row, all -1 on entry and on return.
+// per table row, all -1 on entry and on return. Returns local ids, then the misses (rows
+// and lookup counts) and the hits (slots and lookup counts), each in first-seen order.
 std::vector<torch::Tensor> map_to_slots(torch::Tensor ids, torch::Tensor slot_of_row, int64_t capacity,
                                         torch::Tensor mark) {
   TORCH_CHECK(ids.scalar_type() == torch::kInt64 && ids.is_contiguous(), "ids must be contiguous int64");
@@ -28,41 +30,71 @@ std::vector<torch::Tensor> map_to_slots(torch::Tensor ids, torch::Tensor slot_of
   const int64_t rows_in_table = slot_of_row.numel();
   const int64_t* id = ids.data_ptr<int64_t>();
   const int32_t* slot_of = slot_of_row.data_ptr<int32_t>();
-  int32_t* first = mark.data_ptr<int32_t>();
+  int32_t* seen = mark.data_ptr<int32_t>();  // row -> its entry: 2u for the u-th miss, 2u+1 for the u-th hit
 
   auto local = torch::empty({n}, ids.options());
   int64_t* local_ptr = local.data_ptr<int64_t>();
-  std::vector<int64_t> rows, counts, slots, misses;
+  std::vector<int64_t> miss_rows, miss_counts, hit_slots, hit_counts, touched;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = id[i];
     TORCH_CHECK(row >= 0 && row < rows_in_table, "id ", row, " lies outside the table's ", rows_in_table, " rows");
-    int32_t u = first[row];
-    if (u < 0) {
-      u = static_cast<int32_t>(rows.size());
-      first[row] = u;
-      rows.push_back(row);
-      counts.push_back(0);
+    int32_t entry = seen[row];
+    if (entry < 0) {
+      touched.push_back(row);
       const int32_t slot = slot_of[row];
       if (slot >= 0) {
-        slots.push_back(slot);
+        entry = static_cast<int32_t>(2 * hit_slots.size() + 1);
+        hit_slots.push_back(slot);
+        hit_counts.push_back(0);
       } else {
-        slots.push_back(capacity + static_cast<int64_t>(misses.size()));
-        misses.push_back(row);
+        entry = static_cast<int32_t>(2 * miss_rows.size());
+        miss_rows.push_back(row);
+        miss_counts.push_back(0);
       }
+      seen[row] = entry;
     }
-    counts[u] += 1;
-    local_ptr[i] = slots[u];
+    const int64_t u = entry >> 1;
+    if (entry & 1) {
+      hit_counts[u] += 1;
+      local_ptr[i] = hit_slots[u];
+    } else {
+      miss_counts[u] += 1;
+      local_ptr[i] = capacity + u;
+    }
   }
-  for (int64_t row : rows) first[row] = -1;
-  // Misses were given staging indices above; the result reports them as -1 (not hot).
-  for (auto& slot : slots)
-    if (slot >= capacity) slot = -1;
+  for (int64_t row : touched) seen[row] = -1;
   auto as_tensor = [&](const std::vector<int64_t>& values) {
     return torch::from_blob(const_cast<int64_t*>(values.data()), {static_cast<int64_t>(values.size())},
                             ids.options())
         .clone();
   };
-  return {local, as_tensor(rows), as_tensor(counts), as_tensor(slots), as_tensor(misses)};
+  return {local, as_tensor(miss_rows), as_tensor(miss_counts), as_tensor(hit_slots), as_tensor(hit_counts)};
+}
+
+// dst[dst_index[i]] = src[src_index[i]] for every i, row by row (an empty index means
+// 0, 1, 2, ...). Moves between the tiers are a few thousand short rows: one thread and a
+// memcpy each beat waking the thread pool.
+void copy_rows(torch::Tensor dst, torch::Tensor dst_index, torch::Tensor src, torch::Tensor src_index) {
+  TORCH_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.scalar_type() == src.scalar_type(),
+              "copy_rows: contiguous tensors of one dtype");
+  TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "copy_rows: host tensors");
+  const int64_t width = dst.dim() > 1 ? dst.numel() / std::max<int64_t>(dst.size(0), 1) : 1;
+  const int64_t src_width = src.dim() > 1 ? src.numel() / std::max<int64_t>(src.size(0), 1) : 1;
+  TORCH_CHECK(width == src_width, "copy_rows: rows of ", width, " and ", src_width, " values");
+  const int64_t count = dst_index.numel() ? dst_index.numel() : src_index.numel();
+  TORCH_CHECK(!dst_index.numel() || !src_index.numel() || dst_index.numel() == src_index.numel(),
+              "copy_rows: indices of different lengths");
+  const int64_t* di = dst_index.numel() ? dst_index.data_ptr<int64_t>() : nullptr;
+  const int64_t* si = src_index.numel() ? src_index.data_ptr<int64_t>() : nullptr;
+  const int64_t dst_rows = dst.dim() ? dst.size(0) : 0, src_rows = src.dim() ? src.size(0) : 0;
+  const int64_t bytes = width * dst.element_size();
+  char* out = static_cast<char*>(dst.data_ptr());
+  const char* in = static_cast<const char*>(src.data_ptr());
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t d = di ? di[i] : i, s = si ? si[i] : i;
+    TORCH_CHECK(d >= 0 && d < dst_rows && s >= 0 && s < src_rows, "copy_rows: row index out of range");
+    std::memcpy(out + d * bytes, in + s * bytes, bytes);
+  }
 }
 
 // Conservative count-min update: every row's estimate (the least of its `depth` counters)
@@ -117,5 +149,6 @@ torch::Tensor sketch_add(torch::Tensor counters, torch::Tensor rows, torch::Tens
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("map_to_slots", &map_to_slots, "de-duplicate a batch's ids and map them to fast-tier indices");
+  m.def("copy_rows", &copy_rows, "copy rows between tensors by index, one thread");
   m.def("sketch_add", &sketch_add, "conservative count-min sketch update");
 }
