@@ -86,6 +86,11 @@ class _BlockBatch:
     def __getattr__(self, name):  # magic, is_control_batch, validate_crc, base_offset, ...
         return getattr(self._batch, name)
 
+    def __next__(self):
+        # The fetcher reads a control batch's marker with next(batch) (read_committed
+        # consumers): that record is kafka-python's to read, as it always was.
+        return next(self._batch)
+
     def __iter__(self):
         batch = self._batch
         raw = getattr(batch, "_buffer", None)

@@ -92,3 +92,15 @@ def test_between_keeps_an_offset_range():
     assert block.between(0, 1000) is block
     joined = RecordBlock.concat([block.between(100, 103), block.between(103, 110)])
     assert_same(joined, block)
+
+
+def test_a_control_batch_marker_is_read_by_kafka_python():
+    # read_committed consumers read the marker of a control batch with next(batch).
+    from picasso.connectors.kafka_blocks import _BlockBatch
+
+    batch = bytearray(build([(0, 1, b"\x00\x00\x00\x00", b"", [])]))  # version 0, type 0: abort
+    attributes = int.from_bytes(batch[21:23], "big") | 0x20 | 0x10  # control, transactional
+    batch[21:23] = attributes.to_bytes(2, "big")
+    wrapped = _BlockBatch(DefaultRecordBatch(bytes(batch)))
+    assert wrapped.is_control_batch
+    assert next(wrapped).abort
