@@ -192,6 +192,9 @@ def test_copy_rows_cpu_matches_reference(shape):
         assert torch.equal(expected, actual) and actual.abs().sum() > 0
     with pytest.raises(RuntimeError, match="out of range"):
         cpu.copy_rows(torch.zeros(5, *shape[1:]), torch.tensor([7]), src, torch.tensor([0]))
+    empty = torch.zeros(0, *shape[1:])  # a batch with no misses gathers nothing
+    cpu.copy_rows(empty, none, src, none)
+    cpu.copy_rows(src, none, empty, none)
 
 
 def test_map_to_slots_refuses_ids_outside_the_table():

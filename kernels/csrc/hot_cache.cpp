@@ -78,8 +78,12 @@ void copy_rows(torch::Tensor dst, torch::Tensor dst_index, torch::Tensor src, to
   TORCH_CHECK(dst.is_contiguous() && src.is_contiguous() && dst.scalar_type() == src.scalar_type(),
               "copy_rows: contiguous tensors of one dtype");
   TORCH_CHECK(dst.device().is_cpu() && src.device().is_cpu(), "copy_rows: host tensors");
-  const int64_t width = dst.dim() > 1 ? dst.numel() / std::max<int64_t>(dst.size(0), 1) : 1;
-  const int64_t src_width = src.dim() > 1 ? src.numel() / std::max<int64_t>(src.size(0), 1) : 1;
+  auto row_width = [](const torch::Tensor& t) {
+    int64_t width = 1;
+    for (int64_t d = 1; d < t.dim(); ++d) width *= t.size(d);
+    return width;
+  };
+  const int64_t width = row_width(dst), src_width = row_width(src);
   TORCH_CHECK(width == src_width, "copy_rows: rows of ", width, " and ", src_width, " values");
   const int64_t count = dst_index.numel() ? dst_index.numel() : src_index.numel();
   TORCH_CHECK(!dst_index.numel() || !src_index.numel() || dst_index.numel() == src_index.numel(),
