@@ -146,6 +146,7 @@ class Trainer:
         self.positions: dict[str, int] = {}
         self.restored_from: Path | None = None
         self.stage_seconds = dict.fromkeys(STAGES, 0.0)
+        self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # Per-step metrics, one point per `log_every` steps (averaged over them), for the
         # run's charts: name -> [(step, value)].
         self.step_metrics: dict[str, list[tuple[int, float]]] = {}
@@ -203,7 +204,11 @@ class Trainer:
             if self.cache is not None:
                 cached = self.cache.prepare(tensors, observe)
                 tensors = cached.tensors
-            tensors = tensors.to(self.device)
+            if self._copy_stream is None:
+                tensors = tensors.to(self.device)
+            else:  # on a GPU the batch crosses on its own stream, beside the running step
+                with torch.cuda.stream(self._copy_stream):
+                    tensors = tensors.to(self.device)
         self.stage_seconds["prepare"] += time.perf_counter() - start
         return _Step(batch, tensors, cached)
 
@@ -229,6 +234,11 @@ class Trainer:
             return StepResult(self.step, 0, 0.0, batch.positions)
         start = time.perf_counter()
         tensors = step.tensors
+        if self._copy_stream is not None:
+            compute = torch.cuda.current_stream(self.device)
+            compute.wait_stream(self._copy_stream)
+            for tensor in (tensors.label, tensors.dense, *tensors.ids.values(), *tensors.offsets.values()):
+                tensor.record_stream(compute)  # the copy stream must not reuse them while this runs
         self.model.train()
         logits = self.model(tensors)
         loss = F.binary_cross_entropy_with_logits(logits, tensors.label, reduction="mean")
