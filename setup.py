@@ -10,6 +10,7 @@ from setuptools import setup
 PACKAGE_DIR = {
     "picasso": "picasso_stage",
     "picasso.models": "picasso_stage/models",
+    "picasso.distributed": "picasso_stage/distributed",
     "picasso.kernels": "kernels",
     "picasso.connectors": "connectors",
     "picasso.pipelines": "pipelines",

@@ -1,0 +1,104 @@
+"""Local-batch gradients summed into one global batch: the math of GBA, no networking.
+
+A `Contribution` is what one worker pushes after one local batch: the dense gradients,
+the row-sparse gradients of the embedding tables it touched, the batch's sample count and
+the token it pulled with. `aggregate` turns the M contributions of a global batch into the
+one gradient the optimizer steps with:
+
+- dense:  g = sum_i n_i w_i g_i / sum_i n_i
+- a row:  g_r = sum_{i touching r} n_i w_ir g_ir / sum_{i touching r} n_i
+
+n_i is contribution i's sample count and w its staleness weight (staleness.py; per row
+for rows). With fresh gradients (w = 1) and equal local batches the dense part is the mean
+of the local gradients: exactly synchronous all-reduce's gradient of the global batch's
+mean loss. A row is averaged only over the contributions whose batches held its id: a row
+seen by one worker of M is not shrunk M-fold, which would make rare ids learn M times more
+slowly than in one process.
+
+Each local gradient is the gradient of its batch's *mean* loss, as the Trainer computes
+it, so weighting by n_i recovers the global batch's mean when batch sizes differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class RowGradient:
+    """Gradients of some rows of one table: rows (k,) distinct int64, grads (k, dim)
+    float32, and each row's version (how many times the shard had updated it) when the
+    worker pulled it, which gives the row's own staleness."""
+
+    rows: torch.Tensor
+    grads: torch.Tensor
+    versions: torch.Tensor
+
+    def __post_init__(self):
+        k = self.rows.shape[0]
+        if self.rows.dim() != 1 or self.grads.dim() != 2 or self.grads.shape[0] != k or self.versions.shape != (k,):
+            raise ValueError(f"row gradient shapes disagree: rows {tuple(self.rows.shape)}, "
+                             f"grads {tuple(self.grads.shape)}, versions {tuple(self.versions.shape)}")
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One worker's gradients of one local batch."""
+
+    worker: str
+    token: int  # the shard's global step when the worker pulled
+    samples: int  # the local batch's size (> 0)
+    dense: dict[str, torch.Tensor] = field(default_factory=dict)  # parameter name -> gradient
+    sparse: dict[str, RowGradient] = field(default_factory=dict)  # table name -> row gradients
+
+    def __post_init__(self):
+        if self.samples <= 0:
+            raise ValueError(f"a contribution needs samples > 0, got {self.samples} (worker {self.worker!r})")
+
+
+@dataclass(frozen=True)
+class Weighted:
+    """A contribution accepted into the global batch, with its staleness weights."""
+
+    contribution: Contribution
+    dense_weight: float
+    row_weights: dict[str, torch.Tensor]  # table -> (k,) float32, one per row of its RowGradient
+
+
+@dataclass(frozen=True)
+class GlobalGradient:
+    """The gradient one optimizer step applies."""
+
+    dense: dict[str, torch.Tensor]
+    sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]  # table -> (distinct rows, (k, dim) grads)
+    samples: int  # summed over the contributions
+    workers: tuple[str, ...]  # who contributed, one entry per contribution
+
+
+def aggregate(batch: list[Weighted]) -> GlobalGradient:
+    if not batch:
+        raise ValueError("cannot aggregate an empty global batch")
+    total = sum(w.contribution.samples for w in batch)
+    dense: dict[str, torch.Tensor] = {}
+    for weighted in batch:
+        c = weighted.contribution
+        for name, grad in c.dense.items():
+            scaled = grad.float() * (c.samples * weighted.dense_weight / total)
+            dense[name] = dense[name] + scaled if name in dense else scaled
+    tables = sorted({table for w in batch for table in w.contribution.sparse})
+    sparse = {table: _aggregate_rows([w for w in batch if table in w.contribution.sparse], table) for table in tables}
+    return GlobalGradient(dense, sparse, total, tuple(w.contribution.worker for w in batch))
+
+
+def _aggregate_rows(batch: list[Weighted], table: str) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = torch.cat([w.contribution.sparse[table].rows for w in batch])
+    grads = torch.cat([w.contribution.sparse[table].grads.float() * (w.row_weights[table] * w.contribution.samples)
+                       .unsqueeze(1) for w in batch])
+    samples = torch.cat([torch.full((w.contribution.sparse[table].rows.shape[0],), float(w.contribution.samples))
+                         for w in batch])
+    distinct, inverse = torch.unique(rows, return_inverse=True)
+    summed = torch.zeros(distinct.shape[0], grads.shape[1]).index_add_(0, inverse, grads)
+    touched = torch.zeros(distinct.shape[0]).index_add_(0, inverse, samples)
+    return distinct, summed / touched.unsqueeze(1)

@@ -1,0 +1,154 @@
+"""GBA token control: the global step, the workers' tokens, and when to step.
+
+One `TokenControl` runs per parameter-server shard, over that shard's parameters:
+- `pull(worker)` returns the token, the current global step; the worker computes its
+  local gradient against parameters of that step.
+- `push(contribution, row_staleness)` weighs the gradient by its staleness (step - token;
+  per row, the row's own update count since the pull), drops it past the decay's hard
+  limit, and buffers it. When M = `global_batches` contributions are in (exactly the
+  synchronous global batch: N_sync local batches), it returns their aggregate for one
+  optimizer step and advances the step. A push never waits for other workers.
+- `drop_worker(worker)` forgets a failed worker: its buffered contributions leave the
+  global batch and its tokens become invalid, so a push it sent before dying is refused.
+  The worker rejoins by pulling again under a new incarnation id (see `WorkerId`). Workers
+  silent for longer than a lease are dropped the same way (`drop_silent`).
+
+Plain asynchronous training is the same machinery with M = 1 and no decay
+(`GBAConfig.plain_async`): every push steps at once, however stale.
+
+Nothing here touches a network or a parameter: shard.py applies the aggregate.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate
+from picasso.distributed.staleness import NO_DECAY, StalenessDecay
+
+
+@dataclass(frozen=True)
+class GBAConfig:
+    global_batches: int  # M: local batches per global step, N_sync (the sync mode's worker count)
+    decay: StalenessDecay = field(default_factory=StalenessDecay)
+
+    def __post_init__(self):
+        if self.global_batches < 1:
+            raise ValueError(f"global_batches (M) must be >= 1, got {self.global_batches}")
+
+    @classmethod
+    def plain_async(cls) -> "GBAConfig":
+        """The baseline: no aggregation, no staleness control."""
+        return cls(global_batches=1, decay=NO_DECAY)
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    accepted: bool  # counted towards a global batch
+    reason: str  # why not, when refused; "" when accepted
+    staleness: int  # step at push - token (-1 when the token was not checked)
+    weight: float  # the dense staleness weight (0 when refused)
+    step: int  # the global step after this push
+    stepped: bool  # this push completed a global batch
+
+
+def worker_id(name: str, incarnation: str) -> str:
+    """A worker's id: its stable name (a rank) and the incarnation (a fresh id per process
+    start), so the pushes of a worker that died are told apart from its successor's."""
+    if not name or "/" in name:
+        raise ValueError(f"a worker name must be non-empty and without '/', got {name!r}")
+    return f"{name}/{incarnation}"
+
+
+class TokenControl:
+    def __init__(self, config: GBAConfig, step: int = 0, clock=time.monotonic):
+        self.config = config
+        self.step = step
+        self._clock = clock
+        self._last_seen: dict[str, float] = {}  # live workers
+        self._dropped: set[str] = set()
+        self._buffer: list[Weighted] = []
+        self.counts = {"accepted": 0, "dropped_stale": 0, "refused_dropped_worker": 0,
+                       "refused_unknown_worker": 0, "discarded_failed_worker": 0, "steps": 0}
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def workers(self) -> list[str]:
+        return sorted(self._last_seen)
+
+    def pull(self, worker: str) -> int:
+        if worker in self._dropped:
+            raise ValueError(f"worker {worker!r} was dropped; rejoin under a new incarnation")
+        self._last_seen[worker] = self._clock()
+        return self.step
+
+    def push(self, contribution: Contribution,
+             row_staleness: dict[str, torch.Tensor] | None = None) -> tuple[PushOutcome, GlobalGradient | None]:
+        """row_staleness: per table of contribution.sparse, each row's updates since the pull."""
+        worker = contribution.worker
+        if worker in self._dropped:
+            return self._refuse("refused_dropped_worker", f"worker {worker!r} was dropped (failed or silent)"), None
+        if worker not in self._last_seen:
+            return self._refuse("refused_unknown_worker", f"worker {worker!r} never pulled"), None
+        if not 0 <= contribution.token <= self.step:
+            raise ValueError(f"worker {worker!r} pushed token {contribution.token}, outside [0, {self.step}]")
+        self._last_seen[worker] = self._clock()
+        staleness = self.step - contribution.token
+        decay = self.config.decay
+        if decay.dropped(staleness):
+            self.counts["dropped_stale"] += 1
+            return PushOutcome(False, f"staleness {staleness} > limit {decay.limit}", staleness, 0.0, self.step,
+                               False), None
+        row_staleness = row_staleness or {}
+        missing = set(contribution.sparse) - set(row_staleness)
+        if missing:
+            raise ValueError(f"no row staleness for tables {sorted(missing)}")
+        row_weights = {table: _row_weights(decay, row_staleness[table]) for table in contribution.sparse}
+        weight = decay.weight(staleness)
+        self._buffer.append(Weighted(contribution, weight, row_weights))
+        self.counts["accepted"] += 1
+        if len(self._buffer) < self.config.global_batches:
+            return PushOutcome(True, "", staleness, weight, self.step, False), None
+        gradient = aggregate(self._buffer)
+        self._buffer = []
+        self.step += 1
+        self.counts["steps"] += 1
+        return PushOutcome(True, "", staleness, weight, self.step, True), gradient
+
+    def drop_worker(self, worker: str) -> int:
+        """Forget a failed worker; returns how many of its buffered contributions left."""
+        self._last_seen.pop(worker, None)
+        self._dropped.add(worker)
+        kept = [w for w in self._buffer if w.contribution.worker != worker]
+        discarded = len(self._buffer) - len(kept)
+        self._buffer = kept
+        self.counts["discarded_failed_worker"] += discarded
+        return discarded
+
+    def drop_silent(self, lease_s: float) -> list[str]:
+        """Drop every worker not heard from (pull or push) within lease_s seconds."""
+        now = self._clock()
+        silent = [w for w, seen in self._last_seen.items() if now - seen > lease_s]
+        for worker in silent:
+            self.drop_worker(worker)
+        return silent
+
+    def _refuse(self, count: str, reason: str) -> PushOutcome:
+        self.counts[count] += 1
+        return PushOutcome(False, reason, -1, 0.0, self.step, False)
+
+
+def _row_weights(decay: StalenessDecay, staleness: torch.Tensor) -> torch.Tensor:
+    """Per-row weights. A row past the hard limit gets weight 0 but still counts as
+    touched: the worker's batch did hold its id."""
+    if staleness.numel() and int(staleness.min()) < 0:
+        raise ValueError("row staleness must be >= 0 (a version from the future?)")
+    distinct, inverse = torch.unique(staleness, return_inverse=True)
+    weights = torch.tensor([decay.weight(int(s)) for s in distinct], dtype=torch.float32)
+    return weights[inverse] if staleness.numel() else torch.zeros(0)
