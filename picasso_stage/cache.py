@@ -17,8 +17,8 @@ A batch goes through three calls:
    area; a row the previous batch also staged was written back after `prepare` read it,
    so it is read again now;
 3. `commit` (after compute): write the staged rows, now updated, back to the big tier.
-Hot rows stay in the fast tier, updated in place, and are written back when evicted and
-by `flush` (before a checkpoint). Every row a step touches is in the fast tier while the
+Hot rows stay in the fast tier, updated in place; a hot row a step touched is dirty, and
+dirty rows are written back when evicted and by `flush` (before a checkpoint). Every row a step touches is in the fast tier while the
 step runs, and every row is read after its last write, so training with the cache
 computes exactly what it computes without (tests check this to 1e-6).
 """
@@ -152,6 +152,7 @@ def _memory_mapped(tensor: torch.Tensor, path: Path) -> torch.Tensor:
 class PreparedGroup:
     lookups: int  # ids looked up
     hits: int  # of those, served by hot rows
+    hit_slots: torch.Tensor  # the hot slots the batch reads (and, training, updates)
     miss_rows: torch.Tensor  # rows staged for this batch, in staging order
     staged: list[list[torch.Tensor]]  # per tiered table, the gathered values of miss_rows
     reread: torch.Tensor  # staging positions to read again at install (written back since gathered)
@@ -184,6 +185,8 @@ class HotCache:
             self.tables[group.name] = [TieredTable(e, group.name, capacity, device, big_dir) for e in embeddings]
         for index, embedding in enumerate(embeddings):
             embedding.fast_tiers = {name: tables[index] for name, tables in self.tables.items()}
+        # Hot slots updated since their row was last written back to the big tier.
+        self.dirty = {name: torch.zeros(d.capacity, dtype=torch.bool) for name, d in self.directories.items()}
         self.epoch = 0
         self.stats = CacheStats()
         self._in_flight: dict[str, torch.Tensor] = {}  # rows staged by the batch being computed
@@ -205,7 +208,7 @@ class HotCache:
             if previous is not None and previous.numel() and miss_rows.numel():
                 reread = torch.nonzero(torch.isin(miss_rows, previous)).flatten()
             staged = [table.gather(miss_rows) for table in self.tables[name]]
-            groups[name] = PreparedGroup(ids.numel(), int(hit_counts.sum()), miss_rows, staged, reread)
+            groups[name] = PreparedGroup(ids.numel(), int(hit_counts.sum()), hit_slots, miss_rows, staged, reread)
         local = TorchBatch(label=tensors.label, dense=tensors.dense, ids=local_ids, offsets=tensors.offsets)
         return PreparedBatch(local, groups, self.epoch)
 
@@ -222,6 +225,7 @@ class HotCache:
                     table.load(staging[group.reread], table.gather(group.miss_rows[group.reread]))
             self._in_flight[name] = group.miss_rows
             if training:
+                self.dirty[name][group.hit_slots] = True
                 self.stats.lookups += group.lookups
                 self.stats.hits += group.hits
                 # Staged in now and written back by commit (counted here: commit may run
@@ -249,22 +253,27 @@ class HotCache:
             if not directory.refresh_due:
                 continue
             plan = directory.plan_refresh()
+            dirty = self.dirty[name][plan.evict_slots]
+            evict_slots, evict_rows = plan.evict_slots[dirty], plan.evict_rows[dirty]
             for table in self.tables[name]:
-                if plan.evict_rows.numel():
-                    table.write_back(plan.evict_slots, plan.evict_rows)
+                if evict_rows.numel():
+                    table.write_back(evict_slots, evict_rows)
                 if plan.admit_rows.numel():
                     table.load(plan.admit_slots, table.gather(plan.admit_rows))
-            self._count_moved(name, plan.rows_moved)
+            self.dirty[name][plan.admit_slots] = False
+            self._count_moved(name, evict_rows.numel() + plan.admit_rows.numel())
             self.stats.refreshes += 1
         self.epoch += 1
         self._in_flight = {}
 
     def flush(self) -> None:
-        """Write every hot row back to the big tier, so the tables alone are complete."""
+        """Write every dirty hot row back to the big tier, so the tables alone are complete."""
         for name, directory in self.directories.items():
-            slots = torch.nonzero(directory.row_of_slot >= 0).flatten()
+            slots = torch.nonzero(self.dirty[name]).flatten()
             for table in self.tables[name]:
                 table.write_back(slots, directory.row_of_slot[slots])
+            self.dirty[name][slots] = False
+            self._count_moved(name, slots.numel())
 
     def reload(self) -> None:
         """Read every hot row from the big tier again (after the tables were restored)."""
@@ -272,6 +281,7 @@ class HotCache:
             slots = torch.nonzero(directory.row_of_slot >= 0).flatten()
             for table in self.tables[name]:
                 table.load(slots, table.gather(directory.row_of_slot[slots]))
+            self.dirty[name].zero_()
         self.epoch += 1
         self._in_flight = {}
 

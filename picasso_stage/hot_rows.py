@@ -30,10 +30,6 @@ class RefreshPlan:
     admit_rows: torch.Tensor  # rows entering, slot by slot
     admit_slots: torch.Tensor
 
-    @property
-    def rows_moved(self) -> int:
-        return int(self.evict_rows.numel() + self.admit_rows.numel())
-
 
 class HotRowDirectory:
     def __init__(self, num_rows: int, capacity: int, refresh_every: int = 100, half_life: float = 2000.0,

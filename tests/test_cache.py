@@ -268,3 +268,17 @@ def test_step_metrics_are_recorded_every_log_interval(batches):
     assert hit_rates[1][1] != hit_rates[0][1]
     assert all(value > 0 for _, value in trainer.step_metrics["compute_s_per_step"])
     assert all(value > 0 for _, value in trainer.step_metrics["cache_rows_moved_per_step"])
+
+
+def test_only_dirty_rows_are_written_back(batches):
+    trainer = Trainer(SPEC, replace(CONFIG, cache=SMALL_CACHE))
+    trainer.train(batches[:8])
+    cache = trainer.cache
+    assert any(dirty.any() for dirty in cache.dirty.values())
+    trainer.state()  # flushes the dirty rows
+    assert not any(dirty.any() for dirty in cache.dirty.values())
+    moved = cache.stats.rows_moved
+    trainer.state()  # nothing changed since: nothing to write
+    assert cache.stats.rows_moved == moved
+    trainer.predict(batches[8])  # reading dirties nothing
+    assert not any(dirty.any() for dirty in cache.dirty.values())
