@@ -175,6 +175,10 @@ class HotCache:
         big_dir = Path(config.big_tier_dir) if config.big_tier_dir else None
         if big_dir is not None:
             big_dir.mkdir(parents=True, exist_ok=True)
+        unknown = sorted(set(config.group_capacity) - {g.name for g in plan.groups})
+        if unknown:
+            raise ValueError(f"cache capacity for {unknown}: no such packed table; the tables are "
+                             f"{[g.name for g in plan.groups]}")
         self.directories: dict[str, HotRowDirectory] = {}
         self.tables: dict[str, list[TieredTable]] = {}
         for i, group in enumerate(plan.groups):

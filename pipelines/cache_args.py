@@ -11,8 +11,9 @@ from picasso.cache import CacheConfig, parse_capacity
 def add_cache_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("hot-row cache and interleaving")
     group.add_argument("--cache-capacity", default="10%",
-                       help="fast-tier size per packed table: rows (50000), bytes (64MiB) or a share of rows (5%%); "
-                            "'off' trains without the cache")
+                       help="fast-tier size per packed table: rows (50000), bytes (64MiB) or a share of rows (5%%), "
+                            "then TABLE=SIZE for tables that differ (10%%,dim64=64MiB; `picasso plan` names the "
+                            "tables); 'off' trains without the cache")
     group.add_argument("--cache-refresh-every", type=int, default=100, help="steps between admissions and evictions")
     group.add_argument("--cache-half-life", type=float, default=2000.0, help="steps for an access count to halve")
     group.add_argument("--big-tier-dir", default=None,
@@ -26,8 +27,15 @@ def cache_config(args: argparse.Namespace) -> CacheConfig | None:
     means nothing fails here, before any work starts."""
     if str(args.cache_capacity).lower() == "off":
         return None
-    parse_capacity(args.cache_capacity, num_rows=1, row_bytes=1)  # raises ValueError naming the text
+    default, per_table = "10%", {}
+    for item in str(args.cache_capacity).split(","):
+        table, _, size = item.rpartition("=")
+        parse_capacity(size, num_rows=1, row_bytes=1)  # raises ValueError naming the text
+        if table:
+            per_table[table.strip()] = size.strip()
+        else:
+            default = size.strip()
     if args.cache_refresh_every < 1 or args.cache_half_life <= 0:
         raise ValueError("--cache-refresh-every must be at least 1 and --cache-half-life positive")
-    return CacheConfig(capacity=args.cache_capacity, refresh_every=args.cache_refresh_every,
+    return CacheConfig(capacity=default, group_capacity=per_table, refresh_every=args.cache_refresh_every,
                        half_life=args.cache_half_life, big_tier_dir=args.big_tier_dir)

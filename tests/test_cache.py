@@ -282,3 +282,8 @@ def test_only_dirty_rows_are_written_back(batches):
     assert cache.stats.rows_moved == moved
     trainer.predict(batches[8])  # reading dirties nothing
     assert not any(dirty.any() for dirty in cache.dirty.values())
+
+
+def test_capacity_for_a_table_that_does_not_exist_is_refused():
+    with pytest.raises(ValueError, match=r"\['dim9'\]: no such packed table; the tables are \['dim4', 'dim8'\]"):
+        Trainer(SPEC, replace(CONFIG, cache=CacheConfig(group_capacity={"dim9": "5"})))

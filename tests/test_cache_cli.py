@@ -18,10 +18,22 @@ def test_bad_cache_capacity_fails_at_start_naming_it(tmp_path):
     assert not (tmp_path / "work" / "data").exists()  # refused before any work
 
 
+def test_cache_options_parse_per_table_sizes():
+    from argparse import Namespace
+
+    from picasso.pipelines.cache_args import cache_config
+
+    options = Namespace(cache_capacity="5%,dim64=64MiB, dim8=1000", cache_refresh_every=10, cache_half_life=50.0,
+                        big_tier_dir=None)
+    config = cache_config(options)
+    assert config.capacity == "5%" and config.group_capacity == {"dim64": "64MiB", "dim8": "1000"}
+    assert cache_config(Namespace(**{**vars(options), "cache_capacity": "off"})) is None
+
+
 def test_run_with_a_memory_mapped_cache_logs_its_metrics(tmp_path):
     big_tier = tmp_path / "big-tier"
     done = run_cli("demo", "--workdir", str(tmp_path / "work"), "--rows", "30000", "--hidden", "32,16",
-                   "--batch-size", "1024", "--cache-capacity", "5%", "--cache-refresh-every", "5",
+                   "--batch-size", "1024", "--cache-capacity", "5%,dim16=2000", "--cache-refresh-every", "5",
                    "--big-tier-dir", str(big_tier), "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
