@@ -301,6 +301,8 @@ class _Publication:
         run_tags = {tags.CHECKPOINT_ID: self.checkpoint_id, tags.CHECKPOINT_PATH: self.checkpoint_path,
                     tags.MODEL_NAME: target.model_name, tags.WEIGHTS_SHA: weights_sha,
                     tags.DELTA_BASE: delta.base_version if delta else "none",
+                    tags.FULL_BYTES: str(weights.stat().st_size),
+                    **({tags.DELTA_BYTES: str(delta.delta_bytes)} if delta else {}),
                     **({"mlflow.parentRunId": parent} if parent else {})}
         run = client.create_run(experiment_id, run_name=self.request.run_name, tags=run_tags)
         run_id = run.info.run_id
@@ -336,7 +338,8 @@ class _Publication:
         base = run_tags.get(tags.DELTA_BASE, "none")
         version = client.create_model_version(
             self.target.model_name, source=f"models:/{model_id}", run_id=run.info.run_id, model_id=model_id,
-            tags=self.version_tags(run_tags[tags.WEIGHTS_SHA], None if base == "none" else base))
+            tags={**self.version_tags(run_tags[tags.WEIGHTS_SHA], None if base == "none" else base),
+                  **{k: run_tags[k] for k in (tags.FULL_BYTES, tags.DELTA_BYTES) if k in run_tags}})
         client.set_tag(run.info.run_id, tags.VERSION, str(version.version))
         self.on_stage("registered")
         return version
@@ -393,10 +396,11 @@ class _Publication:
     def ref(self, version, created: bool, champion: bool, reason: str, delta=None) -> ModelVersionRef:
         name, number = self.target.model_name, str(version.version)
         base = version.tags.get(tags.DELTA_BASE) if delta is None else delta.base_version
+        delta_bytes = version.tags.get(tags.DELTA_BYTES)
         return ModelVersionRef(
             name, number, f"models:/{name}/{number}", version.run_id, created=created,
             champion=champion, promotion_reason=reason, delta_base=None if base in (None, "none") else base,
-            full_bytes=delta.full_bytes if delta else 0, delta_bytes=delta.delta_bytes if delta else None)
+            full_bytes=int(version.tags.get(tags.FULL_BYTES, 0)), delta_bytes=int(delta_bytes) if delta_bytes else None)
 
 
 @contextmanager

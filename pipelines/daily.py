@@ -112,6 +112,9 @@ class DailyResult:
     evaluation: str = "holdout"  # holdout | day=YYYY-MM-DD
     warm_start_from: str | None = None  # the checkpoint training started from
     skipped: bool = False  # the date was done already; nothing was trained
+    delta_base: str | None = None  # the version this one's delta artifact applies to
+    delta_bytes: int | None = None
+    full_bytes: int | None = None  # of the serving weights
     error: str | None = None  # why a pending publish is pending
     auc_ceiling: float | None = None  # the planted model's own AUC, for generated data
     counters: dict[str, int] = field(default_factory=dict)
@@ -158,6 +161,9 @@ def _outcome_fields(outcome: PublishOutcome) -> dict:
         "run_id": version.run_id if version else None,
         "champion": version.champion if version else False,
         "promotion_reason": version.promotion_reason if version else "",
+        "delta_base": version.delta_base if version else None,
+        "delta_bytes": version.delta_bytes if version else None,
+        "full_bytes": version.full_bytes if version else None,
         "error": outcome.error,
     }
 
@@ -294,6 +300,9 @@ def _result(config: DailyConfig, outcome: dict, counters: dict, skipped: bool = 
         evaluation=outcome["evaluation"],
         warm_start_from=outcome["warm_start_from"],
         skipped=skipped,
+        delta_base=outcome.get("delta_base"),
+        delta_bytes=outcome.get("delta_bytes"),
+        full_bytes=outcome.get("full_bytes"),
         error=outcome["error"],
         auc_ceiling=planted_ceiling(config.data_root, config.date),
         counters=counters,

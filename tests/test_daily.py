@@ -92,7 +92,7 @@ def test_second_day_warm_starts_from_the_checkpoint(first_run, mlflow_server, tm
     result, workdir, model_name = first_run
     generate_days(criteo_spec(), tmp_path, ["2026-11-02"], rows=8_000, rows_per_file=8_000)
     second = run_daily(_config(tmp_path, "2026-11-02", workdir, mlflow_server, model_name))
-    assert second.version == "2"
+    assert second.version == "2" and second.delta_base == "1" and 0 < second.delta_bytes < second.full_bytes
     checkpoint = load_checkpoint(second.checkpoint)
     assert checkpoint.step == result.step + 4  # 8,000 rows in chunks of 2,048
     assert checkpoint.state["samples"] == result.samples + second.samples

@@ -134,6 +134,9 @@ def test_a_version_is_rebuilt_bit_for_bit_from_the_one_before_and_its_delta(publ
     client = MlflowClient(mlflow_server)
     assert versions[0].delta_base is None and versions[2].delta_base == "2"
     assert versions[2].delta_bytes > 0 and versions[2].full_bytes > 0  # sizes: benchmarks.publish (tiny tables here)
+    tagged = client.get_model_version(target.model_name, "3").tags
+    assert int(tagged["picasso.delta_bytes"]) == versions[2].delta_bytes
+    assert int(tagged["picasso.full_bytes"]) == versions[2].full_bytes
     done = rebuild_version(client, target.model_name, "3", tmp_path / "rebuilt.pt")
     served = download_weights(client, client.get_model_version(target.model_name, "3"), tmp_path / "served")
     assert done["sha256"] == file_sha256(served)
