@@ -189,6 +189,10 @@ class HotCache:
             self.tables[group.name] = [TieredTable(e, group.name, capacity, device, big_dir) for e in embeddings]
         for index, embedding in enumerate(embeddings):
             embedding.fast_tiers = {name: tables[index] for name, tables in self.tables.items()}
+            # state_dict() and load_state_dict() see the tables: keep them and the fast tier
+            # in step, so that saving or loading the model directly is right too.
+            embedding.register_state_dict_pre_hook(lambda *_: self.flush())
+            embedding.register_load_state_dict_post_hook(lambda *_: self.reload())
         # Hot slots updated since their row was last written back to the big tier.
         self.dirty = {name: torch.zeros(d.capacity, dtype=torch.bool) for name, d in self.directories.items()}
         self.epoch = 0

@@ -287,3 +287,21 @@ def test_only_dirty_rows_are_written_back(batches):
 def test_capacity_for_a_table_that_does_not_exist_is_refused():
     with pytest.raises(ValueError, match=r"\['dim9'\]: no such packed table; the tables are \['dim4', 'dim8'\]"):
         Trainer(SPEC, replace(CONFIG, cache=CacheConfig(group_capacity={"dim9": "5"})))
+
+
+def test_the_model_state_dict_is_current_without_the_trainer(batches):
+    plain = Trainer(SPEC, replace(CONFIG, interleave=False))
+    plain.train(batches[:10])
+    cached = Trainer(SPEC, replace(CONFIG, cache=SMALL_CACHE))
+    cached.train(batches[:10])
+    state = cached.model.state_dict()  # flushes dirty hot rows first
+    for name, value in plain.model.state_dict().items():
+        assert torch.allclose(value.float(), state[name].float(), atol=1e-6), name
+    # and loading into the model directly refreshes the fast tier from the tables
+    other = Trainer(SPEC, replace(CONFIG, cache=SMALL_CACHE))
+    other.train(batches[:3])
+    other.model.load_state_dict(state)
+    other.dense_optimizer.load_state_dict(cached.dense_optimizer.state_dict())
+    other.step = cached.step
+    for batch in batches[10:12]:
+        assert torch.allclose(torch.from_numpy(other.predict(batch)), torch.from_numpy(cached.predict(batch)))
