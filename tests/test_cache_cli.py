@@ -46,7 +46,8 @@ def test_run_with_a_memory_mapped_cache_logs_its_metrics(tmp_path):
     assert metrics["compute_s_per_step"] > 0
     assert metrics["step_metrics"]["cache_hit_rate"]  # one point per log interval
 
-    mlflow.set_tracking_uri(result["tracking_uri"])
-    (run,) = mlflow.search_runs(search_all_experiments=True, output_format="list")
+    # A client of its own: mlflow.set_tracking_uri would leak into later tests' subprocesses.
+    client = mlflow.MlflowClient(tracking_uri=result["tracking_uri"])
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert run.data.metrics["train.cache_hit_rate"] == metrics["cache_hit_rate"]
     assert "train.compute_s_per_step" in run.data.metrics
