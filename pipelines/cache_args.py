@@ -8,7 +8,8 @@ import argparse
 from picasso.cache import CacheConfig, parse_capacity
 
 
-def add_cache_args(parser: argparse.ArgumentParser) -> None:
+def add_cache_args(parser: argparse.ArgumentParser, interleave: bool = True) -> None:
+    """`interleave`: also offer --no-interleave (for commands whose training interleaves)."""
     group = parser.add_argument_group("hot-row cache and interleaving")
     group.add_argument("--cache-capacity", default="10%",
                        help="fast-tier size per packed table: rows (50000), bytes (64MiB) or a share of rows (5%%), "
@@ -18,8 +19,9 @@ def add_cache_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cache-half-life", type=float, default=2000.0, help="steps for an access count to halve")
     group.add_argument("--big-tier-dir", default=None,
                        help="memory-map every table from files here (tables larger than RAM)")
-    group.add_argument("--no-interleave", action="store_true",
-                       help="prepare each batch in the compute thread instead of while the previous one computes")
+    if interleave:
+        group.add_argument("--no-interleave", action="store_true",
+                           help="prepare each batch in the compute thread instead of while the previous one computes")
 
 
 def cache_config(args: argparse.Namespace) -> CacheConfig | None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
+from picasso.pipelines.cache_args import add_cache_args, cache_config
 from picasso.pipelines.publish_cli import add_publish_args, publish_policy
 from picasso.spec import load_spec
 
@@ -69,6 +70,7 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     stream.add_argument("--hidden", default="256,128")
     stream.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
     stream.add_argument("--device", default="auto")
+    add_cache_args(stream, interleave=False)  # a stream cycle trains batch by batch
     stream.add_argument("--runner", default="FnApiRunner")
     stream.add_argument("--deterministic", action="store_true", help="one thread, deterministic kernels")
     stream.add_argument("--backoff", type=float, default=1.0, help="first retry delay after a failed cycle (s)")
@@ -119,7 +121,7 @@ def run_stream_command(args, console: Console) -> dict:
         spec=load_spec(args.spec),
         mlflow=target,
         train=TrainConfig(hidden=tuple(int(s) for s in args.hidden.split(",")), lr_dense=args.lr_dense,
-                          lr_sparse=args.lr_sparse, device=args.device),
+                          lr_sparse=args.lr_sparse, device=args.device, cache=cache_config(args)),
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         group_id=args.group_id,
         dead_letter_topic=args.dead_letter_topic,
