@@ -142,6 +142,32 @@ def http_settings(policy: PublishPolicy):
                 os.environ[key] = value
 
 
+_URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+@contextmanager
+def _fluent_uris(uri: str):
+    """log_model goes through MLflow's fluent API, which reads process-wide URIs, and
+    set_tracking_uri/set_registry_uri also export them to the environment (so to child
+    processes). Point them at the target for one publish, then put back what was there: a
+    publish must not redirect its caller's later MLflow calls."""
+    from mlflow.tracking._model_registry import utils as registry_utils
+    from mlflow.tracking._tracking_service import utils as tracking_utils
+
+    saved = tracking_utils._tracking_uri, registry_utils._registry_uri, {k: os.environ.get(k) for k in _URI_VARIABLES}
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        tracking_utils._tracking_uri, registry_utils._registry_uri = saved[0], saved[1]
+        for key, value in saved[2].items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def _experiment_id(client: MlflowClient, target: MLflowTarget) -> str:
     experiment = client.get_experiment_by_name(target.experiment)
     if experiment is not None:
@@ -372,8 +398,6 @@ class _Publication:
     def attempt(self) -> ModelVersionRef:
         target = self.target
         client = MlflowClient(target.tracking_uri, target.tracking_uri)
-        mlflow.set_tracking_uri(target.tracking_uri)
-        mlflow.set_registry_uri(target.tracking_uri)
         version = self.existing_version(client)
         created, weights, delta = version is None, None, None
         if version is not None and tags.PROMOTION in version.tags:
@@ -459,7 +483,7 @@ def publish(request: PublishRequest, target: MLflowTarget, policy: PublishPolicy
 
     publication = _Publication(request, target, policy, Path(workspace) if workspace else None, checkpoint_dir,
                                on_stage)
-    with http_settings(policy):
+    with http_settings(policy), _fluent_uris(target.tracking_uri):
         return with_retries(publication.attempt, policy.retry, f"publishing {publication.checkpoint_id}",
                             sleep or time.sleep)
 

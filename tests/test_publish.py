@@ -219,8 +219,10 @@ def test_bad_publish_configuration_is_a_clear_error(tmp_path):
     assert done.returncode == 2 and "does not exist" in " ".join(done.stderr.split())
 
 
-def test_the_model_loads_and_predicts_without_beam_kafka_or_an_installed_picasso(published, mlflow_server, tmp_path):
+def test_the_model_loads_and_predicts_without_beam_kafka_or_an_installed_picasso(published, mlflow_server, tmp_path,
+                                                                                  monkeypatch):
     target, _, _, _ = published
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", mlflow_server)  # models:/ URIs resolve through the registry
     repo = str(Path(__file__).resolve().parents[1])
     local = mlflow.artifacts.download_artifacts(f"models:/{target.model_name}/3", dst_path=str(tmp_path),
                                                 tracking_uri=mlflow_server)
@@ -253,3 +255,12 @@ print(list(model.predict(pd.DataFrame({{"h": ["new-id", None], "d1": [1, None], 
     in_process = mlflow.pyfunc.load_model(local).predict(
         pd.DataFrame({"h": ["new-id", None], "d1": [1, None], "bag": [["a", "b"], None]}))
     np.testing.assert_allclose(predictions, in_process, rtol=1e-6)
+
+
+def test_a_publish_leaves_the_callers_mlflow_uris_alone(mlflow_server, tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_REGISTRY_URI", raising=False)
+    before = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    publish(request(CheckpointMaker(tmp_path).next(), 0.7), fresh_target(mlflow_server))
+    assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before
+    assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
