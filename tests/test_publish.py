@@ -264,3 +264,22 @@ def test_a_publish_leaves_the_callers_mlflow_uris_alone(mlflow_server, tmp_path,
     publish(request(CheckpointMaker(tmp_path).next(), 0.7), fresh_target(mlflow_server))
     assert (mlflow.get_tracking_uri(), mlflow.get_registry_uri()) == before
     assert "MLFLOW_TRACKING_URI" not in os.environ and "MLFLOW_REGISTRY_URI" not in os.environ
+
+
+def test_publish_pending_exits_3_while_mlflow_is_down_and_publishes_once_it_answers(mlflow_server, tmp_path):
+    checkpoint = CheckpointMaker(tmp_path / "checkpoints").next()
+    PublishOutbox(tmp_path / "work" / "publish").add(request(checkpoint, 0.7))
+    target = fresh_target(mlflow_server)
+
+    def publish_pending(uri: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "picasso.pipelines.cli", "publish-pending", "--workdir",
+                               str(tmp_path / "work"), "--mlflow-uri", uri, "--model-name", target.model_name,
+                               "--experiment", target.experiment, "--publish-attempts", "1", "--json"],
+                              capture_output=True, text=True, timeout=300)
+
+    down = publish_pending(f"http://127.0.0.1:{free_port()}")
+    assert down.returncode == 3, down.stderr[-2000:]
+    assert json.loads(down.stdout.strip().splitlines()[-1])["pending"] == [str(checkpoint)]
+    up = publish_pending(mlflow_server)
+    assert up.returncode == 0, up.stderr[-2000:]
+    assert json.loads(up.stdout.strip().splitlines()[-1])["published"] == ["1"]
