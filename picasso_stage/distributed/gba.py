@@ -79,6 +79,10 @@ class TokenControl:
         return len(self._buffer)
 
     @property
+    def dropped(self) -> set[str]:
+        return set(self._dropped)
+
+    @property
     def workers(self) -> list[str]:
         return sorted(self._last_seen)
 
@@ -131,10 +135,12 @@ class TokenControl:
         self.counts["discarded_failed_worker"] += discarded
         return discarded
 
-    def drop_silent(self, lease_s: float) -> list[str]:
-        """Drop every worker not heard from (pull or push) within lease_s seconds."""
-        now = self._clock()
-        silent = [w for w, seen in self._last_seen.items() if now - seen > lease_s]
+    def drop_silent(self, lease_s: float, heard: dict[str, float] | None = None) -> list[str]:
+        """Drop every worker not heard from (pull or push) within lease_s seconds. `heard`:
+        when calls arrived (by this clock), which may be before they were handled: a call
+        waiting behind an optimizer step is no sign of a dead worker."""
+        now, heard = self._clock(), heard or {}
+        silent = [w for w, seen in self._last_seen.items() if now - max(seen, heard.get(w, seen)) > lease_s]
         for worker in silent:
             self.drop_worker(worker)
         return silent

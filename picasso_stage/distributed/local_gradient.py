@@ -1,0 +1,79 @@
+"""A worker's half of GBA: one local batch's gradients, computed against pulled parameters.
+
+A worker holds no tables. For each batch it asks the parameter server for the distinct
+rows the batch touches (per table) and the dense parameters, then:
+- looks the bags up in a compact table of just those rows, which requires grad, so
+  autograd sums each row's gradient over its occurrences (the plain-torch reference
+  lookup is differentiable; the fused kernels step a table instead of returning a gradient);
+- runs the model's dense part and takes the gradient of the batch's mean log loss, as the
+  Trainer does;
+and returns the dense gradients and, per table, the gradients of the rows it pulled.
+
+The rows of a bag are all looked up: the decoders refuse bags longer than max_len, so no
+id of a PackedBatch is cut by truncation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from picasso.batch import TorchBatch
+from picasso.kernels import load_backend
+from picasso.models.common import PackedModel
+
+_reference = load_backend("reference")
+
+
+@dataclass(frozen=True)
+class Lookup:
+    key: str  # the table's state-dict key
+    prefix: str  # the PackedEmbedding's attribute name in the model
+    group: str
+    num_fields: int
+
+
+@dataclass(frozen=True)
+class LocalGradient:
+    loss_sum: float  # summed per-sample log loss of the batch, before the update
+    samples: int
+    dense: dict[str, torch.Tensor]  # parameter name -> gradient of the batch's mean loss
+    rows: dict[str, torch.Tensor]  # table key -> the distinct rows the batch touched
+    row_grads: dict[str, torch.Tensor]  # table key -> (k, dim) their gradients
+
+
+class GradientComputer:
+    def __init__(self, model: PackedModel):
+        self.model = model
+        self.lookups = [Lookup(f"{prefix}.table_{g.name}", prefix, g.name, g.num_fields)
+                        for prefix in model.lookups for g in getattr(model, prefix).plan.groups]
+        self.params = dict(model.named_parameters())
+
+    def rows_needed(self, batch: TorchBatch) -> dict[str, torch.Tensor]:
+        """Per table, the distinct rows the batch touches (sorted)."""
+        return {lookup.key: torch.unique(batch.ids[lookup.group]) for lookup in self.lookups}
+
+    def compute(self, batch: TorchBatch, dense: dict[str, torch.Tensor], rows: dict[str, torch.Tensor],
+                values: dict[str, torch.Tensor]) -> LocalGradient:
+        """rows: rows_needed(batch); values: each table's pulled values of those rows."""
+        with torch.no_grad():
+            for name, value in dense.items():
+                self.params[name].copy_(value)
+        compact = {key: values[key].detach().clone().requires_grad_(True) for key in rows}
+        pooled = []
+        for lookup in self.lookups:
+            embedding = getattr(self.model, lookup.prefix)
+            local_ids = torch.searchsorted(rows[lookup.key], batch.ids[lookup.group])
+            pooled.append(_reference.lookup(
+                compact[lookup.key], local_ids, batch.offsets[lookup.group], lookup.num_fields, getattr(embedding, f"mean_{lookup.group}"), getattr(embedding, f"max_len_{lookup.group}")))
+        self.model.train()
+        self.model.zero_grad(set_to_none=True)
+        logits = self.model.dense_part(batch.dense, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")
+        loss.backward()
+        dense_grads = {name: p.grad.detach().clone() for name, p in self.params.items() if p.grad is not None}
+        row_grads = {key: t.grad if t.grad is not None else torch.zeros_like(t) for key, t in compact.items()}
+        return LocalGradient(float(loss.detach()) * batch.num_samples, batch.num_samples, dense_grads, rows,
+                             row_grads)

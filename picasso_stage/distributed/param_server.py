@@ -1,0 +1,251 @@
+"""The parameter server over torch.distributed.rpc (TensorPipe), and the worker's client.
+
+Processes and names: one RPC group of `num_shards + num_workers` processes, shards at
+ranks 0..S-1 named ps0, ps1, ..., workers after them named worker0, worker1, ... Each
+shard process serves one `Shard` (shard.py) through the module-level functions below;
+RPC runs them on its thread pool, and the shard's lock makes each atomic.
+
+The client (`PSClient`) splits a worker's requests by owner (layout.py): a pull asks each
+shard for its rows (and shard 0 for the dense parameters) and reassembles them in the
+order asked; a push sends every shard its part with rpc_async and returns at once, so
+the worker computes its next batch while the shards aggregate. Every shard receives every
+push, even one with none of its rows: each shard counts the same local batches towards
+its global batches. At most `max_in_flight` pushes per shard are outstanding; a worker
+further ahead waits for the oldest (a bound on memory, not a barrier between workers;
+0 makes every push complete before the next pull, for runs that must be deterministic).
+
+A shard stops when every worker has said it is done or has been dropped. Workers that go
+silent for `lease_s` are dropped: their buffered batches leave the global batch.
+
+Limitation (torch 2.13): the group is static. A worker that dies is dropped and the others
+train on, but a replacement process cannot join the running group: torch's dynamic RPC
+groups keep a killed member listed in their rendezvous store, and the next process to
+join waits on its address until it times out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed.rpc as rpc
+
+from picasso import kernels
+from picasso.distributed.aggregation import Contribution, RowGradient
+from picasso.distributed.layout import ShardLayout
+from picasso.distributed.local_gradient import LocalGradient
+from picasso.distributed.shard import Pulled, Shard, ShardSnapshot
+from picasso.distributed.gba import PushOutcome
+
+log = logging.getLogger(__name__)
+
+
+class ParameterServerError(RuntimeError):
+    """A shard could not be reached, or refused the call (a dropped worker's pull, say)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """Where the RPC group meets and who is in it."""
+
+    init_method: str  # tcp://127.0.0.1:PORT
+    num_shards: int
+    num_workers: int
+    timeout_s: float = 60.0  # for joining and for each call
+
+    @property
+    def world_size(self) -> int:
+        return self.num_shards + self.num_workers
+
+    def options(self) -> rpc.TensorPipeRpcBackendOptions:
+        # One thread per worker and two spare: a shard never makes a worker's call wait
+        # for a thread while another worker's push aggregates.
+        return rpc.TensorPipeRpcBackendOptions(init_method=self.init_method, rpc_timeout=self.timeout_s,
+                                               num_worker_threads=self.num_workers + 2)
+
+
+def shard_name(index: int) -> str:
+    return f"ps{index}"
+
+
+# -- the server side: one shard per process --------------------------------------------------
+
+class _Served:
+    def __init__(self, shard: Shard, num_workers: int):
+        self.shard = shard
+        self.finished: set[str] = set()
+        self.num_workers = num_workers
+        self.stopped = threading.Event()
+        self.description = None
+
+    def settle(self) -> None:
+        """Shard 0 stops once every worker has finished or been dropped; the others stop
+        when shard 0 releases them, after it has read their state for the checkpoint."""
+        gone = self.finished | {w.split("/", 1)[0] for w in self.shard.control.dropped}
+        if self.shard.index == 0 and len(gone) >= self.num_workers:
+            self.stopped.set()
+
+
+_served: _Served | None = None
+
+
+def _here() -> _Served:
+    if _served is None:
+        raise RuntimeError("this process serves no parameter-server shard")
+    return _served
+
+
+def _pull(worker: str, rows: dict[str, torch.Tensor], dense: bool) -> Pulled:
+    return _here().shard.pull(worker, rows, dense)
+
+
+def _push(contribution: Contribution) -> PushOutcome:
+    return _here().shard.push(contribution)
+
+
+def _snapshot() -> ShardSnapshot:
+    return _here().shard.snapshot()
+
+
+def _finish(worker: str) -> None:
+    served = _here()
+    served.finished.add(worker.split("/", 1)[0])
+    served.settle()
+
+
+def _release() -> None:
+    _here().stopped.set()
+
+
+def _describe():
+    """What a joining worker needs to build the same model: (spec YAML, TrainConfig as a
+    dict, layout), from shard 0, so workers and servers cannot disagree."""
+    return _here().description
+
+
+def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on_stop=None) -> None:
+    """Serve `shard` until every worker is done or dropped; then shard 0 calls
+    on_stop(snapshots of every shard) (to write the checkpoint), releases the other shards
+    and everyone leaves the group."""
+    global _served
+    kernels.backend_for(torch.device("cpu"))  # load (or build) the kernels before the first push needs them
+    _served = _Served(shard, group.num_workers)
+    _served.description = description
+    rpc.init_rpc(shard_name(shard.index), rank=shard.index, world_size=group.world_size,
+                 rpc_backend_options=group.options())
+    log.info("shard %d: serving %d workers in a group of %d", shard.index, group.num_workers, group.world_size)
+    try:
+        while not _served.stopped.wait(timeout=min(lease_s / 4, 1.0)):
+            for worker in shard.drop_silent(lease_s):
+                log.warning("shard %d: dropped worker %s (silent for %.1f s)", shard.index, worker, lease_s)
+            _served.settle()
+        log.info("shard %d: stopping at step %d", shard.index, shard.control.step)
+        if shard.index == 0:
+            snapshots = gather_snapshots(group.num_shards)
+            if on_stop is not None:
+                on_stop(snapshots)
+            for s in range(1, group.num_shards):
+                try:
+                    rpc.rpc_sync(shard_name(s), _release)
+                except RuntimeError:  # it may leave the group before its answer is sent
+                    log.debug("shard %d left while being released", s)
+    finally:
+        # Not graceful: a graceful shutdown waits for every member, and a dead worker never comes.
+        rpc.shutdown(graceful=False)
+        _served = None
+        log.info("shard %d: left the group", shard.index)
+
+
+def gather_snapshots(num_shards: int) -> list[ShardSnapshot]:
+    """Every shard's state, asked from any member of the group."""
+    return [rpc.rpc_sync(shard_name(s), _snapshot) for s in range(num_shards)]
+
+
+# -- the worker side ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PulledBatch:
+    tokens: tuple[int, ...]  # per shard
+    dense: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor]  # table key -> rows asked for
+    values: dict[str, torch.Tensor]  # table key -> their values, in that order
+    versions: dict[str, torch.Tensor]
+
+
+class PSClient:
+    def __init__(self, layout: ShardLayout, worker: str, max_in_flight: int = 2, call=None):
+        """call(shard, fn, args, asynchronous) -> a value or a torch Future; the default
+        goes over RPC, tests may pass one that calls Shard objects in process."""
+        self.layout, self.worker, self.max_in_flight = layout, worker, max_in_flight
+        self._call = call or _rpc_call
+        self._in_flight: list[list[torch.futures.Future]] = [[] for _ in range(layout.num_shards)]
+        self.outcomes: list[PushOutcome] = []  # shard 0's answers to this worker's pushes
+
+    def pull(self, rows: dict[str, torch.Tensor]) -> PulledBatch:
+        owners = {key: self.layout.owner(r) for key, r in rows.items()}
+        answers = [self._call(s, _pull, (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0), False)
+                   for s in range(self.layout.num_shards)]
+        values, versions = {}, {}
+        for key, wanted in rows.items():
+            dim = self.layout.table(key).dim
+            values[key] = torch.empty(wanted.numel(), dim)
+            versions[key] = torch.empty(wanted.numel(), dtype=torch.int64)
+            for s, answer in enumerate(answers):
+                mine = owners[key] == s
+                values[key][mine], versions[key][mine] = answer.rows[key], answer.versions[key]
+        return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions)
+
+    def push(self, pulled: PulledBatch, gradient: LocalGradient) -> None:
+        """Send every shard its part; returns without waiting for the shards' answers."""
+        self.collect()
+        for s in range(self.layout.num_shards):
+            sparse = {}
+            for key, rows in gradient.rows.items():
+                mine = self.layout.owner(rows) == s
+                sparse[key] = RowGradient(rows[mine], gradient.row_grads[key][mine], pulled.versions[key][mine])
+            contribution = Contribution(self.worker, pulled.tokens[s], gradient.samples,
+                                        gradient.dense if s == 0 else {}, sparse)
+            while len(self._in_flight[s]) > self.max_in_flight - 1 and self._in_flight[s]:
+                self._settle(s, self._in_flight[s].pop(0))
+            future = self._call(s, _push, (contribution,), True)
+            if self.max_in_flight == 0:
+                self._settle(s, future)
+            else:
+                self._in_flight[s].append(future)
+
+    def collect(self) -> None:
+        """Take the answers of finished pushes (raising a shard's error, if one came back)."""
+        for s, futures in enumerate(self._in_flight):
+            while futures and futures[0].done():
+                self._settle(s, futures.pop(0))
+
+    def drain(self) -> None:
+        for s, futures in enumerate(self._in_flight):
+            while futures:
+                self._settle(s, futures.pop(0))
+
+    def finish(self) -> None:
+        self.drain()
+        for s in range(self.layout.num_shards):
+            self._call(s, _finish, (self.worker,), False)
+
+    def _settle(self, shard: int, future: torch.futures.Future) -> None:
+        try:
+            outcome = future.wait()
+        except Exception as err:
+            raise ParameterServerError(f"shard {shard_name(shard)} failed a push from {self.worker}: {err}") from err
+        if shard == 0:
+            self.outcomes.append(outcome)
+
+
+def _rpc_call(shard: int, fn, args: tuple, asynchronous: bool):
+    name = shard_name(shard)
+    if asynchronous:
+        return rpc.rpc_async(name, fn, args=args)
+    try:
+        return rpc.rpc_sync(name, fn, args=args)
+    except (RuntimeError, ValueError) as err:  # unreachable, or a refusal raised over there
+        raise ParameterServerError(f"parameter-server shard {name} failed {fn.__name__[1:]}: {err}") from err

@@ -1,0 +1,152 @@
+"""One parameter-server shard: its part of the model, its optimizers, its token control.
+
+A shard holds, under the Trainer's state-dict keys (layout.py): on shard 0 the dense
+parameters with a torch.optim.Adam over them (the Trainer's dense optimizer, same learning
+rate, same state layout), and on every shard its stripe of each embedding table with the
+table's sparse optimizer slots. It also counts, per local row, how many optimizer steps
+have updated it (its version), which gives each pushed row its own staleness.
+
+`pull` and `push` are what the RPC layer (param_server.py) serves; a lock makes each one
+atomic, so a pull never sees half a step. When a push completes a global batch, the
+shard applies it at once: the dense gradient through Adam, each table's aggregated row
+gradients through its fused sparse optimizer kernel (one (row, gradient) bag per row,
+which is exactly the update the Trainer's backward pass makes for those rows).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from picasso import kernels
+from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGradient
+from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl
+from picasso.distributed.layout import ShardLayout, TableLayout
+
+
+@dataclass(frozen=True)
+class Pulled:
+    token: int  # the shard's global step: push it back with the gradient
+    dense: dict[str, torch.Tensor]  # parameter name -> value (shard 0, when asked)
+    rows: dict[str, torch.Tensor]  # table key -> (k, dim) values of the rows asked for, in their order
+    versions: dict[str, torch.Tensor]  # table key -> (k,) how many steps had updated each row
+
+
+@dataclass(frozen=True)
+class ShardSnapshot:
+    """A shard's whole state at one step; layout.merge over all shards gives the model's."""
+
+    index: int
+    tensors: dict[str, torch.Tensor]
+    dense_optimizer: dict | None  # shard 0's Adam state_dict
+    step: int
+    samples: int  # samples in the global batches applied
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Shard:
+    def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
+                 lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0):
+        if not 0 <= index < layout.num_shards:
+            raise ValueError(f"shard index {index} outside [0, {layout.num_shards})")
+        self.index, self.layout = index, layout
+        self.tensors = tensors
+        self.params = [torch.nn.Parameter(tensors[name], requires_grad=True) for name in layout.dense] \
+            if index == 0 else []
+        for name, param in zip(layout.dense, self.params):
+            self.tensors[name] = param.data  # one storage: the optimizer steps what pulls read
+        self.dense_optimizer = torch.optim.Adam(self.params, lr=lr_dense) if self.params else None
+        if dense_optimizer is not None and self.dense_optimizer is not None:
+            self.dense_optimizer.load_state_dict(dense_optimizer)
+        self.versions = {t.key: torch.zeros(layout.local_rows(index, t), dtype=torch.int64) for t in layout.tables}
+        self.control = TokenControl(gba, step)
+        self.samples = samples
+        self._lock = threading.Lock()
+        self._arrived: dict[str, float] = {}  # when each worker's latest call came in (before the lock)
+
+    # -- what workers call ------------------------------------------------------------------
+
+    def pull(self, worker: str, rows: dict[str, torch.Tensor], dense: bool) -> Pulled:
+        self._arrived[worker] = time.monotonic()
+        with self._lock:
+            token = self.control.pull(worker)
+            values, versions = {}, {}
+            for key, wanted in rows.items():
+                local = self._local(key, wanted)
+                values[key] = self.tensors[key][local].clone()
+                versions[key] = self.versions[key][local].clone()
+            dense_values = {name: self.tensors[name].clone() for name in self.layout.dense} if dense else {}
+            return Pulled(token, dense_values, values, versions)
+
+    def push(self, contribution: Contribution) -> PushOutcome:
+        self._arrived[contribution.worker] = time.monotonic()
+        with self._lock:
+            local_sparse, staleness = {}, {}
+            for key, grad in contribution.sparse.items():
+                local = self._local(key, grad.rows)
+                local_sparse[key] = RowGradient(local, grad.grads, grad.versions)
+                staleness[key] = self.versions[key][local] - grad.versions
+            unknown = set(contribution.dense) - set(self.layout.dense) if self.index == 0 else set(contribution.dense)
+            if unknown:
+                raise ValueError(f"shard {self.index} holds no dense parameters {sorted(unknown)}")
+            local_contribution = Contribution(contribution.worker, contribution.token, contribution.samples,
+                                              contribution.dense, local_sparse)
+            outcome, gradient = self.control.push(local_contribution, staleness)
+            if gradient is not None:
+                self._apply(gradient)
+            return outcome
+
+    def drop_worker(self, worker: str) -> int:
+        with self._lock:
+            return self.control.drop_worker(worker)
+
+    def drop_silent(self, lease_s: float) -> list[str]:
+        with self._lock:
+            return self.control.drop_silent(lease_s, dict(self._arrived))
+
+    def snapshot(self) -> ShardSnapshot:
+        with self._lock:
+            return ShardSnapshot(
+                index=self.index,
+                tensors={key: value.clone() for key, value in self.tensors.items()},
+                dense_optimizer=self.dense_optimizer.state_dict() if self.dense_optimizer else None,
+                step=self.control.step,
+                samples=self.samples,
+                counts=dict(self.control.counts),
+            )
+
+    # -- the optimizer step -------------------------------------------------------------------
+
+    def _apply(self, gradient: GlobalGradient) -> None:
+        if self.dense_optimizer is not None and gradient.dense:
+            for name, param in zip(self.layout.dense, self.params):
+                param.grad = gradient.dense.get(name)  # None: no worker sent it, Adam skips it
+            self.dense_optimizer.step()
+            self.dense_optimizer.zero_grad(set_to_none=True)
+        for key in self.layout.steps_keys:  # one step of every PackedEmbedding, like a Trainer's forward
+            self.tensors[key] += 1
+        for key, (rows, grads) in gradient.sparse.items():
+            self._apply_rows(self.layout.table(key), rows, grads)
+            self.versions[key][rows] += 1
+        self.samples += gradient.samples
+
+    def _apply_rows(self, table: TableLayout, rows: torch.Tensor, grads: torch.Tensor) -> None:
+        if rows.numel() == 0:
+            return
+        kernels.fused_update(
+            self.tensors[table.key], [self.tensors[k] for k in table.slot_keys], rows,
+            torch.arange(rows.numel(), dtype=torch.int32), grads.view(rows.numel(), 1, table.dim),
+            1, table.optimizer, int(self.tensors[table.steps_key]),
+        )
+
+    def _local(self, key: str, rows: torch.Tensor) -> torch.Tensor:
+        table = self.layout.table(key)
+        rows = rows.to(torch.int64)
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= table.num_rows):
+            raise ValueError(f"rows of {key} must be in [0, {table.num_rows})")
+        if rows.numel() and bool((self.layout.owner(rows) != self.index).any()):
+            raise ValueError(f"shard {self.index} was sent rows of {key} that another shard owns")
+        return self.layout.local(rows)

@@ -1,0 +1,59 @@
+"""A GBA (or plain async) worker: pull, compute a local batch's gradients, push, repeat.
+
+The worker never waits for other workers: its push returns at once (param_server.py) and
+it goes on to its next batch. `slowdown` makes it a straggler on purpose (each step also
+sleeps (slowdown - 1) times its compute time), which is how the benchmark slows one
+worker down.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from picasso.batch import PackedBatch
+from picasso.distributed.local_gradient import GradientComputer
+from picasso.distributed.param_server import PSClient
+
+
+@dataclass
+class WorkerStats:
+    batches: int = 0
+    samples: int = 0
+    loss_sum: float = 0.0  # per-sample log loss of each batch, before its update
+    refused: int = 0  # pushes shard 0 did not count (too stale, or the worker was dropped)
+    seconds: float = 0.0
+
+    @property
+    def mean_loss(self) -> float:
+        return self.loss_sum / self.samples if self.samples else float("nan")
+
+
+class GBAWorker:
+    def __init__(self, client: PSClient, computer: GradientComputer, slowdown: float = 1.0):
+        if slowdown < 1.0:
+            raise ValueError(f"slowdown must be >= 1 (1: none), got {slowdown}")
+        self.client, self.computer, self.slowdown = client, computer, slowdown
+
+    def train(self, batches: Iterable[PackedBatch]) -> WorkerStats:
+        stats = WorkerStats()
+        start = time.perf_counter()
+        for batch in batches:
+            if batch.num_samples == 0:
+                continue
+            tensors = batch.to_torch()
+            rows = self.computer.rows_needed(tensors)
+            pulled = self.client.pull(rows)
+            began = time.perf_counter()
+            gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
+            if self.slowdown > 1.0:
+                time.sleep((self.slowdown - 1.0) * (time.perf_counter() - began))
+            self.client.push(pulled, gradient)
+            stats.batches += 1
+            stats.samples += gradient.samples
+            stats.loss_sum += gradient.loss_sum
+        self.client.finish()
+        stats.refused = sum(not outcome.accepted for outcome in self.client.outcomes)
+        stats.seconds = time.perf_counter() - start
+        return stats

@@ -1,0 +1,236 @@
+"""`picasso ps` (a parameter server of one or more shards) and `picasso gba-worker`.
+
+    picasso ps --spec criteo --workdir ./gba --shards 2 --workers 4 --port 29500 --mode gba
+    picasso gba-worker --port 29500 --shards 2 --workers 4 --rank 0 --rows 100000
+
+The server starts from the latest checkpoint under WORKDIR/checkpoints (any mode's; a
+fresh model when there is none) and, when every worker is done or dropped, writes one in
+the Trainer's layout, which any mode resumes from. Workers get the spec, the TrainConfig
+and the layout from shard 0, so they cannot disagree with the servers. Learning rates,
+optimizers and the global batch (M local batches) are the same flags in every mode.
+
+`add_ps_commands(subparsers)` registers both commands on the `picasso` command line;
+`python -m picasso.pipelines.ps_cli` runs them on their own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
+
+log = logging.getLogger(__name__)
+MODES = ("gba", "async")
+
+
+def _add_group_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="where shard 0 listens for the group to meet")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--shards", type=int, default=1, help="parameter-server shards")
+    parser.add_argument("--workers", type=int, required=True, help="workers in the group")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to meet the group, and per call")
+    parser.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
+
+
+def add_ps_commands(commands) -> None:
+    ps = commands.add_parser("ps", help="serve parameter-server shards for GBA or plain async workers")
+    ps.add_argument("--spec", required=True)
+    ps.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
+    ps.add_argument("--mode", choices=MODES, default="gba", help="gba: global batches with token control; "
+                    "async: every push steps at once, no staleness control (the baseline)")
+    ps.add_argument("--global-batches", type=int, default=None,
+                    help="M, local batches per global step: sync's worker count (default: --workers)")
+    ps.add_argument("--decay", default="exp", help="staleness decay: 'exp' (default: exp:tau_max=2,"
+                    "half_life=1,limit=8), 'exp:tau_max=..,half_life=..,limit=..|none' or 'none'")
+    ps.add_argument("--lease", type=float, default=30.0, help="drop a worker silent for this many seconds")
+    ps.add_argument("--shard-index", type=int, default=None,
+                    help="serve only this shard (one process per shard, e.g. across hosts); "
+                    "default: this process serves shard 0 and starts the others")
+    ps.add_argument("--model", choices=["wide_deep", "deepfm", "dlrm", "dcn_v2"], default="wide_deep")
+    ps.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
+    ps.add_argument("--lr-dense", type=float, default=1e-3)
+    ps.add_argument("--lr-sparse", type=float, default=0.05)
+    ps.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad")
+    ps.add_argument("--seed", type=int, default=0)
+    _add_group_args(ps)
+    ps.set_defaults(run=run_ps)
+
+    worker = commands.add_parser("gba-worker", help="train as one worker against `picasso ps` on planted data")
+    worker.add_argument("--rank", type=int, required=True, help="0..workers-1")
+    worker.add_argument("--rows", type=int, default=100_000, help="planted rows to train on")
+    worker.add_argument("--batch-size", type=int, default=512, help="the local batch")
+    worker.add_argument("--stream", type=int, default=None, help="planted data stream (default: 100 + rank)")
+    worker.add_argument("--slowdown", type=float, default=1.0, help="straggle: compute takes this many times longer")
+    worker.add_argument("--max-in-flight", type=int, default=2, help="pushes per shard not yet answered "
+                        "before the worker waits (0: wait for each: deterministic runs)")
+    _add_group_args(worker)
+    worker.set_defaults(run=run_worker)
+
+
+def _group(args):
+    from picasso.distributed.param_server import Group
+
+    if args.shards < 1 or args.workers < 1:
+        raise SystemExit(f"error: --shards and --workers must be >= 1 (got {args.shards}, {args.workers})")
+    return Group(f"tcp://{args.host}:{args.port}", args.shards, args.workers, args.timeout)
+
+
+def _gba_config(args):
+    from picasso.distributed.gba import GBAConfig
+    from picasso.distributed.staleness import parse_decay
+
+    if args.mode == "async":
+        return GBAConfig.plain_async()
+    try:
+        m = args.workers if args.global_batches is None else args.global_batches
+        return GBAConfig(m, parse_decay(args.decay))
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+def run_ps(args) -> int:
+    from picasso.checkpoint import save_checkpoint
+    from picasso.distributed.param_server import serve_shard
+    from picasso.distributed.ps_checkpoint import build_shard, trainer_state
+    from picasso.trainer import TrainConfig, Trainer
+
+    group, gba = _group(args), _gba_config(args)
+    index = args.shard_index or 0
+    if not 0 <= index < args.shards:
+        raise SystemExit(f"error: --shard-index {index} outside [0, {args.shards})")
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as err:
+        raise SystemExit(f"error: {err}") from None
+    config = TrainConfig(model=args.model, hidden=tuple(int(s) for s in args.hidden.split(",")),
+                         lr_dense=args.lr_dense, lr_sparse=args.lr_sparse, sparse_optimizer=args.sparse_optimizer,
+                         seed=args.seed, log_every=0, device="cpu")
+    trainer = Trainer(spec, config)
+    root = Path(args.workdir) / "checkpoints"
+    try:
+        trainer.warm_start(root)
+    except (RuntimeError, ValueError) as err:  # another spec, or a model of other shapes
+        raise SystemExit(f"error: cannot resume from {root}: {err}") from None
+    children = []
+    if args.shard_index is None and args.shards > 1:
+        children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.ps_cli", *_shard_argv(args, s)])
+                    for s in range(1, args.shards)]
+    shard, layout = build_shard(trainer, index, args.shards, gba)
+    summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
+
+    def write_checkpoint(snapshots) -> None:
+        state = trainer_state(layout, snapshots, trainer)
+        counts = snapshots[0].counts
+        path = save_checkpoint(root, state, spec, dict(trainer.positions), {"ps": counts, "mode": args.mode})
+        summary.update(step=state["step"], samples=state["samples"], counts=counts, checkpoint=str(path),
+                       dropped_workers=sorted(shard.control.dropped))
+
+    description = (spec, config, layout)
+    serve_shard(shard, group, args.lease, description=description, on_stop=write_checkpoint)
+    failed = [c.args for c in children if c.wait() != 0]
+    if failed:
+        raise SystemExit(f"error: {len(failed)} shard process(es) failed")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def _shard_argv(args, index: int) -> list[str]:
+    """The command line of shard `index`: this one's flags, that shard's index."""
+    argv = ["ps", "--shard-index", str(index)]
+    for flag in ("spec", "workdir", "mode", "global_batches", "decay", "lease", "model", "hidden", "lr_dense",
+                 "lr_sparse", "sparse_optimizer", "seed", "host", "port", "shards", "workers", "timeout"):
+        value = getattr(args, flag)
+        if value is not None:
+            argv += ["--" + flag.replace("_", "-"), str(value)]
+    return argv
+
+
+def run_worker(args) -> int:
+    import torch.distributed.rpc as rpc
+
+    from picasso.distributed.gba import worker_id
+    from picasso.distributed.local_gradient import GradientComputer
+    from picasso.distributed.param_server import PSClient, ParameterServerError, _describe, shard_name
+    from picasso.distributed.worker import GBAWorker
+    from picasso.models import build_model
+    from picasso.packing import PackingPlan
+
+    group = _group(args)
+    if not 0 <= args.rank < args.workers:
+        raise SystemExit(f"error: --rank {args.rank} outside [0, {args.workers})")
+    name = f"worker{args.rank}"
+    # Wait for shard 0's rendezvous port first: a worker that knocks before it exists is
+    # put off by the store client's growing back-off (a minute, measured), and a server
+    # that never comes must be a clear error, not a hang.
+    if not _port_open(args.host, args.port, args.timeout):
+        raise SystemExit(f"error: no parameter server at {args.host}:{args.port} after {args.timeout:g} s "
+                         "(start `picasso ps` first, with the same --port)")
+    try:
+        rpc.init_rpc(name, rank=args.shards + args.rank, world_size=group.world_size, rpc_backend_options=group.options())
+    except RuntimeError as err:
+        raise SystemExit(f"error: could not join the parameter server's group at {group.init_method}: {err}") from None
+    try:
+        try:
+            spec, config, layout = rpc.rpc_sync(shard_name(0), _describe)
+        except RuntimeError as err:
+            raise ParameterServerError(f"shard 0 did not answer: {err}") from err
+        model = build_model(config.model, spec, PackingPlan.from_spec(spec), config.hidden)
+        client = PSClient(layout, worker_id(name, uuid.uuid4().hex[:8]), args.max_in_flight)
+        worker = GBAWorker(client, GradientComputer(model), args.slowdown)
+        stream = 100 + args.rank if args.stream is None else args.stream
+        stats = worker.train(planted_batches(spec, args.rows, args.batch_size, stream))
+    except ParameterServerError as err:
+        raise SystemExit(f"error: {err}") from None
+    finally:
+        rpc.shutdown(graceful=False)
+    if args.json:
+        print(json.dumps({"worker": name, "batches": stats.batches, "samples": stats.samples,
+                          "mean_loss": stats.mean_loss, "refused": stats.refused, "seconds": stats.seconds}))
+    return 0
+
+
+def _port_open(host: str, port: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
+
+def planted_batches(spec, rows: int, batch_size: int, stream: int):
+    """Rows of the planted model's stream, decoded and packed like the pipelines do."""
+    from picasso.batch import pack
+    from picasso.connectors.decoders import RecordDecoder
+    from picasso.packing import PackingPlan
+    from picasso.synthetic import PlantedModel
+
+    plan = PackingPlan.from_spec(spec)
+    table, _ = PlantedModel(spec).sample(rows, stream)
+    decoded = RecordDecoder(spec).decode_table(table, f"planted-{stream}").table
+    for start in range(0, rows, batch_size):
+        yield pack(decoded.slice(start, batch_size), spec, plan, {f"planted-{stream}": min(start + batch_size, rows)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = argparse.ArgumentParser(prog="picasso")
+    add_ps_commands(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""The parameter server: in process against the Trainer, then as real processes on loopback
+(shards and workers started with `python -m picasso.pipelines.ps_cli`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from picasso.distributed.gba import GBAConfig
+from picasso.distributed.local_gradient import GradientComputer
+from picasso.distributed.param_server import PSClient
+from picasso.distributed.ps_checkpoint import build_shard, trainer_state
+from picasso.distributed.worker import GBAWorker
+from picasso.models import build_model
+from picasso.packing import PackingPlan
+from picasso.pipelines import ps_cli
+from picasso.trainer import Trainer
+
+from helpers import planted_batches
+from test_trainer import CONFIG, SPEC, assert_state_equal
+
+
+# -- in process: the shards' arithmetic is the Trainer's -------------------------------------
+
+def _in_process(trainer: Trainer, shards: int, gba: GBAConfig):
+    built = [build_shard(trainer, s, shards, gba) for s in range(shards)]
+    servers, layout = [shard for shard, _ in built], built[0][1]
+
+    def call(index, fn, args, asynchronous):
+        method = getattr(servers[index], fn.__name__.lstrip("_").replace("finish", "pull"), None)
+        if fn.__name__ == "_finish":
+            return None
+        result = method(*args)
+        if asynchronous:
+            future = torch.futures.Future()
+            future.set_result(result)
+            return future
+        return result
+
+    return servers, layout, call
+
+
+@pytest.mark.parametrize("sparse_optimizer", ["adagrad", "adam"])
+def test_one_worker_without_aggregation_trains_like_the_trainer(sparse_optimizer, tmp_path):
+    """M = 1, one worker, every push answered before the next pull: each step is the
+    Trainer's step, on two shards, and the checkpoint the shards make restores into a
+    Trainer that trains on exactly like the one that never left local mode."""
+    config = replace(CONFIG, sparse_optimizer=sparse_optimizer)
+    batches, _ = planted_batches(SPEC, 320, 64)
+    local = Trainer(SPEC, config)
+    for batch in batches[:4]:
+        local.train_step(batch)
+
+    start = Trainer(SPEC, config)
+    servers, layout, call = _in_process(start, shards=2, gba=GBAConfig.plain_async())
+    client = PSClient(layout, "worker0/a", max_in_flight=0, call=call)
+    model = build_model(config.model, SPEC, PackingPlan.from_spec(SPEC), config.hidden)
+    stats = GBAWorker(client, GradientComputer(model)).train(batches[:4])
+    assert stats.batches == 4 and stats.refused == 0
+
+    state = trainer_state(layout, [s.snapshot() for s in servers], start)
+    assert state["step"] == local.step and state["samples"] == local.samples
+    expected = local.state()
+    for key, value in expected["model"].items():
+        torch.testing.assert_close(state["model"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+    resumed = Trainer(SPEC, config)
+    resumed.restore(save_checkpoint(tmp_path, state, SPEC, {}, {}))
+    assert set(resumed.state()["model"]) == set(expected["model"])
+    for trainer in (local, resumed):
+        trainer.train_step(batches[4])
+    for key, value in local.state()["model"].items():
+        torch.testing.assert_close(resumed.state()["model"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+
+
+def test_split_and_merge_are_inverse():
+    trainer = Trainer(SPEC, CONFIG)
+    trainer.train_step(planted_batches(SPEC, 64, 64)[0][0])
+    state = trainer.state()["model"]
+    for shards in (1, 2, 3):
+        _, layout = build_shard(trainer, 0, shards, GBAConfig(1))
+        assert_state_equal(layout.merge(layout.split(state)), state)
+        with pytest.raises(ValueError, match="missing"):
+            layout.split({k: v for k, v in state.items() if k != layout.tables[0].key})
+
+
+def test_a_shard_refuses_rows_it_does_not_own():
+    servers, layout, _ = _in_process(Trainer(SPEC, CONFIG), shards=2, gba=GBAConfig(1))
+    key = layout.tables[0].key
+    with pytest.raises(ValueError, match="another shard owns"):
+        servers[0].pull("w/a", {key: torch.tensor([1])}, dense=False)
+    with pytest.raises(ValueError, match=r"must be in \[0"):
+        servers[1].pull("w/a", {key: torch.tensor([10**9 + 1])}, dense=False)
+
+
+# -- real processes on loopback ---------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "picasso.pipelines.ps_cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _finish(process: subprocess.Popen, timeout: float = 90) -> tuple[int, dict | None, str]:
+    out, err = process.communicate(timeout=timeout)
+    lines = out.strip().splitlines()
+    return process.returncode, json.loads(lines[-1]) if lines else None, err
+
+
+@pytest.fixture()
+def tiny_spec(tmp_path) -> str:
+    path = tmp_path / "tiny.yaml"
+    SPEC.save(path) if hasattr(SPEC, "save") else path.write_text(SPEC.to_yaml())
+    return str(path)
+
+
+def _ps(spec: str, workdir, port: int, shards: int, workers: int, *extra: str) -> subprocess.Popen:
+    return _start("ps", "--spec", spec, "--workdir", str(workdir), "--port", str(port), "--shards", str(shards),
+                  "--workers", str(workers), "--hidden", "16,8", "--lr-dense", "0.01", "--timeout", "30", "--json",
+                  *extra)
+
+
+def _worker(port: int, shards: int, workers: int, rank: int, rows: int, *extra: str) -> subprocess.Popen:
+    return _start("gba-worker", "--port", str(port), "--shards", str(shards), "--workers", str(workers),
+                  "--rank", str(rank), "--rows", str(rows), "--batch-size", "100", "--timeout", "30", "--json", *extra)
+
+
+def test_shards_and_workers_train_and_switch_modes_through_a_checkpoint(tiny_spec, tmp_path):
+    """gba on 2 shards with 2 workers, then plain async with 1 worker from its checkpoint:
+    every local batch is counted, every M of them made one step, and each checkpoint
+    restores into a Trainer."""
+    port = _free_port()
+    server = _ps(tiny_spec, tmp_path, port, 2, 2, "--mode", "gba")
+    workers = [_worker(port, 2, 2, rank, 1000) for rank in range(2)]
+    results = [_finish(w) for w in workers]
+    code, summary, err = _finish(server)
+    assert code == 0, err
+    for worker_code, stats, worker_err in results:
+        assert worker_code == 0, worker_err
+        assert stats["batches"] == 10 and stats["samples"] == 1000 and stats["refused"] == 0
+    counts = summary["counts"]
+    assert counts["accepted"] == 20 and summary["step"] == 10 and summary["samples"] == 2000
+    assert counts["steps"] == 10 and summary["global_batches"] == 2
+
+    trainer = Trainer(SPEC, replace(CONFIG, hidden=(16, 8), lr_dense=0.01, lr_sparse=0.05))
+    trainer.restore(latest_checkpoint(tmp_path / "checkpoints"))
+    assert trainer.step == 10 and trainer.samples == 2000
+
+    port = _free_port()
+    server = _ps(tiny_spec, tmp_path, port, 1, 1, "--mode", "async")
+    worker_code, stats, worker_err = _finish(_worker(port, 1, 1, 0, 500))
+    code, summary, err = _finish(server)
+    assert worker_code == 0 and code == 0, worker_err + err
+    assert summary["step"] == 15 and summary["samples"] == 2500 and summary["decay"] == "none"
+    assert load_checkpoint(latest_checkpoint(tmp_path / "checkpoints")).step == 15
+
+
+def test_a_dead_worker_is_dropped_and_the_others_train_on(tiny_spec, tmp_path):
+    port = _free_port()
+    server = _ps(tiny_spec, tmp_path, port, 1, 2, "--lease", "2")
+    survivor = _worker(port, 1, 2, 0, 1500, "--slowdown", "3")
+    doomed = _worker(port, 1, 2, 1, 100_000)
+    time.sleep(8)  # long enough to be training; the survivor needs longer to finish
+    doomed.send_signal(signal.SIGKILL)
+    doomed.wait(timeout=30)
+    worker_code, stats, worker_err = _finish(survivor)
+    code, summary, err = _finish(server)
+    assert worker_code == 0 and code == 0, worker_err + err
+    assert [w.split("/")[0] for w in summary["dropped_workers"]] == ["worker1"]
+    assert stats["samples"] == 1500
+    counts = summary["counts"]
+    counted = counts["accepted"] - counts["discarded_failed_worker"]
+    assert counted // 2 == summary["step"]  # what the dead worker left buffered did not count
+    assert load_checkpoint(latest_checkpoint(tmp_path / "checkpoints")).step == summary["step"]
+
+
+def test_a_worker_without_a_server_says_so(tmp_path):
+    code, _, err = _finish(_start("gba-worker", "--port", str(_free_port()), "--workers", "1", "--rank", "0",
+                                  "--timeout", "2"), timeout=60)
+    assert code != 0 and "no parameter server at 127.0.0.1:" in err
+
+
+def test_a_worker_whose_server_dies_says_so(tiny_spec, tmp_path):
+    port = _free_port()
+    server = _ps(tiny_spec, tmp_path, port, 1, 1)
+    worker = _worker(port, 1, 1, 0, 200_000)
+    time.sleep(8)
+    server.send_signal(signal.SIGKILL)
+    server.wait(timeout=30)
+    code, _, err = _finish(worker)
+    assert code != 0 and "error: parameter-server shard ps0" in err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--decay", "exp:limit=x"], "limit takes a number"),
+    (["--global-batches", "0"], "global_batches"),
+    (["--workers", "0"], "must be >= 1"),
+    (["--shard-index", "3"], "outside"),
+])
+def test_bad_server_flags_are_named(flags, message, tiny_spec, tmp_path):
+    argv = ["ps", "--spec", tiny_spec, "--workdir", str(tmp_path), "--port", "1", "--workers", "2", *flags]
+    with pytest.raises(SystemExit, match=message):
+        ps_cli.main(argv)
+
+
+def test_a_checkpoint_of_another_model_is_refused(tiny_spec, tmp_path):
+    trainer = Trainer(SPEC, replace(CONFIG, hidden=(16, 8)))
+    trainer.save_checkpoint(tmp_path / "checkpoints")
+    with pytest.raises(SystemExit, match="cannot resume"):
+        ps_cli.main(["ps", "--spec", tiny_spec, "--workdir", str(tmp_path), "--port", "1", "--workers", "1",
+                     "--hidden", "32,8"])
