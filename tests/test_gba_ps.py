@@ -1,5 +1,5 @@
 """The parameter server: in process against the Trainer, then as real processes on loopback
-(shards and workers started with `python -m picasso.pipelines.ps_cli`)."""
+(shards and workers started with `python -m picasso.pipelines.distributed_cli`)."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import torch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient
+from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
 from picasso.packing import PackingPlan
-from picasso.pipelines import ps_cli
+from picasso.pipelines import distributed_cli
 from picasso.trainer import Trainer
 
 from helpers import planted_batches
@@ -33,20 +33,8 @@ from test_trainer import CONFIG, SPEC, assert_state_equal
 
 def _in_process(trainer: Trainer, shards: int, gba: GBAConfig):
     built = [build_shard(trainer, s, shards, gba) for s in range(shards)]
-    servers, layout = [shard for shard, _ in built], built[0][1]
-
-    def call(index, fn, args, asynchronous):
-        method = getattr(servers[index], fn.__name__.lstrip("_").replace("finish", "pull"), None)
-        if fn.__name__ == "_finish":
-            return None
-        result = method(*args)
-        if asynchronous:
-            future = torch.futures.Future()
-            future.set_result(result)
-            return future
-        return result
-
-    return servers, layout, call
+    servers = [shard for shard, _ in built]
+    return servers, built[0][1], in_process(servers)
 
 
 @pytest.mark.parametrize("sparse_optimizer", ["adagrad", "adam"])
@@ -111,7 +99,7 @@ def _free_port() -> int:
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "picasso.pipelines.ps_cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "picasso.pipelines.distributed_cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -214,12 +202,12 @@ def test_a_worker_whose_server_dies_says_so(tiny_spec, tmp_path):
 def test_bad_server_flags_are_named(flags, message, tiny_spec, tmp_path):
     argv = ["ps", "--spec", tiny_spec, "--workdir", str(tmp_path), "--port", "1", "--workers", "2", *flags]
     with pytest.raises(SystemExit, match=message):
-        ps_cli.main(argv)
+        distributed_cli.main(argv)
 
 
 def test_a_checkpoint_of_another_model_is_refused(tiny_spec, tmp_path):
     trainer = Trainer(SPEC, replace(CONFIG, hidden=(16, 8)))
     trainer.save_checkpoint(tmp_path / "checkpoints")
     with pytest.raises(SystemExit, match="cannot resume"):
-        ps_cli.main(["ps", "--spec", tiny_spec, "--workdir", str(tmp_path), "--port", "1", "--workers", "1",
+        distributed_cli.main(["ps", "--spec", tiny_spec, "--workdir", str(tmp_path), "--port", "1", "--workers", "1",
                      "--hidden", "32,8"])

@@ -10,7 +10,7 @@ and the layout from shard 0, so they cannot disagree with the servers. Learning 
 optimizers and the global batch (M local batches) are the same flags in every mode.
 
 `add_ps_commands(subparsers)` registers both commands on the `picasso` command line;
-`python -m picasso.pipelines.ps_cli` runs them on their own.
+`python -m picasso.pipelines.distributed_cli` runs them on their own.
 """
 
 from __future__ import annotations
@@ -54,25 +54,63 @@ def add_ps_commands(commands) -> None:
     ps.add_argument("--shard-index", type=int, default=None,
                     help="serve only this shard (one process per shard, e.g. across hosts); "
                     "default: this process serves shard 0 and starts the others")
-    ps.add_argument("--model", choices=["wide_deep", "deepfm", "dlrm", "dcn_v2"], default="wide_deep")
-    ps.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
-    ps.add_argument("--lr-dense", type=float, default=1e-3)
-    ps.add_argument("--lr-sparse", type=float, default=0.05)
-    ps.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad")
-    ps.add_argument("--seed", type=int, default=0)
+    _add_model_args(ps)
     _add_group_args(ps)
     ps.set_defaults(run=run_ps)
 
     worker = commands.add_parser("gba-worker", help="train as one worker against `picasso ps` on planted data")
     worker.add_argument("--rank", type=int, required=True, help="0..workers-1")
-    worker.add_argument("--rows", type=int, default=100_000, help="planted rows to train on")
-    worker.add_argument("--batch-size", type=int, default=512, help="the local batch")
-    worker.add_argument("--stream", type=int, default=None, help="planted data stream (default: 100 + rank)")
+    _add_data_args(worker)
     worker.add_argument("--slowdown", type=float, default=1.0, help="straggle: compute takes this many times longer")
     worker.add_argument("--max-in-flight", type=int, default=2, help="pushes per shard not yet answered "
                         "before the worker waits (0: wait for each: deterministic runs)")
     _add_group_args(worker)
     worker.set_defaults(run=run_worker)
+
+    sync = commands.add_parser("sync-worker", help="one rank of sync training; launch N with "
+                               "torchrun --nproc-per-node N -m picasso.pipelines.distributed_cli sync-worker ...")
+    sync.add_argument("--spec", required=True)
+    sync.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
+    _add_model_args(sync)
+    _add_data_args(sync)
+    sync.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
+    sync.set_defaults(run=run_sync)
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    """The model and its hyper-parameters: the same flags, and values, in every mode."""
+    parser.add_argument("--model", choices=["wide_deep", "deepfm", "dlrm", "dcn_v2"], default="wide_deep")
+    parser.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
+    parser.add_argument("--lr-dense", type=float, default=1e-3)
+    parser.add_argument("--lr-sparse", type=float, default=0.05)
+    parser.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def _add_data_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rows", type=int, default=100_000, help="planted rows to train on")
+    parser.add_argument("--batch-size", type=int, default=512, help="the local batch")
+    parser.add_argument("--stream", type=int, default=None, help="planted data stream (default: 100 + rank)")
+
+
+def _trainer(args):
+    """A Trainer of the flags' model, resumed from WORKDIR/checkpoints when it has one."""
+    from picasso.trainer import TrainConfig, Trainer
+
+    try:
+        spec = load_spec(args.spec)
+    except SpecError as err:
+        raise SystemExit(f"error: {err}") from None
+    config = TrainConfig(model=args.model, hidden=tuple(int(s) for s in args.hidden.split(",")),
+                         lr_dense=args.lr_dense, lr_sparse=args.lr_sparse, sparse_optimizer=args.sparse_optimizer,
+                         seed=args.seed, log_every=0, device="cpu")
+    trainer = Trainer(spec, config)
+    root = Path(args.workdir) / "checkpoints"
+    try:
+        trainer.warm_start(root)
+    except (RuntimeError, ValueError) as err:  # another spec, or a model of other shapes
+        raise SystemExit(f"error: cannot resume from {root}: {err}") from None
+    return trainer, root
 
 
 def _group(args):
@@ -100,28 +138,16 @@ def run_ps(args) -> int:
     from picasso.checkpoint import save_checkpoint
     from picasso.distributed.param_server import serve_shard
     from picasso.distributed.ps_checkpoint import build_shard, trainer_state
-    from picasso.trainer import TrainConfig, Trainer
 
     group, gba = _group(args), _gba_config(args)
     index = args.shard_index or 0
     if not 0 <= index < args.shards:
         raise SystemExit(f"error: --shard-index {index} outside [0, {args.shards})")
-    try:
-        spec = load_spec(args.spec)
-    except SpecError as err:
-        raise SystemExit(f"error: {err}") from None
-    config = TrainConfig(model=args.model, hidden=tuple(int(s) for s in args.hidden.split(",")),
-                         lr_dense=args.lr_dense, lr_sparse=args.lr_sparse, sparse_optimizer=args.sparse_optimizer,
-                         seed=args.seed, log_every=0, device="cpu")
-    trainer = Trainer(spec, config)
-    root = Path(args.workdir) / "checkpoints"
-    try:
-        trainer.warm_start(root)
-    except (RuntimeError, ValueError) as err:  # another spec, or a model of other shapes
-        raise SystemExit(f"error: cannot resume from {root}: {err}") from None
+    trainer, root = _trainer(args)
+    spec, config = trainer.spec, trainer.config
     children = []
     if args.shard_index is None and args.shards > 1:
-        children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.ps_cli", *_shard_argv(args, s)])
+        children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.distributed_cli", *_shard_argv(args, s)])
                     for s in range(1, args.shards)]
     shard, layout = build_shard(trainer, index, args.shards, gba)
     summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
@@ -196,6 +222,46 @@ def run_worker(args) -> int:
         print(json.dumps({"worker": name, "batches": stats.batches, "samples": stats.samples,
                           "mean_loss": stats.mean_loss, "refused": stats.refused, "seconds": stats.seconds}))
     return 0
+
+
+def run_sync(args) -> int:
+    import os
+
+    import torch.distributed as dist
+
+    from picasso.checkpoint import save_checkpoint
+    from picasso.distributed.sync import SyncReplica
+
+    if "RANK" not in os.environ:
+        raise SystemExit("error: sync-worker runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR unset)")
+    trainer, root = _trainer(args)
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        replica = SyncReplica(trainer, rank, world)
+        stream = 100 + rank if args.stream is None else args.stream
+        stats = replica.train(planted_batches(trainer.spec, args.rows, args.batch_size, stream))
+        state = replica.state()
+        dist.barrier()  # every rank has taken its last step before rank 0 writes
+        path = save_checkpoint(root, state, trainer.spec, {}, {"mode": "sync"}) if rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+    if args.json:
+        print(json.dumps({"rank": rank, "world_size": world, "steps": stats.steps, "samples": stats.samples,
+                          "mean_loss": stats.mean_loss, "step": state["step"], "checkpoint": str(path) if path else None,
+                          "state_hash": _state_hash(state["model"])}))
+    return 0
+
+
+def _state_hash(model_state: dict) -> str:
+    """A digest of the model's tensors: replicas that agree bit for bit have the same one."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for key in sorted(model_state):
+        digest.update(key.encode())
+        digest.update(model_state[key].contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _port_open(host: str, port: int, timeout_s: float) -> bool:
