@@ -215,7 +215,10 @@ class HotCache:
             reread = torch.zeros(0, dtype=torch.int64)
             if previous is not None and previous.numel() and miss_rows.numel():
                 reread = torch.nonzero(torch.isin(miss_rows, previous)).flatten()
-            staged = [table.gather(miss_rows) for table in self.tables[name]]
+            # Gathered on the host, then sent to the fast tier's device now (on a GPU, on
+            # the caller's stream: the trainer's copy stream, beside the running step).
+            staged = [[value.to(table.device, non_blocking=True) for value in table.gather(miss_rows)]
+                      for table in self.tables[name]]
             groups[name] = PreparedGroup(ids.numel(), int(hit_counts.sum()), hit_slots, miss_rows, staged, reread)
         local = TorchBatch(label=tensors.label, dense=tensors.dense, ids=local_ids, offsets=tensors.offsets)
         return PreparedBatch(local, groups, self.epoch)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -200,15 +201,14 @@ class Trainer:
         start = time.perf_counter()
         tensors, cached = None, None
         if batch.num_samples:
-            tensors = batch.to_torch()
-            if self.cache is not None:
-                cached = self.cache.prepare(tensors, observe)
-                tensors = cached.tensors
-            if self._copy_stream is None:
+            # On a GPU the batch and its missing rows cross on their own stream, beside the
+            # running step.
+            with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else nullcontext():
+                tensors = batch.to_torch()
+                if self.cache is not None:
+                    cached = self.cache.prepare(tensors, observe)
+                    tensors = cached.tensors
                 tensors = tensors.to(self.device)
-            else:  # on a GPU the batch crosses on its own stream, beside the running step
-                with torch.cuda.stream(self._copy_stream):
-                    tensors = tensors.to(self.device)
         self.stage_seconds["prepare"] += time.perf_counter() - start
         return _Step(batch, tensors, cached)
 
@@ -223,6 +223,8 @@ class Trainer:
         if step.cached.epoch != self.cache.epoch:  # prepared against the mapping before a refresh
             step = self._prepare(step.batch, observe=False)  # its lookups are counted already
         start = time.perf_counter()
+        if self._copy_stream is not None:  # the rows install copies arrived on the copy stream
+            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
         self.cache.install(step.cached)
         self.stage_seconds["install"] += time.perf_counter() - start
         return step
