@@ -224,7 +224,12 @@ class Trainer:
             step = self._prepare(step.batch, observe=False)  # its lookups are counted already
         start = time.perf_counter()
         if self._copy_stream is not None:  # the rows install copies arrived on the copy stream
-            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
+            current = torch.cuda.current_stream(self.device)
+            current.wait_stream(self._copy_stream)
+            for group in step.cached.groups.values():
+                for values in group.staged:
+                    for value in values:
+                        value.record_stream(current)  # not reused by the copy stream meanwhile
         self.cache.install(step.cached)
         self.stage_seconds["install"] += time.perf_counter() - start
         return step
