@@ -31,11 +31,13 @@ Result = TypeVar("Result")
 
 class StepPipeline(Generic[Item, Ready, Result]):
     def __init__(self, prepare: Callable[[Item], Ready], begin: Callable[[Ready], Ready],
-                 finish: Callable[[Ready], Result], enabled: bool = True):
+                 finish: Callable[[Ready], Result], enabled: bool = True,
+                 on_wait: Callable[[float], None] = lambda seconds: None):
+        """on_wait: told the seconds of each wait of the caller for a step to finish."""
         self._prepare, self._begin, self._finish = prepare, begin, finish
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="picasso-compute") if enabled else None
         self._running: Future | None = None
-        self.wait_seconds = 0.0  # the caller waiting for a step to finish computing
+        self._on_wait = on_wait
 
     def push(self, item: Item) -> list[Result]:
         """Start the step of `item`; returns the results of the steps that finished."""
@@ -56,7 +58,7 @@ class StepPipeline(Generic[Item, Ready, Result]):
         try:
             return [running.result()]
         finally:
-            self.wait_seconds += time.perf_counter() - start
+            self._on_wait(time.perf_counter() - start)
 
     def close(self) -> None:
         """Let the running step finish (its update is applied either way), then stop."""

@@ -167,7 +167,11 @@ class Trainer:
         """Steps as a pipeline: push(batch) starts a step and returns the StepResults of
         the steps that finished; drain() waits for the last. With interleaving on, a step
         computes in a worker thread while the caller makes and prepares the next batch."""
-        return StepPipeline(self._prepare, self._begin, self._finish, enabled=self.config.interleave)
+        return StepPipeline(self._prepare, self._begin, self._finish, enabled=self.config.interleave,
+                            on_wait=self._waited)
+
+    def _waited(self, seconds: float) -> None:
+        self.stage_seconds["wait"] += seconds
 
     def train(self, batches: Iterable[PackedBatch]) -> TrainStats:
         stats = TrainStats()
@@ -191,7 +195,6 @@ class Trainer:
                     break
                 account(pipeline.push(batch))
             account(pipeline.drain())
-            self.stage_seconds["wait"] += pipeline.wait_seconds
         stats.seconds = time.perf_counter() - start
         return stats
 
