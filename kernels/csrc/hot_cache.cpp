@@ -151,8 +151,13 @@ torch::Tensor sketch_add(torch::Tensor counters, torch::Tensor rows, torch::Tens
 
 }  // namespace
 
+// The kernels release the GIL: a step computing in one thread and the next batch being
+// prepared in another then run side by side.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("map_to_slots", &map_to_slots, "de-duplicate a batch's ids and map them to fast-tier indices");
-  m.def("copy_rows", &copy_rows, "copy rows between tensors by index, one thread");
-  m.def("sketch_add", &sketch_add, "conservative count-min sketch update");
+  m.def("map_to_slots", &map_to_slots, "de-duplicate a batch's ids and map them to fast-tier indices",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("copy_rows", &copy_rows, "copy rows between tensors by index, one thread",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("sketch_add", &sketch_add, "conservative count-min sketch update",
+        py::call_guard<py::gil_scoped_release>());
 }
