@@ -9,18 +9,25 @@ A step has three parts (the trainer's):
 - finish: compute (forward, backward with the fused sparse update, dense optimizer step)
   and commit (write the staged rows back).
 
-StepPipeline runs each finish in a worker thread and returns to the caller at once, so
-the caller's thread makes the next batch (decoding and packing it, in a pipeline or a
-Beam bundle) and prepares it while the previous step computes. Most of the work on both
-sides is in torch, numpy and Arrow kernels that release the GIL, so threads suffice.
-Switched off, every part runs in the caller's thread, in the same order, with the same
-results.
+StepPipeline computes in the caller's thread and prepares the next batch in a worker
+thread meanwhile: with `run(items)` the worker also pulls the batch from the iterator (so
+decoding and packing overlap the step too); with `push(item)` (a Beam bundle, whose
+items arrive one at a time) it prepares what it is given.
+
+The worker runs at the lowest CPU priority (SCHED_IDLE on Linux). Compute is the bigger
+part, and torch spreads it over every core; a preparing thread that took a core from it
+would stall each of its parallel regions, which wait for their slowest thread. At idle
+priority the worker only uses what compute leaves: its single-threaded stretches, and
+the time it waits for the next batch. Most work on both sides runs in kernels that
+release the GIL. Switched off, every part runs in the caller's thread, in the same order,
+with the same results.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
@@ -28,42 +35,79 @@ Item = TypeVar("Item")
 Ready = TypeVar("Ready")
 Result = TypeVar("Result")
 
+_END = object()
+
+
+def _lowest_priority() -> None:
+    """Make the calling thread run only on otherwise idle CPU time, where the OS allows it."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread, on Linux
+    except (AttributeError, OSError):
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 19)
+        except (AttributeError, OSError):
+            pass  # no way to lower it here: it runs at normal priority
+
 
 class StepPipeline(Generic[Item, Ready, Result]):
     def __init__(self, prepare: Callable[[Item], Ready], begin: Callable[[Ready], Ready],
                  finish: Callable[[Ready], Result], enabled: bool = True,
                  on_wait: Callable[[float], None] = lambda seconds: None):
-        """on_wait: told the seconds of each wait of the caller for a step to finish."""
+        """on_wait: told the seconds of each wait of the caller for a prepared batch."""
         self._prepare, self._begin, self._finish = prepare, begin, finish
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="picasso-compute") if enabled else None
-        self._running: Future | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="picasso-prepare",
+                                        initializer=_lowest_priority) if enabled else None
         self._on_wait = on_wait
+        self._ready: Ready | None = None  # begun, waiting to compute
+
+    def run(self, items: Iterable[Item]) -> Iterator[Result]:
+        """Train on every item; yields each step's result as it finishes."""
+        source = iter(items)
+
+        def pull_and_prepare():
+            item = next(source, _END)
+            return _END if item is _END else self._prepare(item)
+
+        ready = pull_and_prepare()
+        while ready is not _END:
+            ready = self._begin(ready)
+            upcoming = self._start(pull_and_prepare)  # beside the compute below
+            yield self._finish(ready)
+            ready = self._wait(upcoming)
 
     def push(self, item: Item) -> list[Result]:
-        """Start the step of `item`; returns the results of the steps that finished."""
-        ready = self._prepare(item)  # overlaps the step still computing
-        done = self.drain()
-        ready = self._begin(ready)
-        if self._pool is None:
-            return [*done, self._finish(ready)]
-        self._running = self._pool.submit(self._finish, ready)
-        return done
+        """Start the step of `item`; returns the result of the step this one follows."""
+        if self._ready is None:
+            self._ready = self._begin(self._prepare(item))
+            return []
+        upcoming = self._start(lambda: self._prepare(item))
+        result = self._finish(self._ready)
+        self._ready = None
+        self._ready = self._begin(self._wait(upcoming))
+        return [result]
 
     def drain(self) -> list[Result]:
-        """Wait for the step computing now, if any; its result (or its exception)."""
-        if self._running is None:
+        """Compute the step still waiting, if any; its result."""
+        if self._ready is None:
             return []
+        ready, self._ready = self._ready, None
+        return [self._finish(ready)]
+
+    def _start(self, work: Callable[[], Ready]) -> Future | Ready:
+        return self._pool.submit(work) if self._pool is not None else work()
+
+    def _wait(self, upcoming: Future | Ready) -> Ready:
+        if not isinstance(upcoming, Future):
+            return upcoming
         start = time.perf_counter()
-        running, self._running = self._running, None
         try:
-            return [running.result()]
+            return upcoming.result()
         finally:
             self._on_wait(time.perf_counter() - start)
 
     def close(self) -> None:
-        """Let the running step finish (its update is applied either way), then stop."""
         if self._pool is not None:
-            self._pool.shutdown(wait=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self) -> "StepPipeline[Item, Ready, Result]":
         return self

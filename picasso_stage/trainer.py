@@ -8,7 +8,7 @@ A step has stages: prepare (PackedBatch to tensors; with the hot-row cache, de-d
 ids and gather the rows that are not hot), then install (refresh the cache when due, load
 the gathered rows), compute (forward, backward with the fused sparse update, dense
 optimizer step) and commit (write the batch's staged rows back). With interleaving on,
-batch i computes in a worker thread while the caller makes and prepares batch i+1.
+batch i+1 is made and prepared in a worker thread, on idle CPU time, while batch i computes.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from picasso.spec import FeatureSpec
 log = logging.getLogger(__name__)
 
 # source: pulling batches from train()'s iterator (decoding and packing, when it does them
-# lazily); wait: waiting for the previous step to finish computing (interleaving only).
+# lazily); wait: the compute waiting for the next batch to be prepared (interleaving only).
 STAGES = ("source", "prepare", "wait", "install", "compute", "commit", "refresh")
 
 
@@ -164,9 +164,9 @@ class Trainer:
         return self._finish(self._begin(self._prepare(batch))).loss_sum
 
     def pipeline(self) -> StepPipeline:
-        """Steps as a pipeline: push(batch) starts a step and returns the StepResults of
-        the steps that finished; drain() waits for the last. With interleaving on, a step
-        computes in a worker thread while the caller makes and prepares the next batch."""
+        """Steps as a pipeline (picasso.interleave.StepPipeline): push(batch) starts a step
+        and returns the StepResults of the steps that finished; drain() computes the last.
+        With interleaving on, the next batch is prepared beside each step."""
         return StepPipeline(self._prepare, self._begin, self._finish, enabled=self.config.interleave,
                             on_wait=self._waited)
 
@@ -185,16 +185,20 @@ class Trainer:
                     log.info("step %d: loss %.4f, %.0f samples/s%s", result.step, stats.mean_loss,
                              stats.samples / elapsed, self._cache_progress())
 
-        with self.pipeline() as pipeline:
-            batches = iter(batches)
+        def timed(source: Iterable[PackedBatch]):
+            """The batches, timing each pull (it may decode and pack, beside a step)."""
+            source = iter(source)
             while True:
-                pulled = time.perf_counter()  # pulling may decode and pack, while a step computes
-                batch = next(batches, None)
+                pulled = time.perf_counter()
+                batch = next(source, None)
                 self.stage_seconds["source"] += time.perf_counter() - pulled
                 if batch is None:
-                    break
-                account(pipeline.push(batch))
-            account(pipeline.drain())
+                    return
+                yield batch
+
+        with self.pipeline() as pipeline:
+            for result in pipeline.run(timed(batches)):
+                account([result])
         stats.seconds = time.perf_counter() - start
         return stats
 

@@ -229,17 +229,19 @@ def test_step_pipeline_keeps_the_order_of_parts():
         return run
 
     for enabled in (False, True):
-        log.clear()
-        results = []
-        with StepPipeline(part("prepare"), part("begin"), part("finish"), enabled=enabled) as pipeline:
-            for item in range(4):
-                results += pipeline.push(item)
-            results += pipeline.drain()
-        assert results == [0, 1, 2, 3]
-        # A step begins only after the previous one finished; prepare may come before that.
-        for item in range(1, 4):
-            assert log.index(("finish", item - 1)) < log.index(("begin", item))
-            assert log.index(("begin", item - 1)) < log.index(("prepare", item))
+        for how in ("run", "push"):
+            log.clear()
+            with StepPipeline(part("prepare"), part("begin"), part("finish"), enabled=enabled) as pipeline:
+                if how == "run":
+                    results = list(pipeline.run(range(4)))
+                else:
+                    results = [r for item in range(4) for r in pipeline.push(item)] + pipeline.drain()
+            assert results == [0, 1, 2, 3]
+            # A step begins only after the previous one finished, and the next batch is
+            # prepared only after this one began (a refresh in begin remaps the rows).
+            for item in range(1, 4):
+                assert log.index(("finish", item - 1)) < log.index(("begin", item))
+                assert log.index(("begin", item - 1)) < log.index(("prepare", item))
 
 
 def test_a_failing_step_surfaces_at_the_next_push():
