@@ -16,8 +16,10 @@ optimizers and the global batch (M local batches) are the same flags in every mo
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
+import signal
 import socket
 import subprocess
 import sys
@@ -90,7 +92,8 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 def _add_data_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", type=int, default=100_000, help="planted rows to train on")
     parser.add_argument("--batch-size", type=int, default=512, help="the local batch")
-    parser.add_argument("--stream", type=int, default=None, help="planted data stream (default: 100 + rank)")
+    parser.add_argument("--stream", type=int, default=None, help="planted data stream (default: STREAM_BASE + rank)")
+    parser.add_argument("--stream-base", type=int, default=100, help="each rank's stream is this + its rank")
 
 
 def _trainer(args):
@@ -152,12 +155,12 @@ def run_ps(args) -> int:
     shard, layout = build_shard(trainer, index, args.shards, gba)
     summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
 
-    def write_checkpoint(snapshots) -> None:
+    def write_checkpoint(snapshots, lost_workers) -> None:
         state = trainer_state(layout, snapshots, trainer)
         counts = snapshots[0].counts
         path = save_checkpoint(root, state, spec, dict(trainer.positions), {"ps": counts, "mode": args.mode})
         summary.update(step=state["step"], samples=state["samples"], counts=counts, checkpoint=str(path),
-                       dropped_workers=sorted(shard.control.dropped))
+                       dropped_workers=sorted(shard.control.dropped), lost_workers=lost_workers)
 
     description = (spec, config, layout)
     serve_shard(shard, group, args.lease, description=description, on_stop=write_checkpoint)
@@ -212,7 +215,7 @@ def run_worker(args) -> int:
         model = build_model(config.model, spec, PackingPlan.from_spec(spec), config.hidden)
         client = PSClient(layout, worker_id(name, uuid.uuid4().hex[:8]), args.max_in_flight)
         worker = GBAWorker(client, GradientComputer(model), args.slowdown)
-        stream = 100 + args.rank if args.stream is None else args.stream
+        stream = args.stream_base + args.rank if args.stream is None else args.stream
         stats = worker.train(planted_batches(spec, args.rows, args.batch_size, stream))
     except ParameterServerError as err:
         raise SystemExit(f"error: {err}") from None
@@ -239,18 +242,23 @@ def run_sync(args) -> int:
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
         replica = SyncReplica(trainer, rank, world)
-        stream = 100 + rank if args.stream is None else args.stream
+        stream = args.stream_base + rank if args.stream is None else args.stream
         stats = replica.train(planted_batches(trainer.spec, args.rows, args.batch_size, stream))
         state = replica.state()
         dist.barrier()  # every rank has taken its last step before rank 0 writes
         path = save_checkpoint(root, state, trainer.spec, {}, {"mode": "sync"}) if rank == 0 else None
     finally:
         dist.destroy_process_group()
-    if args.json:
-        print(json.dumps({"rank": rank, "world_size": world, "steps": stats.steps, "samples": stats.samples,
-                          "mean_loss": stats.mean_loss, "step": state["step"], "checkpoint": str(path) if path else None,
-                          "state_hash": _state_hash(state["model"])}))
+    if args.json:  # one write, so that the ranks' lines (torchrun merges their stdout) never interleave
+        _print_line({"rank": rank, "world_size": world, "steps": stats.steps, "samples": stats.samples,
+                     "mean_loss": stats.mean_loss, "step": state["step"], "checkpoint": str(path) if path else None,
+                     "state_hash": _state_hash(state["model"])})
     return 0
+
+
+def _print_line(summary: dict) -> None:
+    sys.stdout.write(json.dumps(summary) + "\n")
+    sys.stdout.flush()
 
 
 def _state_hash(model_state: dict) -> str:
@@ -291,6 +299,7 @@ def planted_batches(spec, rows: int, batch_size: int, stream: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: for a hung group
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = argparse.ArgumentParser(prog="picasso")
     add_ps_commands(parser.add_subparsers(dest="command", required=True))

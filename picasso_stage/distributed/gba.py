@@ -135,6 +135,10 @@ class TokenControl:
         self.counts["discarded_failed_worker"] += discarded
         return discarded
 
+    def retire(self, worker: str) -> None:
+        """A worker that finished: no longer expected, never dropped; what it pushed counts."""
+        self._last_seen.pop(worker, None)
+
     def drop_silent(self, lease_s: float, heard: dict[str, float] | None = None) -> list[str]:
         """Drop every worker not heard from (pull or push) within lease_s seconds. `heard`:
         when calls arrived (by this clock), which may be before they were handled: a call

@@ -74,18 +74,30 @@ def shard_name(index: int) -> str:
 # -- the server side: one shard per process --------------------------------------------------
 
 class _Served:
-    def __init__(self, shard: Shard, num_workers: int):
+    def __init__(self, shard: Shard, num_workers: int, lease_s: float):
         self.shard = shard
         self.finished: set[str] = set()
-        self.num_workers = num_workers
+        self.expected = {f"worker{r}" for r in range(num_workers)}
+        self.lease_s = lease_s
+        self.met_at: float | None = None  # when the group met
+        self.lost: set[str] = set()  # workers that met the group but never called within a lease
         self.stopped = threading.Event()
         self.description = None
 
     def settle(self) -> None:
         """Shard 0 stops once every worker has finished or been dropped; the others stop
         when shard 0 releases them, after it has read their state for the checkpoint."""
-        gone = self.finished | {w.split("/", 1)[0] for w in self.shard.control.dropped}
-        if self.shard.index == 0 and len(gone) >= self.num_workers:
+        control = self.shard.control
+        heard = {w.split("/", 1)[0] for w in (*control.workers, *control.dropped)} | self.finished
+        if self.met_at is not None and time.monotonic() - self.met_at > self.lease_s:
+            # A worker that died between meeting the group and its first pull has no
+            # incarnation to drop; without this the server would wait for it forever.
+            for name in sorted(self.expected - heard - self.lost):
+                log.warning("shard %d: worker %s never called within %.1f s; counted as lost",
+                            self.shard.index, name, self.lease_s)
+                self.lost.add(name)
+        gone = self.finished | {w.split("/", 1)[0] for w in control.dropped} | self.lost
+        if self.shard.index == 0 and self.expected <= gone:
             self.stopped.set()
 
 
@@ -112,6 +124,7 @@ def _snapshot() -> ShardSnapshot:
 
 def _finish(worker: str) -> None:
     served = _here()
+    served.shard.retire(worker)
     served.finished.add(worker.split("/", 1)[0])
     served.settle()
 
@@ -132,10 +145,11 @@ def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on
     and everyone leaves the group."""
     global _served
     kernels.backend_for(torch.device("cpu"))  # load (or build) the kernels before the first push needs them
-    _served = _Served(shard, group.num_workers)
+    _served = _Served(shard, group.num_workers, lease_s)
     _served.description = description
     rpc.init_rpc(shard_name(shard.index), rank=shard.index, world_size=group.world_size,
                  rpc_backend_options=group.options())
+    _served.met_at = time.monotonic()
     log.info("shard %d: serving %d workers in a group of %d", shard.index, group.num_workers, group.world_size)
     try:
         while not _served.stopped.wait(timeout=min(lease_s / 4, 1.0)):
@@ -146,7 +160,7 @@ def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on
         if shard.index == 0:
             snapshots = gather_snapshots(group.num_shards)
             if on_stop is not None:
-                on_stop(snapshots)
+                on_stop(snapshots, sorted(_served.lost))
             for s in range(1, group.num_shards):
                 try:
                     rpc.rpc_sync(shard_name(s), _release)

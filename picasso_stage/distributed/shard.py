@@ -103,6 +103,10 @@ class Shard:
         with self._lock:
             return self.control.drop_worker(worker)
 
+    def retire(self, worker: str) -> None:
+        with self._lock:
+            self.control.retire(worker)
+
     def drop_silent(self, lease_s: float) -> list[str]:
         with self._lock:
             return self.control.drop_silent(lease_s, dict(self._arrived))

@@ -8,6 +8,7 @@ worker down.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from picasso.batch import PackedBatch
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import PSClient
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -45,6 +48,8 @@ class GBAWorker:
             tensors = batch.to_torch()
             rows = self.computer.rows_needed(tensors)
             pulled = self.client.pull(rows)
+            if stats.batches == 0:
+                log.info("%s: training from step %d", self.client.worker, pulled.tokens[0])
             began = time.perf_counter()
             gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
             if self.slowdown > 1.0:

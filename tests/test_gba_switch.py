@@ -1,0 +1,79 @@
+"""Switching modes: sync -> gba -> sync through checkpoints, with nothing changed but the
+mode (real torchrun ranks, real shard and worker processes on loopback).
+
+The bound: after each segment, the held-out log loss is at most BOUND above the one
+before it (a switch does not undo what was learned), and the last is below the
+untrained model's by at least LEARNED (the segments do train).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from picasso.checkpoint import latest_checkpoint
+from picasso.pipelines.distributed_cli import planted_batches
+from picasso.trainer import Trainer
+
+from test_gba_ps import _finish, _free_port, _ps, _worker
+from test_gba_sync import TRAIN
+from test_trainer import SPEC
+
+ROWS, BATCH, WORKERS = 1000, 100, 2
+BOUND, LEARNED = 0.01, 0.02
+
+
+def _held_out_loss(checkpoint) -> float:
+    trainer = Trainer(SPEC, TRAIN)
+    if checkpoint is not None:
+        trainer.restore(checkpoint)
+    return trainer.evaluate(planted_batches(SPEC, 2000, 500, stream=999)).logloss
+
+
+def _sync(spec_path, workdir, stream_base: int) -> None:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORKERS),
+               "--master-port", str(_free_port()), "-m", "picasso.pipelines.distributed_cli", "sync-worker",
+               "--spec", str(spec_path), "--workdir", str(workdir), "--hidden", "16,8", "--lr-dense", "0.01",
+               "--lr-sparse", "0.05", "--rows", str(ROWS), "--batch-size", str(BATCH)]
+    done = subprocess.run(command + ["--stream-base", str(stream_base)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+def _gba(spec_path, workdir, stream_base: int) -> dict:
+    port = _free_port()
+    server = _ps(str(spec_path), workdir, port, 2, WORKERS, "--mode", "gba")
+    workers = [_worker(port, 2, WORKERS, rank, ROWS, "--stream-base", str(stream_base)) for rank in range(WORKERS)]
+    for code, stats, err in [_finish(w) for w in workers]:
+        assert code == 0, err
+        assert stats["batches"] == ROWS // BATCH and stats["refused"] == 0
+    code, summary, err = _finish(server)
+    assert code == 0, err
+    return summary
+
+
+def test_sync_then_gba_then_sync(tmp_path):
+    spec_path = tmp_path / "tiny.yaml"
+    SPEC.save(spec_path)
+    root = tmp_path / "checkpoints"
+    losses = [_held_out_loss(None)]
+
+    _sync(spec_path, tmp_path, stream_base=100)
+    losses.append(_held_out_loss(latest_checkpoint(root)))
+    steps = ROWS // BATCH
+
+    summary = _gba(spec_path, tmp_path, stream_base=200)
+    counts = summary["counts"]
+    assert counts["accepted"] == WORKERS * steps and counts["steps"] == steps  # M = WORKERS: the sync global batch
+    assert summary["step"] == 2 * steps and summary["samples"] == 2 * WORKERS * ROWS
+    losses.append(_held_out_loss(latest_checkpoint(root)))
+
+    _sync(spec_path, tmp_path, stream_base=300)
+    checkpoint = latest_checkpoint(root)
+    losses.append(_held_out_loss(checkpoint))
+    assert Trainer(SPEC, TRAIN).warm_start(root) == checkpoint
+
+    print(json.dumps({"held_out_logloss": losses}))
+    for before, after in zip(losses, losses[1:]):
+        assert after <= before + BOUND, losses
+    assert losses[-1] <= losses[0] - LEARNED, losses
