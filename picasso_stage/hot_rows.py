@@ -6,12 +6,13 @@ cached) and decides what to admit and evict. Counts decay with a half-life in st
 - every other row is counted in a DecayedSketch;
 - a miss whose estimate beats the coldest cached row becomes a candidate.
 
-Every `refresh_every` steps, `plan_refresh` admits the candidates that beat the coldest cached rows, evicting those in one batch, and returns
-the moves for the storage to carry out (write the evicted rows back, load the admitted
-ones). While slots are free it refreshes every step; once the cache is full the interval
-doubles from one step up to `refresh_every`, because a cold cache is filled with whatever
-came first and the counts that correct it sharpen quickly. The directory never touches embedding values: which rows are cached changes how
-fast training is, never what it computes.
+Every `refresh_every` steps, `plan_refresh` admits the candidates that beat the coldest
+cached rows (into free slots first), evicting those in one batch, and returns the moves
+for the storage to carry out (write the evicted rows back, load the admitted ones). From
+a cold start the interval doubles from one step up to `refresh_every`: an empty cache is
+filled at once with what came first, and the counts that correct it sharpen quickly. The
+directory never touches embedding values: which rows are cached changes how fast
+training is, never what it computes.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ class HotRowDirectory:
         self.threshold = 0.0  # count of the coldest cached row (0 while slots are free)
         self._candidates: list[torch.Tensor] = []
         self.steps_since_refresh = 0
-        self.full_refreshes = 0  # refreshes since the cache first filled up
+        self.refreshes = 0
+        self.pending_decay = 1.0  # decay not yet applied to the counts (see plan_refresh)
         self.free_slots = capacity
 
     # -- per step ---------------------------------------------------------------------
@@ -65,17 +67,24 @@ class HotRowDirectory:
     @property
     def refresh_due(self) -> bool:
         pending = any(c.numel() for c in self._candidates)
-        interval = 1 if self.free_slots else min(self.refresh_every, 1 << min(self.full_refreshes, 30))
+        interval = min(self.refresh_every, 1 << min(self.refreshes, 30))
         return pending and self.steps_since_refresh >= interval
 
     # -- refresh ----------------------------------------------------------------------
 
     def plan_refresh(self) -> RefreshPlan:
         """Decide the moves and update the mapping; the caller must carry the moves out."""
-        factor = self.decay_per_step ** self.steps_since_refresh
-        self.counts.mul_(factor)
-        self.sketch.decay(factor)
+        # Counts are only compared with each other, so a decay can wait until it matters:
+        # scaling a sketch of millions of counters at every refresh would cost more than
+        # the refresh. New lookups then weigh at most 2x too little against old ones.
+        self.pending_decay *= self.decay_per_step ** self.steps_since_refresh
+        if self.pending_decay < 0.5:
+            self.counts.mul_(self.pending_decay)
+            self.sketch.decay(self.pending_decay)
+            self.threshold *= self.pending_decay
+            self.pending_decay = 1.0
         self.steps_since_refresh = 0
+        self.refreshes += 1
         candidates = torch.unique(torch.cat(self._candidates)) if self._candidates else torch.zeros(0, dtype=torch.int64)
         self._candidates = []
         candidates = candidates[self.slot_of_row[candidates] < 0]
@@ -110,7 +119,6 @@ class HotRowDirectory:
         self.counts[admit_slots] = admit_counts
         self.free_slots = int((self.row_of_slot < 0).sum())
         self.threshold = 0.0 if self.free_slots else float(self.counts.min())
-        self.full_refreshes += 0 if self.free_slots else 1
         return RefreshPlan(evict_rows=evict_rows, evict_slots=evict_slots, admit_rows=admit_rows,
                            admit_slots=admit_slots)
 
@@ -122,7 +130,8 @@ class HotRowDirectory:
             "counts": self.counts.clone(),
             "sketch": self.sketch.state_dict(),
             "steps_since_refresh": self.steps_since_refresh,
-            "full_refreshes": self.full_refreshes,
+            "refreshes": self.refreshes,
+            "pending_decay": self.pending_decay,
             "candidates": torch.cat(self._candidates) if self._candidates else torch.zeros(0, dtype=torch.int64),
         }
 
@@ -134,7 +143,8 @@ class HotRowDirectory:
         self.counts.copy_(state["counts"])
         self.sketch.load_state_dict(state["sketch"])
         self.steps_since_refresh = int(state["steps_since_refresh"])
-        self.full_refreshes = int(state["full_refreshes"])
+        self.refreshes = int(state["refreshes"])
+        self.pending_decay = float(state["pending_decay"])
         self._candidates = [state["candidates"]] if state["candidates"].numel() else []
         self.slot_of_row.fill_(-1)
         cached = self.row_of_slot >= 0

@@ -32,12 +32,17 @@ std::vector<torch::Tensor> map_to_slots(torch::Tensor ids, torch::Tensor slot_of
   const int32_t* slot_of = slot_of_row.data_ptr<int32_t>();
   int32_t* seen = mark.data_ptr<int32_t>();  // row -> its entry: 2u for the u-th miss, 2u+1 for the u-th hit
 
+  if (n) {
+    const auto [lowest, highest] = std::minmax_element(id, id + n);
+    TORCH_CHECK(*lowest >= 0 && *highest < rows_in_table, "id ", *lowest < 0 ? *lowest : *highest,
+                " lies outside the table's ", rows_in_table, " rows");
+  }
   auto local = torch::empty({n}, ids.options());
   int64_t* local_ptr = local.data_ptr<int64_t>();
   std::vector<int64_t> miss_rows, miss_counts, hit_slots, hit_counts, touched;
+  for (auto* v : {&miss_rows, &miss_counts, &hit_slots, &hit_counts, &touched}) v->reserve(n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = id[i];
-    TORCH_CHECK(row >= 0 && row < rows_in_table, "id ", row, " lies outside the table's ", rows_in_table, " rows");
     int32_t entry = seen[row];
     if (entry < 0) {
       touched.push_back(row);
