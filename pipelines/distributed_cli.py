@@ -63,7 +63,6 @@ def add_ps_commands(commands) -> None:
     worker = commands.add_parser("gba-worker", help="train as one worker against `picasso ps` on planted data")
     worker.add_argument("--rank", type=int, required=True, help="0..workers-1")
     _add_data_args(worker)
-    worker.add_argument("--slowdown", type=float, default=1.0, help="straggle: compute takes this many times longer")
     worker.add_argument("--max-in-flight", type=int, default=2, help="pushes per shard not yet answered "
                         "before the worker waits (0: wait for each: deterministic runs)")
     _add_group_args(worker)
@@ -90,10 +89,27 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_data_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--straggler", type=parse_straggler, default=None, metavar="RANK:FACTOR",
+                        help="make worker RANK compute FACTOR times slower (injected, for benchmarks)")
     parser.add_argument("--rows", type=int, default=100_000, help="planted rows to train on")
     parser.add_argument("--batch-size", type=int, default=512, help="the local batch")
     parser.add_argument("--stream", type=int, default=None, help="planted data stream (default: STREAM_BASE + rank)")
     parser.add_argument("--stream-base", type=int, default=100, help="each rank's stream is this + its rank")
+
+
+def parse_straggler(text: str) -> tuple[int, float]:
+    rank, sep, factor = text.partition(":")
+    try:
+        parsed = int(rank), float(factor)
+    except ValueError:
+        parsed = None
+    if not sep or parsed is None or parsed[0] < 0 or not parsed[1] >= 1.0:
+        raise argparse.ArgumentTypeError(f"--straggler takes RANK:FACTOR with RANK >= 0 and FACTOR >= 1, got {text!r}")
+    return parsed
+
+
+def _slowdown(args, rank: int) -> float:
+    return args.straggler[1] if args.straggler and args.straggler[0] == rank else 1.0
 
 
 def _trainer(args):
@@ -214,7 +230,7 @@ def run_worker(args) -> int:
             raise ParameterServerError(f"shard 0 did not answer: {err}") from err
         model = build_model(config.model, spec, PackingPlan.from_spec(spec), config.hidden)
         client = PSClient(layout, worker_id(name, uuid.uuid4().hex[:8]), args.max_in_flight)
-        worker = GBAWorker(client, GradientComputer(model), args.slowdown)
+        worker = GBAWorker(client, GradientComputer(model), _slowdown(args, args.rank))
         stream = args.stream_base + args.rank if args.stream is None else args.stream
         stats = worker.train(planted_batches(spec, args.rows, args.batch_size, stream))
     except ParameterServerError as err:
@@ -241,7 +257,7 @@ def run_sync(args) -> int:
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        replica = SyncReplica(trainer, rank, world)
+        replica = SyncReplica(trainer, rank, world, _slowdown(args, rank))
         stream = args.stream_base + rank if args.stream is None else args.stream
         stats = replica.train(planted_batches(trainer.spec, args.rows, args.batch_size, stream))
         state = replica.state()

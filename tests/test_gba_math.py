@@ -210,3 +210,14 @@ def test_plain_async_steps_on_every_push_however_stale():
     for expected_step in range(1, 30):
         outcome, gradient = _push(control, "a", 0)
         assert outcome.accepted and outcome.weight == 1.0 and outcome.step == expected_step and gradient is not None
+
+
+def test_a_finished_worker_is_retired_not_dropped():
+    now = [0.0]
+    control = TokenControl(GBAConfig(2), clock=lambda: now[0])
+    control.pull("done")
+    _push(control, "done", 0)
+    control.retire("done")
+    now[0] = 100.0
+    assert control.drop_silent(lease_s=1.0) == [] and control.dropped == set()
+    assert control.buffered == 1  # what it pushed still counts

@@ -156,7 +156,7 @@ def test_dead_workers_are_dropped_and_the_others_train_on(tiny_spec, tmp_path):
     lost after a lease. worker0 trains on, and the server ends and checkpoints."""
     port = _free_port()
     server = _ps(tiny_spec, tmp_path, port, 1, 3, "--lease", "2")
-    survivor = _worker(port, 1, 3, 0, 800, "--slowdown", "3")
+    survivor = _worker(port, 1, 3, 0, 800, "--straggler", "0:3")
     doomed = _worker(port, 1, 3, 1, 100_000)
     early = _worker(port, 1, 3, 2, 2_000_000)
     _wait_for_log(server, "shard 0: serving")
@@ -190,6 +190,12 @@ def test_a_worker_whose_server_dies_says_so(tiny_spec, tmp_path):
     server.wait(timeout=30)
     code, _, err = _finish(worker)
     assert code != 0 and "error: parameter-server shard ps0" in err
+
+
+@pytest.mark.parametrize("text", ["3", "a:2", "1:0.5", "-1:2"])
+def test_bad_straggler_is_named(text):
+    with pytest.raises(SystemExit):
+        distributed_cli.main(["gba-worker", "--port", "1", "--workers", "1", "--rank", "0", "--straggler", text])
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -18,6 +18,7 @@ as flat tensors would move less; that is an optimisation for later, with the sam
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.staleness import NO_DECAY
+from picasso.distributed.worker import straggle
 from picasso.models import build_model
 from picasso.trainer import Trainer
 
@@ -46,9 +48,10 @@ class SyncStats:
 
 
 class SyncReplica:
-    def __init__(self, trainer: Trainer, rank: int, world_size: int):
-        """trainer: this rank's Trainer, built (and restored) alike on every rank."""
-        self.trainer, self.rank, self.world_size = trainer, rank, world_size
+    def __init__(self, trainer: Trainer, rank: int, world_size: int, slowdown: float = 1.0):
+        """trainer: this rank's Trainer, built (and restored) alike on every rank;
+        slowdown: this rank straggles (worker.straggle), as the benchmark injects."""
+        self.trainer, self.rank, self.world_size, self.slowdown = trainer, rank, world_size, slowdown
         self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY))
         config = trainer.config
         self.computer = GradientComputer(build_model(config.model, trainer.spec, trainer.plan, config.hidden))
@@ -73,7 +76,9 @@ class SyncReplica:
         tensors = batch.to_torch()
         rows = self.computer.rows_needed(tensors)
         pulled = self.shard.pull(self.names[self.rank], rows, dense=True)
+        began = time.perf_counter()
         gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.rows)
+        straggle(self.slowdown, began)
         mine = (gradient.samples, gradient.loss_sum, gradient.dense,
                 {key: (rows[key], gradient.row_grads[key], pulled.versions[key]) for key in rows})
         everyone: list = [None] * self.world_size

@@ -33,6 +33,12 @@ class WorkerStats:
         return self.loss_sum / self.samples if self.samples else float("nan")
 
 
+def straggle(slowdown: float, began: float) -> None:
+    """Make the work since `began` take `slowdown` times as long (1: no delay)."""
+    if slowdown > 1.0:
+        time.sleep((slowdown - 1.0) * (time.perf_counter() - began))
+
+
 class GBAWorker:
     def __init__(self, client: PSClient, computer: GradientComputer, slowdown: float = 1.0):
         if slowdown < 1.0:
@@ -52,8 +58,7 @@ class GBAWorker:
                 log.info("%s: training from step %d", self.client.worker, pulled.tokens[0])
             began = time.perf_counter()
             gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
-            if self.slowdown > 1.0:
-                time.sleep((self.slowdown - 1.0) * (time.perf_counter() - began))
+            straggle(self.slowdown, began)
             self.client.push(pulled, gradient)
             stats.batches += 1
             stats.samples += gradient.samples
