@@ -52,6 +52,8 @@ def add_ps_commands(commands) -> None:
                     help="M, local batches per global step: sync's worker count (default: --workers)")
     ps.add_argument("--decay", default="exp", help="staleness decay: 'exp' (default: exp:tau_max=2,"
                     "half_life=1,limit=8), 'exp:tau_max=..,half_life=..,limit=..|none' or 'none'")
+    ps.add_argument("--samples", type=int, default=None, help="stop the workers once this many samples are "
+                    "counted (fast workers then take more batches than a straggler); default: each its --rows")
     ps.add_argument("--lease", type=float, default=30.0, help="drop a worker silent for this many seconds")
     ps.add_argument("--shard-index", type=int, default=None,
                     help="serve only this shard (one process per shard, e.g. across hosts); "
@@ -168,7 +170,7 @@ def run_ps(args) -> int:
     if args.shard_index is None and args.shards > 1:
         children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.distributed_cli", *_shard_argv(args, s)])
                     for s in range(1, args.shards)]
-    shard, layout = build_shard(trainer, index, args.shards, gba)
+    shard, layout = build_shard(trainer, index, args.shards, gba, args.samples)
     summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
 
     def write_checkpoint(snapshots, lost_workers) -> None:
@@ -191,7 +193,7 @@ def run_ps(args) -> int:
 def _shard_argv(args, index: int) -> list[str]:
     """The command line of shard `index`: this one's flags, that shard's index."""
     argv = ["ps", "--shard-index", str(index)]
-    for flag in ("spec", "workdir", "mode", "global_batches", "decay", "lease", "model", "hidden", "lr_dense",
+    for flag in ("spec", "workdir", "mode", "global_batches", "decay", "samples", "lease", "model", "hidden", "lr_dense",
                  "lr_sparse", "sparse_optimizer", "seed", "host", "port", "shards", "workers", "timeout"):
         value = getattr(args, flag)
         if value is not None:
@@ -259,7 +261,9 @@ def run_sync(args) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         replica = SyncReplica(trainer, rank, world, _slowdown(args, rank))
         stream = args.stream_base + rank if args.stream is None else args.stream
+        began = time.perf_counter()
         stats = replica.train(planted_batches(trainer.spec, args.rows, args.batch_size, stream))
+        seconds = time.perf_counter() - began
         state = replica.state()
         dist.barrier()  # every rank has taken its last step before rank 0 writes
         path = save_checkpoint(root, state, trainer.spec, {}, {"mode": "sync"}) if rank == 0 else None
@@ -267,7 +271,7 @@ def run_sync(args) -> int:
         dist.destroy_process_group()
     if args.json:  # one write, so that the ranks' lines (torchrun merges their stdout) never interleave
         _print_line({"rank": rank, "world_size": world, "steps": stats.steps, "samples": stats.samples,
-                     "mean_loss": stats.mean_loss, "step": state["step"], "checkpoint": str(path) if path else None,
+                     "mean_loss": stats.mean_loss, "seconds": seconds, "step": state["step"], "checkpoint": str(path) if path else None,
                      "state_hash": _state_hash(state["model"])})
     return 0
 

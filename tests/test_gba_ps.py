@@ -69,6 +69,15 @@ def test_one_worker_without_aggregation_trains_like_the_trainer(sparse_optimizer
         torch.testing.assert_close(resumed.state()["model"][key], value, rtol=1e-5, atol=1e-6, msg=key)
 
 
+def test_workers_stop_when_the_sample_budget_is_spent():
+    trainer = Trainer(SPEC, CONFIG)
+    shard, layout = build_shard(trainer, 0, 1, GBAConfig(1), sample_budget=200)
+    model = build_model(CONFIG.model, SPEC, trainer.plan, CONFIG.hidden)
+    client = PSClient(layout, "worker0/a", max_in_flight=0, call=in_process([shard]))
+    stats = GBAWorker(client, GradientComputer(model)).train(planted_batches(SPEC, 640, 64)[0])
+    assert stats.batches == 4 and shard.control.counts["accepted_samples"] == 256  # the 4th crossed 200
+
+
 def test_split_and_merge_are_inverse():
     trainer = Trainer(SPEC, CONFIG)
     trainer.train_step(planted_batches(SPEC, 64, 64)[0][0])

@@ -71,7 +71,7 @@ class TokenControl:
         self._last_seen: dict[str, float] = {}  # live workers
         self._dropped: set[str] = set()
         self._buffer: list[Weighted] = []
-        self.counts = {"accepted": 0, "dropped_stale": 0, "refused_dropped_worker": 0,
+        self.counts = {"accepted": 0, "accepted_samples": 0, "dropped_stale": 0, "refused_dropped_worker": 0,
                        "refused_unknown_worker": 0, "discarded_failed_worker": 0, "steps": 0}
 
     @property
@@ -117,6 +117,7 @@ class TokenControl:
         weight = decay.weight(staleness)
         self._buffer.append(Weighted(contribution, weight, row_weights))
         self.counts["accepted"] += 1
+        self.counts["accepted_samples"] += contribution.samples
         if len(self._buffer) < self.config.global_batches:
             return PushOutcome(True, "", staleness, weight, self.step, False), None
         gradient = aggregate(self._buffer)

@@ -187,6 +187,7 @@ class PulledBatch:
     rows: dict[str, torch.Tensor]  # table key -> rows asked for
     values: dict[str, torch.Tensor]  # table key -> their values, in that order
     versions: dict[str, torch.Tensor]
+    stop: bool  # shard 0 says the job's sample budget is spent
 
 
 class PSClient:
@@ -210,7 +211,7 @@ class PSClient:
             for s, answer in enumerate(answers):
                 mine = owners[key] == s
                 values[key][mine], versions[key][mine] = answer.rows[key], answer.versions[key]
-        return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions)
+        return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions, answers[0].stop)
 
     def push(self, pulled: PulledBatch, gradient: LocalGradient) -> None:
         """Send every shard its part; returns without waiting for the shards' answers."""

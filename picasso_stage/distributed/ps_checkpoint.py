@@ -17,14 +17,15 @@ from picasso.distributed.shard import Shard, ShardSnapshot
 from picasso.trainer import Trainer
 
 
-def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig) -> tuple[Shard, ShardLayout]:
+def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
+                sample_budget: int | None = None) -> tuple[Shard, ShardLayout]:
     """Shard `index` of a Trainer's model, at the Trainer's step."""
     layout = ShardLayout.from_model(trainer.model, num_shards)
     state = trainer.state()
     part = layout.split(state["model"])[index]
     shard = Shard(index, layout, part, gba, trainer.config.lr_dense,
                   dense_optimizer=state["dense_optimizer"] if index == 0 else None,
-                  step=int(state["step"]), samples=int(state["samples"]))
+                  step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget)
     return shard, layout
 
 

@@ -33,6 +33,7 @@ class Pulled:
     dense: dict[str, torch.Tensor]  # parameter name -> value (shard 0, when asked)
     rows: dict[str, torch.Tensor]  # table key -> (k, dim) values of the rows asked for, in their order
     versions: dict[str, torch.Tensor]  # table key -> (k,) how many steps had updated each row
+    stop: bool = False  # the job's sample budget is spent: train no further
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,11 @@ class ShardSnapshot:
 
 class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
-                 lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0):
+                 lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
+                 sample_budget: int | None = None):
+        """sample_budget: pulls answer stop once pushes of this many samples have been
+        counted, so a job trains on a set number of samples however its workers share
+        them (fast workers take more batches than a straggler)."""
         if not 0 <= index < layout.num_shards:
             raise ValueError(f"shard index {index} outside [0, {layout.num_shards})")
         self.index, self.layout = index, layout
@@ -64,6 +69,7 @@ class Shard:
         self.versions = {t.key: torch.zeros(layout.local_rows(index, t), dtype=torch.int64) for t in layout.tables}
         self.control = TokenControl(gba, step)
         self.samples = samples
+        self.sample_budget = sample_budget
         self._lock = threading.Lock()
         self._arrived: dict[str, float] = {}  # when each worker's latest call came in (before the lock)
 
@@ -79,7 +85,8 @@ class Shard:
                 values[key] = self.tensors[key][local].clone()
                 versions[key] = self.versions[key][local].clone()
             dense_values = {name: self.tensors[name].clone() for name in self.layout.dense} if dense else {}
-            return Pulled(token, dense_values, values, versions)
+            spent = self.sample_budget is not None and self.control.counts["accepted_samples"] >= self.sample_budget
+            return Pulled(token, dense_values, values, versions, stop=spent)
 
     def push(self, contribution: Contribution) -> PushOutcome:
         self._arrived[contribution.worker] = time.monotonic()

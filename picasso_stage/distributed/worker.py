@@ -54,6 +54,8 @@ class GBAWorker:
             tensors = batch.to_torch()
             rows = self.computer.rows_needed(tensors)
             pulled = self.client.pull(rows)
+            if pulled.stop:
+                break
             if stats.batches == 0:
                 log.info("%s: training from step %d", self.client.worker, pulled.tokens[0])
             began = time.perf_counter()
