@@ -5,6 +5,7 @@ Two ops over a packed table (see reference.py for their exact definition):
 - `fused_update`: the backward pass of lookup fused with a sparse optimizer step.
 Two for the hot-row cache's bookkeeping, which lives on the host:
 - `map_to_slots`: de-duplicate a batch's ids and map them to fast-tier indices;
+- `positions_in`: which of a batch's rows are among others (rows still in flight);
 - `copy_rows`: move rows between tiers;
 - `sketch_add`: a conservative count-min sketch update.
 
@@ -80,6 +81,10 @@ def map_to_slots(ids, slot_of_row, capacity):
     return _host_op("map_to_slots")(ids, slot_of_row, capacity)
 
 
+def positions_in(rows, among, num_rows):
+    return _host_op("positions_in")(rows, among, num_rows)
+
+
 def copy_rows(dst, dst_index, src, src_index):
     """Between host tensors, the host op; else torch's, across the bus."""
     if dst.device.type == "cpu" and src.device.type == "cpu":
@@ -91,4 +96,5 @@ def sketch_add(counters, rows, counts, multipliers, bits):
     return _host_op("sketch_add")(counters, rows, counts, multipliers, bits)
 
 
-__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "fused_update", "load_backend", "copy_rows", "lookup", "map_to_slots", "sketch_add"]
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "fused_update", "load_backend",
+           "lookup", "map_to_slots", "positions_in", "sketch_add"]

@@ -122,6 +122,10 @@ def map_to_slots(ids, slot_of_row, capacity):
     return tuple(_cache_ops.map_to_slots(ids.contiguous(), slot_of_row, capacity, _scratch_for(slot_of_row.numel())))
 
 
+def positions_in(rows, among, num_rows):
+    return _cache_ops.positions_in(rows.contiguous(), among.contiguous(), _scratch_for(num_rows))
+
+
 def copy_rows(dst, dst_index, src, src_index):
     _cache_ops.copy_rows(dst, dst_index, src, src_index)
 

@@ -163,6 +163,11 @@ def map_to_slots(ids: torch.Tensor, slot_of_row: torch.Tensor, capacity: int):
     return local[inverse], rows[miss], counts[miss], slots[~miss], counts[~miss]
 
 
+def positions_in(rows: torch.Tensor, among: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """Positions i where rows[i] is one of `among` (rows of a table of num_rows)."""
+    return torch.nonzero(torch.isin(rows, among)).flatten()
+
+
 def copy_rows(dst: torch.Tensor, dst_index: torch.Tensor, src: torch.Tensor, src_index: torch.Tensor) -> None:
     """dst[dst_index[i]] = src[src_index[i]] for every i; an empty index means 0, 1, 2, ...
     The rows are picked on src's device and placed on dst's (host and GPU tiers)."""

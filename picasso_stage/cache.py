@@ -214,7 +214,7 @@ class HotCache:
             previous = self._in_flight.get(name)
             reread = torch.zeros(0, dtype=torch.int64)
             if previous is not None and previous.numel() and miss_rows.numel():
-                reread = torch.nonzero(torch.isin(miss_rows, previous)).flatten()
+                reread = kernels.positions_in(miss_rows, previous, directory.num_rows)
             # Gathered on the host, then sent to the fast tier's device now (on a GPU, on
             # the caller's stream: the trainer's copy stream, beside the running step).
             staged = [[value.to(table.device, non_blocking=True) for value in table.gather(miss_rows)]

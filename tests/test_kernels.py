@@ -233,3 +233,15 @@ def test_elementwise_adagrad_is_torch_adagrad():
         cpu.fused_update(weight, [state], ids, offsets, grad, 1, optimizer, 1)
     torch.testing.assert_close(weight, bag.weight.detach(), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(state, adagrad.state[bag.weight]["sum"], atol=1e-6, rtol=1e-6)
+
+
+def test_positions_in_cpu_matches_reference():
+    g = torch.Generator().manual_seed(1)
+    rows = torch.randperm(1000, generator=g)[:300]
+    among = torch.randint(0, 1000, (200,), generator=g)
+    expected = reference.positions_in(rows, among, 1000)
+    assert expected.numel() > 0
+    assert torch.equal(cpu.positions_in(rows, among, 1000), expected)
+    assert torch.equal(cpu.positions_in(rows, among, 1000), expected)  # the scratch came back clean
+    with pytest.raises(RuntimeError, match="outside the table"):
+        cpu.positions_in(rows, torch.tensor([1000]), 1000)

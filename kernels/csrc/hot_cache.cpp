@@ -76,6 +76,30 @@ std::vector<torch::Tensor> map_to_slots(torch::Tensor ids, torch::Tensor slot_of
   return {local, as_tensor(miss_rows), as_tensor(miss_counts), as_tensor(hit_slots), as_tensor(hit_counts)};
 }
 
+// Positions i where rows[i] is one of `among`; `mark` is one int32 per table row, all -1
+// on entry and on return.
+torch::Tensor positions_in(torch::Tensor rows, torch::Tensor among, torch::Tensor mark) {
+  TORCH_CHECK(rows.scalar_type() == torch::kInt64 && among.scalar_type() == torch::kInt64 && rows.is_contiguous() &&
+                  among.is_contiguous(),
+              "positions_in: contiguous int64 rows");
+  TORCH_CHECK(mark.scalar_type() == torch::kInt32, "positions_in: int32 scratch");
+  int32_t* flag = mark.data_ptr<int32_t>();
+  const int64_t size = mark.numel();
+  const int64_t* a = among.data_ptr<int64_t>();
+  const int64_t* r = rows.data_ptr<int64_t>();
+  for (int64_t j = 0; j < among.numel(); ++j) {
+    TORCH_CHECK(a[j] >= 0 && a[j] < size, "positions_in: row ", a[j], " outside the table");
+    flag[a[j]] = 0;
+  }
+  std::vector<int64_t> found;
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    TORCH_CHECK(r[i] >= 0 && r[i] < size, "positions_in: row ", r[i], " outside the table");
+    if (flag[r[i]] == 0) found.push_back(i);
+  }
+  for (int64_t j = 0; j < among.numel(); ++j) flag[a[j]] = -1;
+  return torch::from_blob(found.data(), {static_cast<int64_t>(found.size())}, rows.options()).clone();
+}
+
 // dst[dst_index[i]] = src[src_index[i]] for every i, row by row (an empty index means
 // 0, 1, 2, ...). Moves between the tiers are a few thousand short rows: one thread and a
 // memcpy each beat waking the thread pool.
@@ -160,6 +184,8 @@ torch::Tensor sketch_add(torch::Tensor counters, torch::Tensor rows, torch::Tens
 // prepared in another then run side by side.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("map_to_slots", &map_to_slots, "de-duplicate a batch's ids and map them to fast-tier indices",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("positions_in", &positions_in, "positions of the rows that are among others",
         py::call_guard<py::gil_scoped_release>());
   m.def("copy_rows", &copy_rows, "copy rows between tensors by index, one thread",
         py::call_guard<py::gil_scoped_release>());
