@@ -23,6 +23,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from picasso.pipelines.cache_args import add_cache_args, cache_config
+from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
+from picasso.pipelines.distributed_cli import add_ps_commands
 from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
                                            run_publish_pending)
 from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     for command in (generate, daily, demo, plan, *publishing):
         command.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     _add_kafka_commands(commands)
+    add_ps_commands(commands)  # ps, gba-worker, sync-worker: they run themselves (args.run)
     return parser
 
 
@@ -209,6 +212,8 @@ def _finite(value):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command in DISTRIBUTED_COMMANDS:  # they have their own output and exit codes
+        return args.run(args)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)])
     for noisy in ("apache_beam", "mlflow", "alembic", "urllib3"):

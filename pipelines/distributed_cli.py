@@ -31,6 +31,7 @@ from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
 
 log = logging.getLogger(__name__)
 MODES = ("gba", "async")
+COMMANDS = ("ps", "gba-worker", "sync-worker")  # each sets args.run
 
 
 def _add_group_args(parser: argparse.ArgumentParser) -> None:

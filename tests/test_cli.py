@@ -93,3 +93,11 @@ def test_plan_prints_groups_rows_and_bytes(tmp_path):
     assert groups["dim8_adam"]["slot_bytes"] == 30 * 8 * 4 * 2  # two moments per value
     assert plan["total_bytes"] == sum(g["table_bytes"] + g["slot_bytes"] for g in plan["groups"])
     assert "dim8_adam" in done.stdout  # the table is printed too
+
+
+def test_parameter_server_commands_are_picasso_commands(tmp_path):
+    done = run_cli("ps", "--spec", str(tmp_path / "missing.yaml"), "--workdir", str(tmp_path), "--port", "1",
+                   "--workers", "1")
+    assert done.returncode != 0
+    assert "missing.yaml': no such file" in done.stderr
+    assert "gba-worker" in run_cli("--help").stdout
