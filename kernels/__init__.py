@@ -65,9 +65,10 @@ def lookup(weight, ids, offsets, num_fields, mean_pooled=None, max_len=None):
 
 
 def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean_pooled=None, max_len=None,
-                 field_rows=None):
+                 field_rows=None, disjoint_fields=False):
     return backend_for(weight.device).fused_update(
-        weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean_pooled, max_len, field_rows
+        weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean_pooled, max_len, field_rows,
+        disjoint_fields,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -58,15 +59,17 @@ def _build(name: str, source: str):
 _ops = _build("picasso_packed_embedding", "packed_embedding.cpp")
 _cache_ops = _build("picasso_hot_cache", "hot_cache.cpp")
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
-# (when no field_rows are given) and of map_to_slots, kept per table size so that no call
-# pays for filling it.
-_scratch: dict[int, torch.Tensor] = {}
+# (when no field_rows are given) and of the cache ops, kept per table size so that no call
+# pays for filling it. Per thread: a step computing in one thread and the next batch being
+# prepared in another must not share one.
+_scratch = threading.local()
 
 
 def _scratch_for(rows: int) -> torch.Tensor:
-    if rows not in _scratch:
-        _scratch[rows] = torch.full((rows,), -1, dtype=torch.int32)
-    return _scratch[rows]
+    tables = _scratch.__dict__.setdefault("by_rows", {})
+    if rows not in tables:
+        tables[rows] = torch.full((rows,), -1, dtype=torch.int32)
+    return tables[rows]
 
 
 def _flags(mean_pooled):
@@ -105,7 +108,7 @@ def lookup(weight, ids, offsets, num_fields, mean_pooled=None, max_len=None):
 
 
 def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: SparseOptimizer, step,
-                 mean_pooled=None, max_len=None, field_rows=None):
+                 mean_pooled=None, max_len=None, field_rows=None, disjoint_fields=False):
     rows = weight.shape[0]
     if field_rows is None:
         scratch, bounds = _scratch_for(rows), _NO_LIMITS
@@ -114,7 +117,7 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: Spars
     _ops.fused_update(
         weight, list(slots), ids.contiguous(), offsets.contiguous(), grad.contiguous().float(), num_fields,
         optimizer.name, optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, int(step),
-        _flags(mean_pooled), _limits(max_len), bounds, scratch,
+        _flags(mean_pooled), _limits(max_len), bounds, scratch, disjoint_fields,
     )
 
 

@@ -101,6 +101,7 @@ def fused_update(
     mean_pooled: torch.Tensor | None = None,
     max_len: torch.Tensor | None = None,
     field_rows: torch.Tensor | None = None,
+    disjoint_fields: bool = False,
 ) -> None:
     """Backward of `lookup` and the optimizer step in one: updates weight and slots in place.
 
@@ -108,6 +109,8 @@ def fused_update(
     step, counting from 1 (Adam's bias correction). field_rows: optionally, num_fields + 1
     row bounds with field f's ids in [field_rows[f], field_rows[f + 1]) (true of every
     PackedBatch); it changes no result, and lets fast kernels split the work by field.
+    disjoint_fields: the weaker promise that no id occurs in two fields (true of a hot-row
+    cache's fast tier); it too changes no result, and lets fast kernels split by field.
     """
     rows, bags, scale = _occurrences(ids, offsets, num_fields, mean_pooled, max_len)
     if rows.numel() == 0:

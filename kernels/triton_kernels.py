@@ -276,6 +276,7 @@ def fused_update(
     mean_pooled: torch.Tensor | None = None,
     max_len: torch.Tensor | None = None,
     field_rows: torch.Tensor | None = None,
+    disjoint_fields: bool = False,
 ) -> None:
     """Backward of `lookup` and the optimizer step in one: updates weight and slots in place.
 

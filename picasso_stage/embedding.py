@@ -23,13 +23,16 @@ class _FusedLookup(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, anchor, weight, slots, ids, offsets, group: PackedGroup, mean, max_len, field_rows, optimizer, step):
-        ctx.update = (weight, slots, ids, offsets, group.num_fields, optimizer, step, mean, max_len, field_rows)
+        # Without row bounds (a fast tier), ids are still each field's own: rows are.
+        ctx.update = (weight, slots, ids, offsets, group.num_fields, optimizer, step, mean, max_len, field_rows,
+                      field_rows is None)
         return kernels.lookup(weight, ids, offsets, group.num_fields, mean, max_len)
 
     @staticmethod
     def backward(ctx, grad):
-        weight, slots, ids, offsets, num_fields, optimizer, step, mean, max_len, field_rows = ctx.update
-        kernels.fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean, max_len, field_rows)
+        weight, slots, ids, offsets, num_fields, optimizer, step, mean, max_len, field_rows, disjoint = ctx.update
+        kernels.fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean, max_len, field_rows,
+                             disjoint)
         return (None,) * 11
 
 

@@ -46,11 +46,14 @@ def field_rows_of(ids: torch.Tensor, offsets: torch.Tensor, fields: int, rows: i
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("optimizer", reference.OPTIMIZERS)
 @pytest.mark.parametrize("truncate", [False, True])
-@pytest.mark.parametrize("by_field", [False, True])
-def test_fused_update_agrees_with_reference(seed, optimizer, truncate, by_field):
+@pytest.mark.parametrize("split", ["by owner", "by field rows", "by disjoint fields"])
+def test_fused_update_agrees_with_reference(seed, optimizer, truncate, split):
     g, ids, offsets, mean_pooled = random_bags(seed)
     max_len = torch.randint(1, 4, (4,), generator=g) if truncate else None
-    field_rows = field_rows_of(ids, offsets, 4, 200) if by_field else None
+    field_rows = field_rows_of(ids, offsets, 4, 200) if split != "by owner" else None
+    if split == "by disjoint fields":  # each field its own rows, scattered over the table (a fast tier)
+        ids.copy_(torch.randperm(200, generator=g)[ids])
+        field_rows = None
     dim = (3, 8, 16, 33)[seed]
     spec = SparseOptimizer(optimizer, lr=0.1)
     weight = torch.randn(200, dim, generator=g)
@@ -59,7 +62,8 @@ def test_fused_update_agrees_with_reference(seed, optimizer, truncate, by_field)
     for step in range(1, 4):
         grad = torch.randn(64, 4, dim, generator=g)
         reference.fused_update(expected_weight, expected_slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len)
-        cpu.fused_update(weight, slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len, field_rows)
+        cpu.fused_update(weight, slots, ids, offsets, grad, 4, spec, step, mean_pooled, max_len, field_rows,
+                         disjoint_fields=split == "by disjoint fields")
     torch.testing.assert_close(weight, expected_weight, atol=1e-5, rtol=1e-5)
     for got, want in zip(slots, expected_slots):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -207,13 +207,15 @@ void sum_and_step(DimT dim_t, const BagsT& bags, const int64_t* id, const float*
 // - with `field_rows` (F + 1 row bounds: field f's ids lie in [field_rows[f],
 //   field_rows[f + 1]), as in a PackedBatch), by field: a thread takes whole fields, and
 //   its scratch and sums stay the size of one field's rows, a cache-sized working set;
-// - without, by the low bits of the row: each thread scans every bag and takes the rows it
-//   owns, with `slot_of_row` (caller-owned, one int32 per table row, all -1 between
+// - with `disjoint_fields` (no id occurs in two fields, but fields have no row bounds: the
+//   ids of a cache's fast tier), by field too, with `slot_of_row` as the scratch map;
+// - otherwise, by the low bits of the row: each thread scans every bag and takes the rows
+//   it owns, with `slot_of_row` (caller-owned, one int32 per table row, all -1 between
 //   calls) as the scratch map.
 void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch::Tensor ids, torch::Tensor offsets,
                   torch::Tensor grad, int64_t num_fields, std::string optimizer, double lr, double eps, double beta1,
                   double beta2, int64_t step, torch::Tensor mean_pooled, torch::Tensor max_len,
-                  torch::Tensor field_rows, torch::Tensor slot_of_row) {
+                  torch::Tensor field_rows, torch::Tensor slot_of_row, bool disjoint_fields) {
   check_inputs(weight, ids, offsets, num_fields);
   TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == torch::kFloat32, "grad must be contiguous float32");
   TORCH_CHECK(optimizer == "sgd" || optimizer == "adagrad" || optimizer == "adam" || optimizer == "adagrad_elementwise",
@@ -273,6 +275,20 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
       TORCH_CHECK(slot_of_row.numel() >= weight.size(0) && slot_of_row.scalar_type() == torch::kInt32,
                   "slot_of_row must be int32 scratch with one entry per row");
       int32_t* slot = slot_of_row.data_ptr<int32_t>();
+      if (disjoint_fields) {
+        at::parallel_for(0, num_fields, 1, [&](int64_t first, int64_t last) {
+          std::vector<int64_t> rows;
+          std::vector<float> sums;
+          for (int64_t f = first; f < last; ++f)
+            sum_and_step(
+                dim_t, bags, id, g, w, s,
+                [&](auto&& visit) {
+                  for (int64_t i = 0; i < num_samples; ++i) visit(i * num_fields + f);
+                },
+                [&](int64_t r) { return slot + r; }, rows, sums);
+        });
+        return;
+      }
       // A power of two of owners, at least one per thread: the owner test is a mask.
       int64_t owners = 1;
       while (owners < at::get_num_threads()) owners *= 2;
