@@ -239,6 +239,22 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
 
   with_dim(weight.size(1), [&](auto dim_t) {
     with_bags(offsets, num_ids, num_fields, mean_pooled, max_len, [&](auto bags) {
+      // A thread takes whole fields; `slot_of(f, local)` is field f's scratch map (local:
+      // the thread's own scratch of `local_size` entries).
+      auto step_by_field = [&](int64_t local_size, auto&& slot_of) {
+        at::parallel_for(0, num_fields, 1, [&](int64_t first, int64_t last) {
+          std::vector<int32_t> local(local_size, -1);
+          std::vector<int64_t> rows;
+          std::vector<float> sums;
+          for (int64_t f = first; f < last; ++f)
+            sum_and_step(
+                dim_t, bags, id, g, w, s,
+                [&](auto&& visit) {
+                  for (int64_t i = 0; i < num_samples; ++i) visit(i * num_fields + f);
+                },
+                slot_of(f, local), rows, sums);
+        });
+      };
       if (field_rows.numel()) {
         TORCH_CHECK(field_rows.numel() == num_fields + 1 && field_rows.scalar_type() == torch::kInt64,
                     "field_rows must hold num_fields + 1 int64 row bounds");
@@ -256,19 +272,9 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
             }
         });
         TORCH_CHECK(!outside, "an id lies outside its field's rows (field_rows)");
-        at::parallel_for(0, num_fields, 1, [&](int64_t first, int64_t last) {
-          std::vector<int32_t> local(widest, -1);
-          std::vector<int64_t> rows;
-          std::vector<float> sums;
-          for (int64_t f = first; f < last; ++f) {
-            const int64_t base = bound[f];
-            sum_and_step(
-                dim_t, bags, id, g, w, s,
-                [&](auto&& visit) {
-                  for (int64_t i = 0; i < num_samples; ++i) visit(i * num_fields + f);
-                },
-                [&](int64_t r) { return &local[r - base]; }, rows, sums);
-          }
+        step_by_field(widest, [&](int64_t f, std::vector<int32_t>& local) {
+          const int64_t base = bound[f];
+          return [&local, base](int64_t r) { return &local[r - base]; };
         });
         return;
       }
@@ -276,17 +282,7 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
                   "slot_of_row must be int32 scratch with one entry per row");
       int32_t* slot = slot_of_row.data_ptr<int32_t>();
       if (disjoint_fields) {
-        at::parallel_for(0, num_fields, 1, [&](int64_t first, int64_t last) {
-          std::vector<int64_t> rows;
-          std::vector<float> sums;
-          for (int64_t f = first; f < last; ++f)
-            sum_and_step(
-                dim_t, bags, id, g, w, s,
-                [&](auto&& visit) {
-                  for (int64_t i = 0; i < num_samples; ++i) visit(i * num_fields + f);
-                },
-                [&](int64_t r) { return slot + r; }, rows, sums);
-        });
+        step_by_field(0, [&](int64_t, std::vector<int32_t>&) { return [slot](int64_t r) { return slot + r; }; });
         return;
       }
       // A power of two of owners, at least one per thread: the owner test is a mask.
