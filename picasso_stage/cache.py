@@ -96,11 +96,11 @@ class TieredTable:
 
     def __init__(self, embedding: PackedEmbedding, group: str, capacity: int, device: torch.device,
                  big_tier_dir: Path | None):
-        self.names = [f"table_{group}"] + [f"slot{i}_{group}" for i in range(len(embedding.slots(group)))]
+        names = [f"table_{group}"] + [f"slot{i}_{group}" for i in range(len(embedding.slots(group)))]
         if big_tier_dir is not None:
-            for name in self.names:
+            for name in names:
                 embedding._buffers[name] = _memory_mapped(embedding._buffers[name], big_tier_dir / f"{id(embedding)}-{name}")
-        self.big = [embedding._buffers[name] for name in self.names]
+        self.big = [embedding._buffers[name] for name in names]
         self.capacity = capacity
         self.device = device
         self.fast = [torch.zeros((capacity, *t.shape[1:]), dtype=t.dtype, device=device) for t in self.big]
@@ -169,8 +169,6 @@ class HotCache:
     """The fast tiers of every PackedEmbedding of a model, one directory per packed group."""
 
     def __init__(self, embeddings: list[PackedEmbedding], config: CacheConfig, device: torch.device, seed: int = 0):
-        self.config = config
-        self.embeddings = embeddings
         plan = embeddings[0].plan
         big_dir = Path(config.big_tier_dir) if config.big_tier_dir else None
         if big_dir is not None:

@@ -27,7 +27,6 @@ def _next_power_of_two(n: int) -> int:
 class DecayedSketch:
     def __init__(self, width: int, depth: int = 4, seed: int = 0):
         self.width = _next_power_of_two(max(width, 64))
-        self.depth = depth
         self.bits = self.width.bit_length() - 1
         generator = torch.Generator().manual_seed(seed)
         # Odd multipliers for multiply-shift hashing (kernels.reference.sketch_cells).
