@@ -157,9 +157,8 @@ def _gba_config(args):
 
 
 def run_ps(args) -> int:
-    from picasso.checkpoint import save_checkpoint
     from picasso.distributed.param_server import serve_shard
-    from picasso.distributed.ps_checkpoint import build_shard, trainer_state
+    from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
 
     group, gba = _group(args), _gba_config(args)
     index = args.shard_index or 0
@@ -175,10 +174,9 @@ def run_ps(args) -> int:
     summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
 
     def write_checkpoint(snapshots, lost_workers) -> None:
-        state = trainer_state(layout, snapshots, trainer)
-        counts = snapshots[0].counts
-        path = save_checkpoint(root, state, spec, dict(trainer.positions), {"ps": counts, "mode": args.mode})
-        summary.update(step=state["step"], samples=state["samples"], counts=counts, checkpoint=str(path),
+        path, state = save_ps_checkpoint(root, layout, snapshots, trainer, {"mode": args.mode})
+        summary.update(step=state["step"], samples=state["samples"], counts=snapshots[0].counts,
+                       contributed=snapshots[0].contributed, positions=snapshots[0].positions, checkpoint=str(path),
                        dropped_workers=sorted(shard.control.dropped), lost_workers=lost_workers)
 
     description = (spec, config, layout)
@@ -312,11 +310,15 @@ def planted_batches(spec, rows: int, batch_size: int, stream: int):
     from picasso.packing import PackingPlan
     from picasso.synthetic import PlantedModel
 
+    # Sampled and decoded now, packed batch by batch as they are read: a run that times its
+    # training calls this first, so planting the data is not timed (packing is, as in the
+    # pipelines).
     plan = PackingPlan.from_spec(spec)
     table, _ = PlantedModel(spec).sample(rows, stream)
     decoded = RecordDecoder(spec).decode_table(table, f"planted-{stream}").table
-    for start in range(0, rows, batch_size):
-        yield pack(decoded.slice(start, batch_size), spec, plan, {f"planted-{stream}": min(start + batch_size, rows)})
+    source = f"planted-{stream}"
+    return (pack(decoded.slice(start, batch_size), spec, plan, {source: min(start + batch_size, rows)})
+            for start in range(0, rows, batch_size))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -123,15 +123,26 @@ class _CheckpointDoFn(beam.DoFn):
 
 
 class PicassoTrain(beam.PTransform):
-    """PackedBatches in; one CheckpointRef out, once all of them are trained on."""
+    """PackedBatches in; one CheckpointRef out, once all of them are trained on.
+
+    mode="gba" (with ps, a gba_train.PSAddress): every worker process of the runner trains
+    as one GBA worker of that parameter server instead; the output is then the workers'
+    merged TrainStats and the checkpoint is the server's (gba_train.py)."""
 
     def __init__(self, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path,
-                 start_from: str | None = "latest"):
+                 start_from: str | None = "latest", mode: str = "local", ps=None):
         super().__init__()
+        if mode not in ("local", "gba") or (mode == "gba") != (ps is not None):
+            raise ValueError(f"mode must be 'local', or 'gba' with ps= the parameter server's address; got {mode!r}")
         self.handler = TrainerHandler(spec, config, str(checkpoint_dir), run_id=uuid.uuid4().hex, start_from=start_from)
         self.shared = Shared()
+        self.mode, self.ps = mode, ps
 
     def expand(self, batches):
+        if self.mode == "gba":
+            from picasso.pipelines.gba_train import GBATrain
+
+            return batches | GBATrain(self.ps, self.handler.spec)
         return (
             batches
             | "TrainStep" >> beam.ParDo(_TrainDoFn(self.handler, self.shared))

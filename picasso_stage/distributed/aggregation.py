@@ -52,6 +52,9 @@ class Contribution:
     samples: int  # the local batch's size (> 0)
     dense: dict[str, torch.Tensor] = field(default_factory=dict)  # parameter name -> gradient
     sparse: dict[str, RowGradient] = field(default_factory=dict)  # table name -> row gradients
+    # Where the batch ends in its sources (source -> next row/offset), sent to shard 0 only:
+    # a checkpoint records a batch's positions once its gradient is applied (or dropped as too stale).
+    positions: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.samples <= 0:

@@ -28,6 +28,7 @@ import torch
 
 from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate
 from picasso.distributed.staleness import NO_DECAY, StalenessDecay
+from picasso.trainer import merge_positions
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,14 @@ def worker_id(name: str, incarnation: str) -> str:
 
 
 class TokenControl:
-    def __init__(self, config: GBAConfig, step: int = 0, clock=time.monotonic):
+    def __init__(self, config: GBAConfig, step: int = 0, clock=time.monotonic, positions: dict[str, int] | None = None):
+        """positions: the sources' positions the model has trained up to (its checkpoint's)."""
         self.config = config
         self.step = step
+        # Advanced only when a batch leaves the buffer (stepped, or dropped as too stale): a
+        # batch still buffered is not in the model, so a checkpoint's positions exclude it.
+        self.positions = dict(positions or {})
+        self.contributed: dict[str, int] = {}  # worker name (no incarnation) -> local batches accepted
         self._clock = clock
         self._last_seen: dict[str, float] = {}  # live workers
         self._dropped: set[str] = set()
@@ -107,6 +113,7 @@ class TokenControl:
         decay = self.config.decay
         if decay.dropped(staleness):
             self.counts["dropped_stale"] += 1
+            self.positions = merge_positions(self.positions, contribution.positions)  # consumed, on purpose unused
             return PushOutcome(False, f"staleness {staleness} > limit {decay.limit}", staleness, 0.0, self.step,
                                False), None
         row_staleness = row_staleness or {}
@@ -118,9 +125,13 @@ class TokenControl:
         self._buffer.append(Weighted(contribution, weight, row_weights))
         self.counts["accepted"] += 1
         self.counts["accepted_samples"] += contribution.samples
+        name = worker.split("/", 1)[0]
+        self.contributed[name] = self.contributed.get(name, 0) + 1
         if len(self._buffer) < self.config.global_batches:
             return PushOutcome(True, "", staleness, weight, self.step, False), None
         gradient = aggregate(self._buffer)
+        for weighted in self._buffer:
+            self.positions = merge_positions(self.positions, weighted.contribution.positions)
         self._buffer = []
         self.step += 1
         self.counts["steps"] += 1

@@ -213,8 +213,9 @@ class PSClient:
                 values[key][mine], versions[key][mine] = answer.rows[key], answer.versions[key]
         return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions, answers[0].stop)
 
-    def push(self, pulled: PulledBatch, gradient: LocalGradient) -> None:
-        """Send every shard its part; returns without waiting for the shards' answers."""
+    def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None) -> None:
+        """Send every shard its part; returns without waiting for the shards' answers.
+        positions: where the batch ends in its sources (shard 0 records them for checkpoints)."""
         self.collect()
         for s in range(self.layout.num_shards):
             sparse = {}
@@ -222,7 +223,7 @@ class PSClient:
                 mine = self.layout.owner(rows) == s
                 sparse[key] = RowGradient(rows[mine], gradient.row_grads[key][mine], pulled.versions[key][mine])
             contribution = Contribution(self.worker, pulled.tokens[s], gradient.samples,
-                                        gradient.dense if s == 0 else {}, sparse)
+                                        gradient.dense if s == 0 else {}, sparse, (positions or {}) if s == 0 else {})
             while len(self._in_flight[s]) > self.max_in_flight - 1 and self._in_flight[s]:
                 self._settle(s, self._in_flight[s].pop(0))
             future = self._call(s, _push, (contribution,), True)

@@ -3,14 +3,23 @@
 A parameter server starts from a Trainer's state (a fresh Trainer's, or a checkpoint any
 mode wrote) and writes its checkpoints in exactly Trainer.state()'s layout, so
 Trainer.restore, and a parameter server in any mode, resume from them.
+
+Positions: shard 0 records the sources' positions of every batch whose gradient left its
+buffer (applied in a global step, or dropped as too stale), starting from the positions of
+the checkpoint it was built from. A checkpoint carries those, never a buffered batch's:
+a job resumed from it reads each source from where the model's training ends, so it
+neither skips nor repeats data. Every worker reads its own sources in order, so per
+source the furthest position is a prefix of what was trained.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
+from picasso.checkpoint import save_checkpoint
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.layout import ShardLayout
 from picasso.distributed.shard import Shard, ShardSnapshot
@@ -25,7 +34,8 @@ def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
     part = layout.split(state["model"])[index]
     shard = Shard(index, layout, part, gba, trainer.config.lr_dense,
                   dense_optimizer=state["dense_optimizer"] if index == 0 else None,
-                  step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget)
+                  step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget,
+                  positions=dict(trainer.positions) if index == 0 else None)
     return shard, layout
 
 
@@ -45,3 +55,13 @@ def trainer_state(layout: ShardLayout, snapshots: list[ShardSnapshot], trainer: 
         "rng": torch.get_rng_state(),
         "config": asdict(trainer.config),
     }
+
+
+def save_ps_checkpoint(root: str | Path, layout: ShardLayout, snapshots: list[ShardSnapshot], trainer: Trainer,
+                       metrics: dict) -> tuple[Path, dict]:
+    """Write the shards' state as a Trainer checkpoint under root, with shard 0's positions,
+    and its counts (per worker too) among the metrics; returns (its path, the state)."""
+    state = trainer_state(layout, snapshots, trainer)
+    first = min(snapshots, key=lambda s: s.index)
+    metrics = {"ps": first.counts, "contributed": first.contributed, **metrics}
+    return save_checkpoint(root, state, trainer.spec, first.positions, metrics), state

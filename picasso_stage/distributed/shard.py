@@ -46,12 +46,14 @@ class ShardSnapshot:
     step: int
     samples: int  # samples in the global batches applied
     counts: dict[str, int] = field(default_factory=dict)
+    positions: dict[str, int] = field(default_factory=dict)  # sources' positions of the batches applied
+    contributed: dict[str, int] = field(default_factory=dict)  # worker name -> local batches accepted
 
 
 class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
                  lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
-                 sample_budget: int | None = None):
+                 sample_budget: int | None = None, positions: dict[str, int] | None = None):
         """sample_budget: pulls answer stop once pushes of this many samples have been
         counted, so a job trains on a set number of samples however its workers share
         them (fast workers take more batches than a straggler)."""
@@ -67,7 +69,7 @@ class Shard:
         if dense_optimizer is not None and self.dense_optimizer is not None:
             self.dense_optimizer.load_state_dict(dense_optimizer)
         self.versions = {t.key: torch.zeros(layout.local_rows(index, t), dtype=torch.int64) for t in layout.tables}
-        self.control = TokenControl(gba, step)
+        self.control = TokenControl(gba, step, positions=positions)
         self.samples = samples
         self.sample_budget = sample_budget
         self._lock = threading.Lock()
@@ -100,7 +102,7 @@ class Shard:
             if unknown:
                 raise ValueError(f"shard {self.index} holds no dense parameters {sorted(unknown)}")
             local_contribution = Contribution(contribution.worker, contribution.token, contribution.samples,
-                                              contribution.dense, local_sparse)
+                                              contribution.dense, local_sparse, contribution.positions)
             outcome, gradient = self.control.push(local_contribution, staleness)
             if gradient is not None:
                 self._apply(gradient)
@@ -127,6 +129,8 @@ class Shard:
                 step=self.control.step,
                 samples=self.samples,
                 counts=dict(self.control.counts),
+                positions=dict(self.control.positions),
+                contributed=dict(self.control.contributed),
             )
 
     # -- the optimizer step -------------------------------------------------------------------

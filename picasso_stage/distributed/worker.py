@@ -49,23 +49,30 @@ class GBAWorker:
         stats = WorkerStats()
         start = time.perf_counter()
         for batch in batches:
-            if batch.num_samples == 0:
-                continue
-            tensors = batch.to_torch()
-            rows = self.computer.rows_needed(tensors)
-            pulled = self.client.pull(rows)
-            if pulled.stop:
+            if not self.step(batch, stats):
                 break
-            if stats.batches == 0:
-                log.info("%s: training from step %d", self.client.worker, pulled.tokens[0])
-            began = time.perf_counter()
-            gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
-            straggle(self.slowdown, began)
-            self.client.push(pulled, gradient)
-            stats.batches += 1
-            stats.samples += gradient.samples
-            stats.loss_sum += gradient.loss_sum
         self.client.finish()
         stats.refused = sum(not outcome.accepted for outcome in self.client.outcomes)
         stats.seconds = time.perf_counter() - start
         return stats
+
+    def step(self, batch: PackedBatch, stats: WorkerStats) -> bool:
+        """One local batch: pull, compute, push (without waiting), counted into stats.
+        False when shard 0 says the job's sample budget is spent: train no further."""
+        if batch.num_samples == 0:
+            return True
+        tensors = batch.to_torch()
+        rows = self.computer.rows_needed(tensors)
+        pulled = self.client.pull(rows)
+        if pulled.stop:
+            return False
+        if stats.batches == 0:
+            log.info("%s: training from step %d", self.client.worker, pulled.tokens[0])
+        began = time.perf_counter()
+        gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
+        straggle(self.slowdown, began)
+        self.client.push(pulled, gradient, batch.positions)
+        stats.batches += 1
+        stats.samples += gradient.samples
+        stats.loss_sum += gradient.loss_sum
+        return True

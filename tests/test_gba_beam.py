@@ -1,0 +1,92 @@
+"""PicassoTrain(mode="gba") on a multi-process FnApiRunner: each Beam worker process is one
+GBA worker of a real `picasso ps` on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.pipelines.distributed_cli import planted_batches
+from picasso.pipelines.gba_train import PSAddress
+from picasso.pipelines.train import PicassoTrain
+from picasso.trainer import Trainer
+
+from test_gba_ps import _finish, _free_port, _ps
+from test_gba_sync import TRAIN
+from test_trainer import SPEC
+
+ROWS, BATCH, WORKERS, SHARDS = 3000, 100, 2, 2
+LR_SPARSE = 0.2  # the tiny spec learns slowly at the default; every mode is given the same
+STREAMS = (100, 101)
+CONFIG = replace(TRAIN, lr_sparse=LR_SPARSE)
+
+
+def _planted(keyed):
+    _, streams = keyed
+    for stream in streams:
+        yield from planted_batches(SPEC, ROWS, BATCH, stream)
+
+
+def _held_out(checkpoint=None, train_on=()):
+    trainer = Trainer(SPEC, CONFIG)
+    if checkpoint is not None:
+        trainer.restore(checkpoint)
+    trainer.train(train_on)
+    return trainer.evaluate(planted_batches(SPEC, 2000, 500, stream=999))
+
+
+def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
+    # The runner's worker processes unpickle this module's functions by name.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    spec_path = tmp_path / "tiny.yaml"
+    SPEC.save(spec_path)
+    port = _free_port()
+    server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, "--mode", "gba", "--lr-sparse", str(LR_SPARSE))
+    out = tmp_path / "stats.json"
+    options = PipelineOptions(["--runner", "FnApiRunner", f"--direct_num_workers={WORKERS}",
+                               "--direct_running_mode=multi_processing"])
+    try:
+        with beam.Pipeline(options=options) as p:
+            _ = (
+                p
+                # One key per source, split up front: the grouped stage hands one to each worker process.
+                | beam.Create([(i, stream) for i, stream in enumerate(STREAMS)])
+                | beam.GroupByKey()
+                | beam.FlatMap(_planted)
+                | PicassoTrain(SPEC, TRAIN, tmp_path / "unused", mode="gba",
+                               ps=PSAddress("127.0.0.1", port, SHARDS, WORKERS, timeout_s=30))
+                | beam.Map(lambda stats: out.write_text(json.dumps(
+                    {"steps": stats.steps, "samples": stats.samples, "positions": stats.positions})))
+            )
+        code, summary, err = _finish(server)
+    finally:
+        server.kill()
+    assert code == 0, err
+    batches = ROWS // BATCH
+    # Both processes joined and pushed their whole source; nothing was refused or left over.
+    assert summary["contributed"] == {f"worker{r}": batches for r in range(WORKERS)}, err
+    assert summary["dropped_workers"] == [] and summary["lost_workers"] == []
+    counts = summary["counts"]
+    assert counts["accepted"] == WORKERS * batches and counts["dropped_stale"] == 0
+    assert summary["step"] == counts["steps"] == batches  # M = WORKERS: one step per round of local batches
+    assert summary["samples"] == WORKERS * ROWS
+    every_source = {f"planted-{s}": ROWS for s in STREAMS}
+    assert summary["positions"] == every_source
+    stats = json.loads(out.read_text())
+    assert stats == {"steps": WORKERS * batches, "samples": WORKERS * ROWS, "positions": every_source}
+
+    checkpoint = latest_checkpoint(tmp_path / "checkpoints")
+    assert load_checkpoint(checkpoint).positions == every_source
+    # As good as one process trained on as many rows in global batches (sync's arithmetic).
+    untrained, gba = _held_out(), _held_out(checkpoint)
+    local = _held_out(train_on=planted_batches(SPEC, WORKERS * ROWS, WORKERS * BATCH, stream=200))
+    print(json.dumps({"untrained": untrained.auc, "gba": gba.auc, "local": local.auc, "gba_logloss": gba.logloss,
+                      "local_logloss": local.logloss}))
+    assert gba.logloss <= untrained.logloss - 0.02 and gba.auc >= 0.55, (untrained, gba)
+    assert gba.auc >= local.auc - 0.03 and gba.logloss <= local.logloss + 0.01, (local, gba)
