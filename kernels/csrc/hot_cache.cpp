@@ -15,6 +15,8 @@
 
 namespace {
 
+constexpr int64_t kPrefetchDistance = 8;  // ids ahead: enough to hide a DRAM miss per row
+
 // De-duplicate ids in order of first occurrence and map each to its fast-tier index: a hot
 // row's slot, or capacity + its position among the batch's misses. `mark` is one int32
 // per table row, all -1 on entry and on return. Returns local ids, then the misses (rows
@@ -42,6 +44,12 @@ std::vector<torch::Tensor> map_to_slots(torch::Tensor ids, torch::Tensor slot_of
   std::vector<int64_t> miss_rows, miss_counts, hit_slots, hit_counts, touched;
   for (auto* v : {&miss_rows, &miss_counts, &hit_slots, &hit_counts, &touched}) v->reserve(n);
   for (int64_t i = 0; i < n; ++i) {
+    // Ids are scattered over tables of millions of rows: fetch the two entries an id a few
+    // places ahead will read, so their DRAM misses overlap this one's work.
+    if (i + kPrefetchDistance < n) {
+      __builtin_prefetch(seen + id[i + kPrefetchDistance]);
+      __builtin_prefetch(slot_of + id[i + kPrefetchDistance]);
+    }
     const int64_t row = id[i];
     int32_t entry = seen[row];
     if (entry < 0) {
@@ -124,6 +132,11 @@ void copy_rows(torch::Tensor dst, torch::Tensor dst_index, torch::Tensor src, to
   char* out = static_cast<char*>(dst.data_ptr());
   const char* in = static_cast<const char*>(src.data_ptr());
   for (int64_t i = 0; i < count; ++i) {
+    if (i + kPrefetchDistance < count) {  // scattered rows: overlap their DRAM misses
+      const int64_t ahead = i + kPrefetchDistance;
+      if (si && si[ahead] >= 0 && si[ahead] < src_rows) __builtin_prefetch(in + si[ahead] * bytes);
+      if (di && di[ahead] >= 0 && di[ahead] < dst_rows) __builtin_prefetch(out + di[ahead] * bytes, 1);
+    }
     const int64_t d = di ? di[i] : i, s = si ? si[i] : i;
     TORCH_CHECK(d >= 0 && d < dst_rows && s >= 0 && s < src_rows, "copy_rows: row index out of range");
     std::memcpy(out + d * bytes, in + s * bytes, bytes);
