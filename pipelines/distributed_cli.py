@@ -47,6 +47,7 @@ def add_ps_commands(commands) -> None:
     ps = commands.add_parser("ps", help="serve parameter-server shards for GBA or plain async workers")
     ps.add_argument("--spec", required=True)
     ps.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
+    _add_checkpoint_every(ps)
     ps.add_argument("--mode", choices=MODES, default="gba", help="gba: global batches with token control; "
                     "async: every push steps at once, no staleness control (the baseline)")
     ps.add_argument("--global-batches", type=int, default=None,
@@ -75,10 +76,17 @@ def add_ps_commands(commands) -> None:
                                "torchrun --nproc-per-node N -m picasso.pipelines.distributed_cli sync-worker ...")
     sync.add_argument("--spec", required=True)
     sync.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
+    _add_checkpoint_every(sync)
     _add_model_args(sync)
     _add_data_args(sync)
     sync.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     sync.set_defaults(run=run_sync)
+
+
+def _add_checkpoint_every(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="STEPS",
+                        help="also write a checkpoint (with the sources' positions) every STEPS global steps "
+                        "while training (default 0: only at the end)")
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -170,7 +178,7 @@ def run_ps(args) -> int:
     if args.shard_index is None and args.shards > 1:
         children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.distributed_cli", *_shard_argv(args, s)])
                     for s in range(1, args.shards)]
-    shard, layout = build_shard(trainer, index, args.shards, gba, args.samples)
+    shard, layout = build_shard(trainer, index, args.shards, gba, args.samples, args.checkpoint_every)
     summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
 
     def write_checkpoint(snapshots, lost_workers) -> None:
@@ -180,7 +188,8 @@ def run_ps(args) -> int:
                        dropped_workers=sorted(shard.control.dropped), lost_workers=lost_workers)
 
     description = (spec, config, layout)
-    serve_shard(shard, group, args.lease, description=description, on_stop=write_checkpoint)
+    serve_shard(shard, group, args.lease, description=description, on_stop=write_checkpoint,
+                on_checkpoint=lambda snapshots: save_ps_checkpoint(root, layout, snapshots, trainer, {"mode": args.mode}))
     failed = [c.args for c in children if c.wait() != 0]
     if failed:
         raise SystemExit(f"error: {len(failed)} shard process(es) failed")
@@ -193,7 +202,8 @@ def _shard_argv(args, index: int) -> list[str]:
     """The command line of shard `index`: this one's flags, that shard's index."""
     argv = ["ps", "--shard-index", str(index)]
     for flag in ("spec", "workdir", "mode", "global_batches", "decay", "samples", "lease", "model", "hidden", "lr_dense",
-                 "lr_sparse", "sparse_optimizer", "seed", "host", "port", "shards", "workers", "timeout"):
+                 "lr_sparse", "sparse_optimizer", "seed", "host", "port", "shards", "workers", "timeout",
+                 "checkpoint_every"):
         value = getattr(args, flag)
         if value is not None:
             argv += ["--" + flag.replace("_", "-"), str(value)]
@@ -205,7 +215,7 @@ def run_worker(args) -> int:
 
     from picasso.distributed.gba import worker_id
     from picasso.distributed.local_gradient import GradientComputer
-    from picasso.distributed.param_server import PSClient, ParameterServerError, _describe, shard_name
+    from picasso.distributed.param_server import PSClient, ParameterServerError, _describe, _positions, shard_name
     from picasso.distributed.worker import GBAWorker
     from picasso.models import build_model
     from picasso.packing import PackingPlan
@@ -233,7 +243,8 @@ def run_worker(args) -> int:
         client = PSClient(layout, worker_id(name, uuid.uuid4().hex[:8]), args.max_in_flight)
         worker = GBAWorker(client, GradientComputer(model), _slowdown(args, args.rank))
         stream = args.stream_base + args.rank if args.stream is None else args.stream
-        stats = worker.train(planted_batches(spec, args.rows, args.batch_size, stream))
+        start = rpc.rpc_sync(shard_name(0), _positions).get(_planted_source(stream), 0)  # resume where trained
+        stats = worker.train(planted_batches(spec, args.rows, args.batch_size, stream, start))
     except ParameterServerError as err:
         raise SystemExit(f"error: {err}") from None
     finally:
@@ -261,11 +272,18 @@ def run_sync(args) -> int:
         replica = SyncReplica(trainer, rank, world, _slowdown(args, rank))
         stream = args.stream_base + rank if args.stream is None else args.stream
         began = time.perf_counter()
-        stats = replica.train(planted_batches(trainer.spec, args.rows, args.batch_size, stream))
+        start = trainer.positions.get(_planted_source(stream), 0)  # resume where the checkpoint's training ends
+
+        def save(replica) -> None:  # the replicas are identical: rank 0 writes
+            if rank == 0:
+                save_checkpoint(root, replica.state(), trainer.spec, replica.positions, {"mode": "sync"})
+
+        stats = replica.train(planted_batches(trainer.spec, args.rows, args.batch_size, stream, start),
+                              args.checkpoint_every, save)
         seconds = time.perf_counter() - began
         state = replica.state()
         dist.barrier()  # every rank has taken its last step before rank 0 writes
-        path = save_checkpoint(root, state, trainer.spec, {}, {"mode": "sync"}) if rank == 0 else None
+        path = save_checkpoint(root, state, trainer.spec, replica.positions, {"mode": "sync"}) if rank == 0 else None
     finally:
         dist.destroy_process_group()
     if args.json:  # one write, so that the ranks' lines (torchrun merges their stdout) never interleave
@@ -303,8 +321,13 @@ def _port_open(host: str, port: int, timeout_s: float) -> bool:
             time.sleep(0.2)
 
 
-def planted_batches(spec, rows: int, batch_size: int, stream: int):
-    """Rows of the planted model's stream, decoded and packed like the pipelines do."""
+def _planted_source(stream: int) -> str:
+    return f"planted-{stream}"
+
+
+def planted_batches(spec, rows: int, batch_size: int, stream: int, start: int = 0):
+    """Rows [start, start + rows) of the planted model's stream, decoded and packed like the
+    pipelines do, each batch with its position (the next row) in the stream."""
     from picasso.batch import pack
     from picasso.connectors.decoders import RecordDecoder
     from picasso.packing import PackingPlan
@@ -313,12 +336,16 @@ def planted_batches(spec, rows: int, batch_size: int, stream: int):
     # Sampled and decoded now, packed batch by batch as they are read: a run that times its
     # training calls this first, so planting the data is not timed (packing is, as in the
     # pipelines).
+    # A planted sample is not a prefix of a longer one: a reader resuming at `start` draws
+    # start + rows rows and trains on those past start, so positions stay exact (rows are
+    # fresh draws of the same planted model, never ones trained before).
     plan = PackingPlan.from_spec(spec)
-    table, _ = PlantedModel(spec).sample(rows, stream)
-    decoded = RecordDecoder(spec).decode_table(table, f"planted-{stream}").table
-    source = f"planted-{stream}"
-    return (pack(decoded.slice(start, batch_size), spec, plan, {source: min(start + batch_size, rows)})
-            for start in range(0, rows, batch_size))
+    table, _ = PlantedModel(spec).sample(start + rows, stream)
+    source = _planted_source(stream)
+    decoded = RecordDecoder(spec).decode_table(table, source).table
+    end = start + rows
+    return (pack(decoded.slice(at, batch_size), spec, plan, {source: min(at + batch_size, end)})
+            for at in range(start, end, batch_size))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -133,13 +133,25 @@ def _release() -> None:
     _here().stopped.set()
 
 
+def _stashed(step: int, take: bool):
+    """This shard's snapshot stashed at `step`: take=False only says whether there is one."""
+    found = _here().shard.stashed(step, take)
+    return found if take else found is not None
+
+
+def _positions() -> dict[str, int]:
+    """How far the model is trained into each source: where a joining worker reads on from."""
+    return dict(_here().shard.control.positions)
+
+
 def _describe():
     """What a joining worker needs to build the same model: (spec YAML, TrainConfig as a
     dict, layout), from shard 0, so workers and servers cannot disagree."""
     return _here().description
 
 
-def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on_stop=None) -> None:
+def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on_stop=None,
+                on_checkpoint=None) -> None:
     """Serve `shard` until every worker is done or dropped; then shard 0 calls
     on_stop(snapshots of every shard) (to write the checkpoint), releases the other shards
     and everyone leaves the group."""
@@ -156,6 +168,8 @@ def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on
             for worker in shard.drop_silent(lease_s):
                 log.warning("shard %d: dropped worker %s (silent for %.1f s)", shard.index, worker, lease_s)
             _served.settle()
+            if shard.index == 0 and on_checkpoint is not None:
+                write_stashed(shard, group.num_shards, on_checkpoint)
         log.info("shard %d: stopping at step %d", shard.index, shard.control.step)
         if shard.index == 0:
             snapshots = gather_snapshots(group.num_shards)
@@ -171,6 +185,18 @@ def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on
         rpc.shutdown(graceful=False)
         _served = None
         log.info("shard %d: left the group", shard.index)
+
+
+def write_stashed(shard: Shard, num_shards: int, on_checkpoint) -> None:
+    """Shard 0, during training: on_checkpoint(snapshots) for each step every shard has
+    stashed (Shard.checkpoint_every), oldest first. A step some shard has not reached yet
+    is tried again on the next call; one left behind by a newer complete step is skipped."""
+    for step in shard.stashed_steps():
+        if not all(rpc.rpc_sync(shard_name(s), _stashed, args=(step, False)) for s in range(1, num_shards)):
+            continue
+        snapshots = [shard.stashed(step, take=True)]
+        snapshots += [rpc.rpc_sync(shard_name(s), _stashed, args=(step, True)) for s in range(1, num_shards)]
+        on_checkpoint(snapshots)
 
 
 def gather_snapshots(num_shards: int) -> list[ShardSnapshot]:

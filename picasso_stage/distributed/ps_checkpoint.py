@@ -27,15 +27,16 @@ from picasso.trainer import Trainer
 
 
 def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
-                sample_budget: int | None = None) -> tuple[Shard, ShardLayout]:
-    """Shard `index` of a Trainer's model, at the Trainer's step."""
+                sample_budget: int | None = None, checkpoint_every: int = 0) -> tuple[Shard, ShardLayout]:
+    """Shard `index` of a Trainer's model, at the Trainer's step (and, on shard 0, its
+    positions); checkpoint_every: stash a snapshot every that many global steps (0: never)."""
     layout = ShardLayout.from_model(trainer.model, num_shards)
     state = trainer.state()
     part = layout.split(state["model"])[index]
     shard = Shard(index, layout, part, gba, trainer.config.lr_dense,
                   dense_optimizer=state["dense_optimizer"] if index == 0 else None,
                   step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget,
-                  positions=dict(trainer.positions) if index == 0 else None)
+                  positions=dict(trainer.positions) if index == 0 else None, checkpoint_every=checkpoint_every)
     return shard, layout
 
 

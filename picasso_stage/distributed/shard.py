@@ -15,6 +15,7 @@ which is exactly the update the Trainer's backward pass makes for those rows).
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ class ShardSnapshot:
 class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
                  lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
-                 sample_budget: int | None = None, positions: dict[str, int] | None = None):
+                 sample_budget: int | None = None, positions: dict[str, int] | None = None, checkpoint_every: int = 0):
         """sample_budget: pulls answer stop once pushes of this many samples have been
         counted, so a job trains on a set number of samples however its workers share
         them (fast workers take more batches than a straggler)."""
@@ -72,6 +73,11 @@ class Shard:
         self.control = TokenControl(gba, step, positions=positions)
         self.samples = samples
         self.sample_budget = sample_budget
+        # A snapshot is stashed at each step that is a multiple of checkpoint_every (0: none),
+        # taken under the push lock right after that step: every shard stashes the same step,
+        # so shard 0 can write a checkpoint of one step across shards while pushes go on.
+        self.checkpoint_every = checkpoint_every
+        self._stashed: dict[int, ShardSnapshot] = {}
         self._lock = threading.Lock()
         self._arrived: dict[str, float] = {}  # when each worker's latest call came in (before the lock)
 
@@ -106,6 +112,8 @@ class Shard:
             outcome, gradient = self.control.push(local_contribution, staleness)
             if gradient is not None:
                 self._apply(gradient)
+                if self.checkpoint_every and self.control.step % self.checkpoint_every == 0:
+                    self._stashed[self.control.step] = self._snapshot()
             return outcome
 
     def drop_worker(self, worker: str) -> int:
@@ -120,18 +128,36 @@ class Shard:
         with self._lock:
             return self.control.drop_silent(lease_s, dict(self._arrived))
 
+    def stashed_steps(self) -> list[int]:
+        with self._lock:
+            return sorted(self._stashed)
+
+    def stashed(self, step: int, take: bool = False) -> ShardSnapshot | None:
+        """The snapshot stashed at `step` (None when not yet); take=True also forgets it and
+        every older one."""
+        with self._lock:
+            found = self._stashed.get(step)
+            if take:
+                self._stashed = {s: snap for s, snap in self._stashed.items() if s > step}
+            return found
+
     def snapshot(self) -> ShardSnapshot:
         with self._lock:
-            return ShardSnapshot(
-                index=self.index,
-                tensors={key: value.clone() for key, value in self.tensors.items()},
-                dense_optimizer=self.dense_optimizer.state_dict() if self.dense_optimizer else None,
-                step=self.control.step,
-                samples=self.samples,
-                counts=dict(self.control.counts),
-                positions=dict(self.control.positions),
-                contributed=dict(self.control.contributed),
-            )
+            return self._snapshot()
+
+    def _snapshot(self) -> ShardSnapshot:
+        """The caller holds the lock."""
+        return ShardSnapshot(
+            index=self.index,
+            tensors={key: value.clone() for key, value in self.tensors.items()},
+            # A copy: Adam's state_dict holds its live moment tensors, which later steps change.
+            dense_optimizer=copy.deepcopy(self.dense_optimizer.state_dict()) if self.dense_optimizer else None,
+            step=self.control.step,
+            samples=self.samples,
+            counts=dict(self.control.counts),
+            positions=dict(self.control.positions),
+            contributed=dict(self.control.contributed),
+        )
 
     # -- the optimizer step -------------------------------------------------------------------
 

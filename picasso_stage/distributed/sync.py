@@ -11,6 +11,11 @@ state, so the replicas stay identical without broadcasting parameters.
 The ranks step together: when one runs out of batches, all stop (its tail is not trained,
 as with a DistributedSampler that drops the last uneven batches).
 
+Positions: each rank's batch positions travel in the all-gather, so every replica knows
+how far every rank's sources are trained after each step, and a checkpoint (rank 0's,
+every `checkpoint_every` steps and at the end) carries them: a job resumed from it, in any
+mode, reads each source on from there.
+
 The exchange is `all_gather_object` over the default process group (gloo on CPU, NCCL on
 GPU): simple and exact. An all-reduce of the dense part and an all-gather of row gradients
 as flat tensors would move less; that is an optimisation for later, with the same result.
@@ -19,7 +24,7 @@ as flat tensors would move less; that is an optimisation for later, with the sam
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +38,7 @@ from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.staleness import NO_DECAY
 from picasso.distributed.worker import straggle
 from picasso.models import build_model
-from picasso.trainer import Trainer
+from picasso.trainer import Trainer, merge_positions
 
 
 @dataclass
@@ -56,10 +61,14 @@ class SyncReplica:
         config = trainer.config
         self.computer = GradientComputer(build_model(config.model, trainer.spec, trainer.plan, config.hidden))
         self.names = [f"rank{r}/sync" for r in range(world_size)]
+        self.positions = dict(trainer.positions)  # how far every rank's sources are trained
         for name in self.names:
             self.shard.pull(name, {}, dense=False)  # every rank's pushes are expected
 
-    def train(self, batches: Iterable[PackedBatch]) -> SyncStats:
+    def train(self, batches: Iterable[PackedBatch], checkpoint_every: int = 0,
+              save: Callable[["SyncReplica"], object] | None = None) -> SyncStats:
+        """save(replica) is called on every rank after each checkpoint_every-th step (0: never);
+        the replicas are identical then, so one rank writing is enough."""
         stats = SyncStats()
         batches = iter(batches)
         while True:
@@ -70,6 +79,8 @@ class SyncReplica:
             stats.steps += 1
             stats.samples += samples
             stats.loss_sum += loss_sum
+            if checkpoint_every and save is not None and stats.steps % checkpoint_every == 0:
+                save(self)
 
     def step(self, batch: PackedBatch) -> tuple[float, int]:
         """One global step; returns (summed loss, samples) over every rank's batch."""
@@ -80,14 +91,15 @@ class SyncReplica:
         gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.rows)
         straggle(self.slowdown, began)
         mine = (gradient.samples, gradient.loss_sum, gradient.dense,
-                {key: (rows[key], gradient.row_grads[key], pulled.versions[key]) for key in rows})
+                {key: (rows[key], gradient.row_grads[key], pulled.versions[key]) for key in rows}, batch.positions)
         everyone: list = [None] * self.world_size
         dist.all_gather_object(everyone, mine)
-        for name, (samples, _, dense, sparse) in zip(self.names, everyone):
+        for name, (samples, _, dense, sparse, positions) in zip(self.names, everyone):
             outcome = self.shard.push(Contribution(name, pulled.token, samples, dense,
                                                    {key: RowGradient(*parts) for key, parts in sparse.items()}))
             if not outcome.accepted:
                 raise RuntimeError(f"sync step refused {name}'s gradients: {outcome.reason}")
+            self.positions = merge_positions(self.positions, positions)
         return sum(e[1] for e in everyone), sum(e[0] for e in everyone)
 
     def state(self) -> dict:
