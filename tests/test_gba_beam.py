@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
@@ -24,7 +26,15 @@ from test_trainer import SPEC
 ROWS, BATCH, WORKERS, SHARDS = 3000, 100, 2, 2
 LR_SPARSE = 0.2  # the tiny spec learns slowly at the default; every mode is given the same
 STREAMS = (100, 101)
+EVERY = 10  # the server's --checkpoint-every, in global steps
 CONFIG = replace(TRAIN, lr_sparse=LR_SPARSE)
+
+
+def _stop(server) -> None:
+    """On a failed test: the server and the shard processes it started (its children)."""
+    if server.poll() is None:
+        subprocess.run(["pkill", "-KILL", "-P", str(server.pid)], check=False)
+        server.kill()
 
 
 def _planted(keyed):
@@ -47,7 +57,8 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
     port = _free_port()
-    server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, "--mode", "gba", "--lr-sparse", str(LR_SPARSE))
+    server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, "--mode", "gba", "--lr-sparse", str(LR_SPARSE),
+                 "--checkpoint-every", str(EVERY))
     out = tmp_path / "stats.json"
     options = PipelineOptions(["--runner", "FnApiRunner", f"--direct_num_workers={WORKERS}",
                                "--direct_running_mode=multi_processing"])
@@ -66,7 +77,7 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
             )
         code, summary, err = _finish(server)
     finally:
-        server.kill()
+        _stop(server)
     assert code == 0, err
     batches = ROWS // BATCH
     # Both processes joined and pushed their whole source; nothing was refused or left over.
@@ -83,6 +94,12 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
 
     checkpoint = latest_checkpoint(tmp_path / "checkpoints")
     assert load_checkpoint(checkpoint).positions == every_source
+    # Checkpoints during training too; in each, the rows its positions say were read are
+    # exactly the samples in the model, however the two workers' pushes interleaved.
+    saved = [load_checkpoint(path) for path in sorted((tmp_path / "checkpoints").iterdir())]
+    assert {c.step for c in saved} == set(range(EVERY, batches + 1, EVERY))
+    for c in saved:
+        assert c.state["samples"] == sum(c.positions.values()) == c.step * WORKERS * BATCH, (c.step, c.positions)
     # As good as one process trained on as many rows in global batches (sync's arithmetic).
     untrained, gba = _held_out(), _held_out(checkpoint)
     local = _held_out(train_on=planted_batches(SPEC, WORKERS * ROWS, WORKERS * BATCH, stream=200))
@@ -90,3 +107,27 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
                       "local_logloss": local.logloss}))
     assert gba.logloss <= untrained.logloss - 0.02 and gba.auc >= 0.55, (untrained, gba)
     assert gba.auc >= local.auc - 0.03 and gba.logloss <= local.logloss + 0.01, (local, gba)
+
+
+def test_a_pipeline_of_another_spec_is_refused_by_name(tmp_path, monkeypatch):
+    """The model is the server's: a pipeline packing another spec fails at the worker's start,
+    naming both, and the server, its worker gone without training, still ends and checkpoints."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    spec_path = tmp_path / "tiny.yaml"
+    SPEC.save(spec_path)
+    port = _free_port()
+    server = _ps(str(spec_path), tmp_path, port, 1, 1, "--lease", "2")
+    other = replace(SPEC, name="other")
+    options = PipelineOptions(["--runner", "FnApiRunner", "--direct_num_workers=1",
+                               "--direct_running_mode=multi_processing"])
+    try:
+        with pytest.raises(Exception, match="the parameter server trains spec 'tiny', the pipeline packs 'other'"):
+            with beam.Pipeline(options=options) as p:
+                _ = (p | beam.Create([(0, (STREAMS[0],))]) | beam.FlatMap(_planted)
+                     | PicassoTrain(other, CONFIG, tmp_path / "unused", mode="gba",
+                                    ps=PSAddress("127.0.0.1", port, 1, 1, timeout_s=30)))
+        code, summary, err = _finish(server)
+    finally:
+        _stop(server)
+    assert code == 0, err
+    assert summary["lost_workers"] == ["worker0"] and summary["step"] == 0
