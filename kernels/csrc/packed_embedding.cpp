@@ -191,7 +191,16 @@ void sum_and_step(DimT dim_t, const BagsT& bags, const int64_t* id, const float*
     }
   });
   for (size_t u = 0; u < rows.size(); ++u) {
-    if (u + kPrefetchDistance < rows.size()) __builtin_prefetch(w + rows[u + kPrefetchDistance] * dim);
+    if (u + kPrefetchDistance < rows.size()) {
+      const int64_t ahead = rows[u + kPrefetchDistance];
+      __builtin_prefetch(w + ahead * dim, 1);
+      // Element-wise optimizers keep a slot row as wide as the row: fetch it too.
+      if (s.kind == 3) __builtin_prefetch(s.state + ahead * dim, 1);
+      if (s.kind == 2) {
+        __builtin_prefetch(s.m + ahead * dim, 1);
+        __builtin_prefetch(s.v + ahead * dim, 1);
+      }
+    }
     apply_step(s, dim_t, w + rows[u] * dim, rows[u], sums.data() + static_cast<int64_t>(u) * dim);
     *slot_of(rows[u]) = -1;
   }
