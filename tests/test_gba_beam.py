@@ -56,6 +56,11 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
+    # The job resumes a local Trainer's checkpoint (any mode resumes any other's): two global
+    # batches of a source of its own.
+    start = Trainer(SPEC, CONFIG)
+    start.train(planted_batches(SPEC, 2 * WORKERS * BATCH, WORKERS * BATCH, stream=300))
+    start.save_checkpoint(tmp_path / "checkpoints")
     port = _free_port()
     server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, "--mode", "gba", "--lr-sparse", str(LR_SPARSE),
                  "--checkpoint-every", str(EVERY))
@@ -85,19 +90,20 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
     assert summary["dropped_workers"] == [] and summary["lost_workers"] == []
     counts = summary["counts"]
     assert counts["accepted"] == WORKERS * batches and counts["dropped_stale"] == 0
-    assert summary["step"] == counts["steps"] == batches  # M = WORKERS: one step per round of local batches
-    assert summary["samples"] == WORKERS * ROWS
-    every_source = {f"planted-{s}": ROWS for s in STREAMS}
-    assert summary["positions"] == every_source
+    assert counts["steps"] == batches  # M = WORKERS: one step per round of local batches
+    assert summary["step"] == start.step + batches and summary["samples"] == start.samples + WORKERS * ROWS
+    beam_sources = {f"planted-{s}": ROWS for s in STREAMS}
+    assert summary["positions"] == {**start.positions, **beam_sources}
     stats = json.loads(out.read_text())
-    assert stats == {"steps": WORKERS * batches, "samples": WORKERS * ROWS, "positions": every_source}
+    assert stats == {"steps": WORKERS * batches, "samples": WORKERS * ROWS, "positions": beam_sources}
 
     checkpoint = latest_checkpoint(tmp_path / "checkpoints")
-    assert load_checkpoint(checkpoint).positions == every_source
+    assert load_checkpoint(checkpoint).positions == summary["positions"]
     # Checkpoints during training too; in each, the rows its positions say were read are
     # exactly the samples in the model, however the two workers' pushes interleaved.
     saved = [load_checkpoint(path) for path in sorted((tmp_path / "checkpoints").iterdir())]
-    assert {c.step for c in saved} == set(range(EVERY, batches + 1, EVERY))
+    last = start.step + batches
+    assert {c.step for c in saved} == {start.step, last, *range(EVERY, last + 1, EVERY)}
     for c in saved:
         assert c.state["samples"] == sum(c.positions.values()) == c.step * WORKERS * BATCH, (c.step, c.positions)
     # As good as one process trained on as many rows in global batches (sync's arithmetic).
