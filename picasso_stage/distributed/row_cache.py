@@ -1,0 +1,176 @@
+"""The hot-row cache in front of the parameter server: a GBA worker's pulls of hot rows,
+served from a local copy that is never more than a few global steps old.
+
+A worker pulls every distinct row its batch touches. Under a Zipf load most of those are
+the same few hot rows batch after batch, and each pull carries them again. `CachedPSClient`
+wraps the worker's PSClient and keeps, per table, the hottest rows (chosen by the same
+HotRowDirectory as the trainer's hot-row cache: decayed counts, exact for cached rows, a
+sketch for the tail, admissions every `refresh_every` steps) with the value, version and
+token each was pulled at. A pull then asks the shards only for:
+- rows that are not cached, or were admitted since their last pull (no value yet);
+- cached rows pulled more than `max_staleness` global steps before the token the row's
+  shard answers this pull with (checked against the expected token before the call, and
+  against the real one after it: a row the model moved past meanwhile is pulled again at
+  once). That is the refresh within the staleness bound.
+A row served locally goes into the push with the version it was pulled at, so the shard
+weighs its gradient by the row's true staleness (gba.py), exactly as it weighs a row from
+a slow worker: the cache trades freshness the GBA decay already accounts for against PS
+traffic, and `max_staleness=0` turns the trade off (every row is pulled at every step).
+
+The dense parameters are always pulled: they change at every global step.
+`stats` counts what the cache saved: rows and bytes the shards did not send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from picasso.cache import parse_capacity
+from picasso.distributed.local_gradient import LocalGradient
+from picasso.distributed.param_server import PSClient, PulledBatch
+from picasso.hot_rows import HotRowDirectory
+
+_VERSION_BYTES = 8  # a pulled row also carries its int64 version
+
+
+@dataclass(frozen=True)
+class RowCacheConfig:
+    # Rows kept per table: rows ("50000"), bytes ("64MiB") or a share of the table ("10%").
+    capacity: str = "10%"
+    # Global steps a served row may lag the newest token seen from its shard. Within the
+    # GBA decay's full-weight window (GBAConfig.tau_max) it costs no gradient weight.
+    max_staleness: int = 2
+    refresh_every: int = 100  # steps between admissions/evictions
+    half_life: float = 2000.0  # steps for a row's access count to halve
+
+    def __post_init__(self):
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+
+
+@dataclass
+class RowCacheStats:
+    rows_asked: int = 0  # distinct rows the worker's batches needed, summed over pulls
+    rows_served: int = 0  # of those, served from the cache: PS traffic saved
+    bytes_saved: int = 0  # values and versions the shards did not send
+
+    @property
+    def served_share(self) -> float:
+        return self.rows_served / self.rows_asked if self.rows_asked else float("nan")
+
+    def as_metrics(self) -> dict[str, float]:
+        values = {f.name: float(getattr(self, f.name)) for f in fields(self)}
+        return {**values, "served_share": self.served_share}
+
+
+@dataclass
+class _CachedTable:
+    directory: HotRowDirectory
+    values: torch.Tensor  # (capacity, dim), per slot
+    versions: torch.Tensor  # (capacity,) the row's version when pulled
+    pulled_at: torch.Tensor  # (capacity,) the token of its shard then; -1: no value yet
+    row_bytes: int = field(default=0)
+
+
+class CachedPSClient:
+    """A PSClient with the hot-row cache in front of its pulls; pushes pass straight through."""
+
+    def __init__(self, client: PSClient, config: RowCacheConfig = RowCacheConfig(), seed: int = 0):
+        self.client = client
+        self.config = config
+        self.tables: dict[str, _CachedTable] = {}
+        for i, table in enumerate(client.layout.tables):
+            row_bytes = table.dim * 4 + _VERSION_BYTES
+            capacity = parse_capacity(config.capacity, table.num_rows, row_bytes)
+            self.tables[table.key] = _CachedTable(
+                HotRowDirectory(table.num_rows, capacity, config.refresh_every, config.half_life, seed=seed + i),
+                torch.zeros(capacity, table.dim), torch.zeros(capacity, dtype=torch.int64),
+                torch.full((capacity,), -1, dtype=torch.int64), row_bytes)
+        # The newest token each shard has answered with: how far the model has moved on.
+        self.newest = torch.full((client.layout.num_shards,), -1, dtype=torch.int64)
+        # How far the tokens moved between the last two pulls: the guess for the next.
+        self.advance = torch.zeros(client.layout.num_shards, dtype=torch.int64)
+        self.stats = RowCacheStats()
+
+    @property
+    def worker(self) -> str:
+        return self.client.worker
+
+    @property
+    def outcomes(self):
+        return self.client.outcomes
+
+    def pull(self, rows: dict[str, torch.Tensor]) -> PulledBatch:
+        """The rows' values and versions (and the dense parameters), as PSClient.pull
+        returns them; fresh cached rows come from here, the rest from the shards.
+
+        Freshness is judged twice. Before the pull, against the token the shards are
+        expected to be at (the newest seen plus the last advance between pulls), to choose
+        what to ask for; after it, against the tokens they answered with. A cached row the
+        model moved past meanwhile is pulled in a second call, so no row is ever served
+        more than max_staleness steps behind the tokens this pull pushes back."""
+        layout = self.client.layout
+        slots = {key: self.tables[key].directory.slot_of_row[wanted].to(torch.int64) for key, wanted in rows.items()}
+        for key, wanted in rows.items():
+            hot, ones = slots[key] >= 0, torch.ones_like(wanted)
+            self.tables[key].directory.observe(wanted[~hot], ones[~hot], slots[key][hot], ones[hot])
+        served = {key: self._fresh(key, wanted, slots[key], self.newest + self.advance)
+                  for key, wanted in rows.items()}
+        answer = self.client.pull({key: wanted[~served[key]] for key, wanted in rows.items()})
+        tokens = torch.tensor(answer.tokens, dtype=torch.int64)
+        late = {key: served[key] & ~self._fresh(key, wanted, slots[key], tokens) for key, wanted in rows.items()}
+        again = self.client.pull({key: wanted[late[key]] for key, wanted in rows.items()}) \
+            if any(mask.any() for mask in late.values()) else None
+        values, versions = {}, {}
+        for key, wanted in rows.items():
+            table, slot = self.tables[key], slots[key]
+            local = served[key] & ~late[key]
+            values[key] = torch.empty(wanted.numel(), table.values.shape[1])
+            versions[key] = torch.empty(wanted.numel(), dtype=torch.int64)
+            values[key][local], versions[key][local] = table.values[slot[local]], table.versions[slot[local]]
+            values[key][~served[key]], versions[key][~served[key]] = answer.values[key], answer.versions[key]
+            if again is not None:
+                values[key][late[key]], versions[key][late[key]] = again.values[key], again.versions[key]
+            # Keep what the shards just sent of the cached rows.
+            fetched = ~local & (slot >= 0)
+            table.values[slot[fetched]] = values[key][fetched]
+            table.versions[slot[fetched]] = versions[key][fetched]
+            table.pulled_at[slot[fetched]] = tokens[layout.owner(wanted[fetched])]
+            count = int(local.sum())
+            self.stats.rows_asked += wanted.numel()
+            self.stats.rows_served += count
+            self.stats.bytes_saved += count * table.row_bytes
+        self.advance = (tokens - self.newest).clamp(min=0) if bool((self.newest >= 0).all()) else self.advance
+        self.newest = torch.maximum(self.newest, tokens)
+        self._refresh()
+        return PulledBatch(answer.tokens, answer.dense, rows, values, versions, answer.stop)
+
+    def _fresh(self, key: str, wanted: torch.Tensor, slot: torch.Tensor, now: torch.Tensor) -> torch.Tensor:
+        """Which of `wanted` are cached with a value no more than max_staleness steps
+        behind `now` (a token per shard)."""
+        table = self.tables[key]
+        hot = slot >= 0
+        pulled_at = torch.where(hot, table.pulled_at[slot.clamp(min=0)], torch.full_like(slot, -1))
+        oldest_allowed = now[self.client.layout.owner(wanted)] - self.config.max_staleness
+        return hot & (pulled_at >= 0) & (pulled_at >= oldest_allowed)
+
+    def _refresh(self) -> None:
+        """Admissions and evictions, when due: an admitted row has no value until its next pull."""
+        for table in self.tables.values():
+            if table.directory.refresh_due:
+                plan = table.directory.plan_refresh()
+                table.pulled_at[plan.admit_slots] = -1
+
+    def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None) -> None:
+        self.client.push(pulled, gradient, positions)
+
+    def collect(self) -> None:
+        self.client.collect()
+
+    def drain(self) -> None:
+        self.client.drain()
+
+    def finish(self) -> None:
+        self.client.finish()
