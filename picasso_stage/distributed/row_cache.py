@@ -15,7 +15,8 @@ token each was pulled at. A pull then asks the shards only for:
 A row served locally goes into the push with the version it was pulled at, so the shard
 weighs its gradient by the row's true staleness (gba.py), exactly as it weighs a row from
 a slow worker: the cache trades freshness the GBA decay already accounts for against PS
-traffic, and `max_staleness=0` turns the trade off (every row is pulled at every step).
+traffic. With `max_staleness=0` only rows the model has not moved past are served (M > 1
+local batches share a global step): training is then exactly what it is without the cache.
 
 The dense parameters are always pulled: they change at every global step.
 `stats` counts what the cache saved: rows and bytes the shards did not send.
