@@ -14,6 +14,12 @@ thread meanwhile: with `run(items)` the worker also pulls the batch from the ite
 decoding and packing overlap the step too); with `push(item)` (a Beam bundle, whose
 items arrive one at a time) it prepares what it is given.
 
+While a pipeline interleaves, the interpreter's switch interval is short (SWITCH_INTERVAL_S
+instead of 5 ms): compute and preparation take turns holding the GIL between kernels, and
+the compute thread, asking for it back, would otherwise wait out the whole interval each
+time the worker holds it in Python code (decoding and packing hundreds of columns is
+mostly that). The interval is process-wide; the last pipeline to close restores it.
+
 The worker runs at the lowest CPU priority (SCHED_IDLE on Linux). Compute is the bigger
 part, and torch spreads it over every core; a preparing thread that took a core from it
 would stall each of its parallel regions, which wait for their slowest thread. At idle
@@ -26,6 +32,8 @@ with the same results.
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +44,34 @@ Ready = TypeVar("Ready")
 Result = TypeVar("Result")
 
 _END = object()
+
+SWITCH_INTERVAL_S = 0.0005
+
+
+class _ShortSwitchInterval:
+    """Holds the interpreter's switch interval at SWITCH_INTERVAL_S while any pipeline
+    interleaves (pipelines may overlap: one per Beam DoFn instance)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved = sys.getswitchinterval()
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, SWITCH_INTERVAL_S))
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_switch_interval = _ShortSwitchInterval()
 
 
 def _lowest_priority() -> None:
@@ -57,6 +93,8 @@ class StepPipeline(Generic[Item, Ready, Result]):
         self._prepare, self._begin, self._finish = prepare, begin, finish
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="picasso-prepare",
                                         initializer=_lowest_priority) if enabled else None
+        if self._pool is not None:
+            _switch_interval.acquire()
         self._on_wait = on_wait
         self._ready: Ready | None = None  # begun, waiting to compute
 
@@ -108,6 +146,8 @@ class StepPipeline(Generic[Item, Ready, Result]):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+            _switch_interval.release()
 
     def __enter__(self) -> "StepPipeline[Item, Ready, Result]":
         return self

@@ -4,6 +4,7 @@ directory caches the hottest rows and follows drift; bad capacities are refused.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 
 import pytest
@@ -13,7 +14,7 @@ from picasso import kernels
 from picasso.cache import CacheConfig, parse_capacity
 from picasso.frequency import DecayedSketch
 from picasso.hot_rows import HotRowDirectory
-from picasso.interleave import StepPipeline
+from picasso.interleave import SWITCH_INTERVAL_S, StepPipeline
 from picasso.trainer import Trainer
 
 from helpers import planted_batches
@@ -242,6 +243,20 @@ def test_step_pipeline_keeps_the_order_of_parts():
             for item in range(1, 4):
                 assert log.index(("finish", item - 1)) < log.index(("begin", item))
                 assert log.index(("begin", item - 1)) < log.index(("prepare", item))
+
+
+def test_the_switch_interval_is_short_while_any_pipeline_interleaves():
+    default = sys.getswitchinterval()
+    with StepPipeline(lambda i: i, lambda i: i, lambda i: i, enabled=False):
+        assert sys.getswitchinterval() == default  # nothing runs beside the steps
+    first = StepPipeline(lambda i: i, lambda i: i, lambda i: i)
+    second = StepPipeline(lambda i: i, lambda i: i, lambda i: i)
+    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+    first.close()
+    first.close()  # closing twice gives nothing back twice
+    assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)  # the second still interleaves
+    second.close()
+    assert sys.getswitchinterval() == default
 
 
 def test_a_failing_step_surfaces_at_the_next_push():
