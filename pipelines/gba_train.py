@@ -39,6 +39,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.batch import PackedBatch
+from picasso.distributed.row_cache import CachedPSClient, RowCacheConfig
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainStats
 
@@ -57,6 +58,9 @@ class PSAddress:
     num_workers: int  # the runner's worker processes (--direct_num_workers)
     timeout_s: float = 60.0
     max_in_flight: int = 2  # pushes per shard not yet answered before a worker waits
+    # The hot-row cache in front of the server (picasso.distributed.row_cache); None: every
+    # row of every batch is pulled.
+    row_cache: RowCacheConfig | None = None
 
     def group(self):
         from picasso.distributed.param_server import Group
@@ -105,6 +109,8 @@ class _Member:
                                  f"{spec.name!r}: start `picasso ps` with the pipeline's spec")
             model = build_model(config.model, spec, PackingPlan.from_spec(spec), config.hidden)
             client = PSClient(layout, worker_id(self.name, f"{os.getpid()}-{uuid.uuid4().hex[:8]}"), address.max_in_flight)
+            if address.row_cache is not None:
+                client = CachedPSClient(client, address.row_cache, seed=self.rank)
             self.worker = GBAWorker(client, GradientComputer(model))
         except BaseException:
             rpc.shutdown(graceful=False)
@@ -118,8 +124,12 @@ class _Member:
         import torch.distributed.rpc as rpc
 
         try:
-            self.worker.client.finish()  # drains this worker's pushes first
+            client = self.worker.client
+            client.finish()  # drains this worker's pushes first
             log.info("%s finished", self.name)
+            if isinstance(client, CachedPSClient):
+                log.info("%s: the row cache served %d of %d rows (%.1f MB the server did not send)", self.name,
+                         client.stats.rows_served, client.stats.rows_asked, client.stats.bytes_saved / 1e6)
         finally:
             rpc.shutdown(graceful=False)
 

@@ -14,6 +14,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.distributed.row_cache import RowCacheConfig
 from picasso.pipelines.distributed_cli import planted_batches
 from picasso.pipelines.gba_train import PSAddress
 from picasso.pipelines.train import PicassoTrain
@@ -75,8 +76,11 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
                 | beam.Create([(i, stream) for i, stream in enumerate(STREAMS)])
                 | beam.GroupByKey()
                 | beam.FlatMap(_planted)
+                # Hot rows come from each worker's cache in front of the server, at most
+                # two global steps old.
                 | PicassoTrain(SPEC, TRAIN, tmp_path / "unused", mode="gba",
-                               ps=PSAddress("127.0.0.1", port, SHARDS, WORKERS, timeout_s=30))
+                               ps=PSAddress("127.0.0.1", port, SHARDS, WORKERS, timeout_s=30,
+                                            row_cache=RowCacheConfig(capacity="20%", max_staleness=2)))
                 | beam.Map(lambda stats: out.write_text(json.dumps(
                     {"steps": stats.steps, "samples": stats.samples, "positions": stats.positions})))
             )
