@@ -215,7 +215,8 @@ def run_worker(args) -> int:
 
     from picasso.distributed.gba import worker_id
     from picasso.distributed.local_gradient import GradientComputer
-    from picasso.distributed.param_server import PSClient, ParameterServerError, _describe, _positions, shard_name
+    from picasso.distributed.param_server import (PSClient, ParameterServerError, _describe, _positions, _start_line,
+                                                  shard_name)
     from picasso.distributed.worker import GBAWorker
     from picasso.models import build_model
     from picasso.packing import PackingPlan
@@ -244,14 +245,19 @@ def run_worker(args) -> int:
         worker = GBAWorker(client, GradientComputer(model), _slowdown(args, args.rank))
         stream = args.stream_base + args.rank if args.stream is None else args.stream
         start = rpc.rpc_sync(shard_name(0), _positions).get(_planted_source(stream), 0)  # resume where trained
-        stats = worker.train(planted_batches(spec, args.rows, args.batch_size, stream, start))
+        batches = planted_batches(spec, args.rows, args.batch_size, stream, start)
+        rpc.rpc_sync(shard_name(0), _start_line, args=(client.worker,))
+        began = time.time()  # wall clock: the benchmark spans every worker's run with it
+        stats = worker.train(batches)
     except ParameterServerError as err:
         raise SystemExit(f"error: {err}") from None
     finally:
         rpc.shutdown(graceful=False)
     if args.json:
         print(json.dumps({"worker": name, "batches": stats.batches, "samples": stats.samples,
-                          "mean_loss": stats.mean_loss, "refused": stats.refused, "seconds": stats.seconds}))
+                          "mean_loss": stats.mean_loss, "refused": stats.refused,
+                          "mean_staleness": stats.mean_staleness, "seconds": stats.seconds,
+                          "began": began, "ended": began + stats.seconds}))
     return 0
 
 
@@ -271,16 +277,17 @@ def run_sync(args) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         replica = SyncReplica(trainer, rank, world, _slowdown(args, rank))
         stream = args.stream_base + rank if args.stream is None else args.stream
-        began = time.perf_counter()
         start = trainer.positions.get(_planted_source(stream), 0)  # resume where the checkpoint's training ends
+        batches = planted_batches(trainer.spec, args.rows, args.batch_size, stream, start)
 
         def save(replica) -> None:  # the replicas are identical: rank 0 writes
             if rank == 0:
                 save_checkpoint(root, replica.state(), trainer.spec, replica.positions, {"mode": "sync"})
 
-        stats = replica.train(planted_batches(trainer.spec, args.rows, args.batch_size, stream, start),
-                              args.checkpoint_every, save)
-        seconds = time.perf_counter() - began
+        dist.barrier()  # every rank has its data: time the training alone, from a common start
+        began = time.time()
+        stats = replica.train(batches, args.checkpoint_every, save)
+        seconds = time.time() - began
         state = replica.state()
         dist.barrier()  # every rank has taken its last step before rank 0 writes
         path = save_checkpoint(root, state, trainer.spec, replica.positions, {"mode": "sync"}) if rank == 0 else None
@@ -288,7 +295,8 @@ def run_sync(args) -> int:
         dist.destroy_process_group()
     if args.json:  # one write, so that the ranks' lines (torchrun merges their stdout) never interleave
         _print_line({"rank": rank, "world_size": world, "steps": stats.steps, "samples": stats.samples,
-                     "mean_loss": stats.mean_loss, "seconds": seconds, "step": state["step"], "checkpoint": str(path) if path else None,
+                     "mean_loss": stats.mean_loss, "seconds": seconds, "began": began, "ended": began + seconds,
+                     "step": state["step"], "checkpoint": str(path) if path else None,
                      "state_hash": _state_hash(state["model"])})
     return 0
 

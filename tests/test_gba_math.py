@@ -1,4 +1,5 @@
-"""GBA's math without a network: staleness decay, global-batch aggregation, token control."""
+"""GBA's math without a network: staleness decay, global-batch aggregation, token control,
+and the benchmark's injected straggler."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 
 from picasso.distributed.aggregation import Contribution, RowGradient, Weighted, aggregate
 from picasso.distributed.gba import GBAConfig, TokenControl, worker_id
+from picasso.distributed import worker as worker_module
 from picasso.distributed.staleness import NO_DECAY, StalenessDecay, parse_decay
+from picasso.distributed.worker import Straggler
 
 
 # -- the decay function -------------------------------------------------------------------
@@ -221,3 +224,21 @@ def test_a_finished_worker_is_retired_not_dropped():
     now[0] = 100.0
     assert control.drop_silent(lease_s=1.0) == [] and control.dropped == set()
     assert control.buffered == 1  # what it pushed still counts
+
+
+def test_a_straggler_sleeps_out_its_own_work_only(monkeypatch):
+    """factor 4: after 2 s of its own work (in two parts) it sleeps 6 s; time spent outside
+    `working` (waiting on the network) is not stretched. A fake clock: no timing here."""
+    clock = iter([0.0, 1.5, 10.0, 10.5])  # two working spans: 1.5 s and 0.5 s, 8.5 s between
+    slept = []
+    monkeypatch.setattr(worker_module.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(worker_module.time, "sleep", slept.append)
+    straggler = Straggler(4.0)
+    with straggler.working():
+        pass
+    with straggler.working():
+        pass
+    assert straggler.end_step() == 6.0 and slept == [6.0]
+    assert Straggler(1.0).end_step() == 0.0 and slept == [6.0]  # no straggler: no sleep
+    with pytest.raises(ValueError, match="factor must be >= 1"):
+        Straggler(0.5)

@@ -78,6 +78,24 @@ def test_workers_stop_when_the_sample_budget_is_spent():
     assert stats.batches == 4 and shard.control.counts["accepted_samples"] == 256  # the 4th crossed 200
 
 
+def test_pushes_after_the_budget_is_spent_are_refused():
+    """Two workers pull before either pushes, the budget is one batch: the second push is
+    refused, so the model holds exactly the budget's samples."""
+    trainer = Trainer(SPEC, CONFIG)
+    shard, layout = build_shard(trainer, 0, 1, GBAConfig(1), sample_budget=64)
+    computer = GradientComputer(build_model(CONFIG.model, SPEC, trainer.plan, CONFIG.hidden))
+    clients = [PSClient(layout, f"worker{r}/a", max_in_flight=0, call=in_process([shard])) for r in range(2)]
+    batch = planted_batches(SPEC, 64, 64)[0][0].to_torch()
+    rows = computer.rows_needed(batch)
+    pulled = [client.pull(rows) for client in clients]
+    assert not any(p.stop for p in pulled)
+    for client, p in zip(clients, pulled):
+        client.push(p, computer.compute(batch, p.dense, rows, p.values))
+    assert [o.accepted for c in clients for o in c.outcomes] == [True, False]
+    assert shard.control.counts["refused_budget_spent"] == 1 and shard.samples == 64
+    assert clients[0].pull(rows).stop
+
+
 def test_split_and_merge_are_inverse():
     trainer = Trainer(SPEC, CONFIG)
     trainer.train_step(planted_batches(SPEC, 64, 64)[0][0])

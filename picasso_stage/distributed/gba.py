@@ -78,7 +78,8 @@ class TokenControl:
         self._dropped: set[str] = set()
         self._buffer: list[Weighted] = []
         self.counts = {"accepted": 0, "accepted_samples": 0, "dropped_stale": 0, "refused_dropped_worker": 0,
-                       "refused_unknown_worker": 0, "discarded_failed_worker": 0, "steps": 0}
+                       "refused_unknown_worker": 0, "discarded_failed_worker": 0, "refused_budget_spent": 0,
+                       "steps": 0}
 
     @property
     def buffered(self) -> int:
@@ -103,9 +104,9 @@ class TokenControl:
         """row_staleness: per table of contribution.sparse, each row's updates since the pull."""
         worker = contribution.worker
         if worker in self._dropped:
-            return self._refuse("refused_dropped_worker", f"worker {worker!r} was dropped (failed or silent)"), None
+            return self.refuse("refused_dropped_worker", f"worker {worker!r} was dropped (failed or silent)"), None
         if worker not in self._last_seen:
-            return self._refuse("refused_unknown_worker", f"worker {worker!r} never pulled"), None
+            return self.refuse("refused_unknown_worker", f"worker {worker!r} never pulled"), None
         if not 0 <= contribution.token <= self.step:
             raise ValueError(f"worker {worker!r} pushed token {contribution.token}, outside [0, {self.step}]")
         self._last_seen[worker] = self._clock()
@@ -161,7 +162,8 @@ class TokenControl:
             self.drop_worker(worker)
         return silent
 
-    def _refuse(self, count: str, reason: str) -> PushOutcome:
+    def refuse(self, count: str, reason: str) -> PushOutcome:
+        """A push not counted, for `reason`, tallied under counts[count]."""
         self.counts[count] += 1
         return PushOutcome(False, reason, -1, 0.0, self.step, False)
 

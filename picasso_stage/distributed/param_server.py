@@ -63,8 +63,12 @@ class Group:
     def options(self) -> rpc.TensorPipeRpcBackendOptions:
         # One thread per worker and two spare: a shard never makes a worker's call wait
         # for a thread while another worker's push aggregates.
+        # TCP (libuv) only: TensorPipe's default shared-memory transport busy-polls its
+        # rings, one spinning thread per process. With more processes than cores (4
+        # workers and a server on 2 cores here) the spinning takes the CPU from the
+        # gradients: measured on the benchmark, libuv gave up to 2x the samples/s.
         return rpc.TensorPipeRpcBackendOptions(init_method=self.init_method, rpc_timeout=self.timeout_s,
-                                               num_worker_threads=self.num_workers + 2)
+                                               num_worker_threads=self.num_workers + 2, _transports=["uv"])
 
 
 def shard_name(index: int) -> str:
@@ -83,19 +87,26 @@ class _Served:
         self.lost: set[str] = set()  # workers that met the group but never called within a lease
         self.stopped = threading.Event()
         self.description = None
+        self.at_start: dict[str, float] = {}  # workers that reached the start line, and when
+        self.all_at_start = threading.Event()
 
     def settle(self) -> None:
         """Shard 0 stops once every worker has finished or been dropped; the others stop
         when shard 0 releases them, after it has read their state for the checkpoint."""
         control = self.shard.control
         heard = {w.split("/", 1)[0] for w in (*control.workers, *control.dropped)} | self.finished
-        if self.met_at is not None and time.monotonic() - self.met_at > self.lease_s:
+        now = time.monotonic()
+        if self.met_at is not None:
             # A worker that died between meeting the group and its first pull has no
             # incarnation to drop; without this the server would wait for it forever.
+            # Its lease runs from the meeting, or from its start line when it reached it.
             for name in sorted(self.expected - heard - self.lost):
-                log.warning("shard %d: worker %s never called within %.1f s; counted as lost",
-                            self.shard.index, name, self.lease_s)
-                self.lost.add(name)
+                if now - max(self.met_at, self.at_start.get(name, self.met_at)) > self.lease_s:
+                    log.warning("shard %d: worker %s never pulled within %.1f s; counted as lost",
+                                self.shard.index, name, self.lease_s)
+                    self.lost.add(name)
+        if self.expected <= set(self.at_start) | self.lost:
+            self.all_at_start.set()
         gone = self.finished | {w.split("/", 1)[0] for w in control.dropped} | self.lost
         if self.shard.index == 0 and self.expected <= gone:
             self.stopped.set()
@@ -142,6 +153,18 @@ def _stashed(step: int, take: bool):
 def _positions() -> dict[str, int]:
     """How far the model is trained into each source: where a joining worker reads on from."""
     return dict(_here().shard.control.positions)
+
+
+def _start_line(worker: str) -> None:
+    """Wait until every expected worker has reached its start line or is lost, for at
+    most half a lease (so the waiting worker pulls well within its own): workers plant or
+    load their data at different speeds, and a job timed from its first worker's start
+    would otherwise count the others' loading as training time. A worker that rejoins
+    later finds the line crossed and goes on at once."""
+    served = _here()
+    served.at_start[worker.split("/", 1)[0]] = time.monotonic()
+    served.settle()
+    served.all_at_start.wait(served.lease_s / 2)
 
 
 def _describe():

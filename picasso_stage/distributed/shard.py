@@ -56,8 +56,9 @@ class Shard:
                  lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
                  sample_budget: int | None = None, positions: dict[str, int] | None = None, checkpoint_every: int = 0):
         """sample_budget: pulls answer stop once pushes of this many samples have been
-        counted, so a job trains on a set number of samples however its workers share
-        them (fast workers take more batches than a straggler)."""
+        counted, and pushes after that are refused, so a job trains on a set number of
+        samples however its workers share them (fast workers take more batches than a
+        straggler)."""
         if not 0 <= index < layout.num_shards:
             raise ValueError(f"shard index {index} outside [0, {layout.num_shards})")
         self.index, self.layout = index, layout
@@ -93,12 +94,15 @@ class Shard:
                 values[key] = self.tensors[key][local].clone()
                 versions[key] = self.versions[key][local].clone()
             dense_values = {name: self.tensors[name].clone() for name in self.layout.dense} if dense else {}
-            spent = self.sample_budget is not None and self.control.counts["accepted_samples"] >= self.sample_budget
-            return Pulled(token, dense_values, values, versions, stop=spent)
+            return Pulled(token, dense_values, values, versions, stop=self._budget_spent())
 
     def push(self, contribution: Contribution) -> PushOutcome:
         self._arrived[contribution.worker] = time.monotonic()
         with self._lock:
+            # Pushed after the budget was spent (its pull came just before): not trained, so a
+            # job trains on exactly its budget, however its workers raced to the end.
+            if self._budget_spent():
+                return self.control.refuse("refused_budget_spent", "the job's sample budget is spent")
             local_sparse, staleness = {}, {}
             for key, grad in contribution.sparse.items():
                 local = self._local(key, grad.rows)
@@ -182,6 +186,9 @@ class Shard:
             torch.arange(rows.numel(), dtype=torch.int32), grads.view(rows.numel(), 1, table.dim),
             1, table.optimizer, int(self.tensors[table.steps_key]),
         )
+
+    def _budget_spent(self) -> bool:
+        return self.sample_budget is not None and self.control.counts["accepted_samples"] >= self.sample_budget
 
     def _local(self, key: str, rows: torch.Tensor) -> torch.Tensor:
         table = self.layout.table(key)

@@ -23,7 +23,6 @@ as flat tensors would move less; that is an optimisation for later, with the sam
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -36,7 +35,7 @@ from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.staleness import NO_DECAY
-from picasso.distributed.worker import straggle
+from picasso.distributed.worker import Straggler
 from picasso.models import build_model
 from picasso.trainer import Trainer, merge_positions
 
@@ -55,8 +54,8 @@ class SyncStats:
 class SyncReplica:
     def __init__(self, trainer: Trainer, rank: int, world_size: int, slowdown: float = 1.0):
         """trainer: this rank's Trainer, built (and restored) alike on every rank;
-        slowdown: this rank straggles (worker.straggle), as the benchmark injects."""
-        self.trainer, self.rank, self.world_size, self.slowdown = trainer, rank, world_size, slowdown
+        slowdown: this rank straggles (worker.Straggler), as the benchmark injects."""
+        self.trainer, self.rank, self.world_size, self.straggler = trainer, rank, world_size, Straggler(slowdown)
         self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY))
         config = trainer.config
         self.computer = GradientComputer(build_model(config.model, trainer.spec, trainer.plan, config.hidden))
@@ -84,22 +83,23 @@ class SyncReplica:
 
     def step(self, batch: PackedBatch) -> tuple[float, int]:
         """One global step; returns (summed loss, samples) over every rank's batch."""
-        tensors = batch.to_torch()
-        rows = self.computer.rows_needed(tensors)
-        pulled = self.shard.pull(self.names[self.rank], rows, dense=True)
-        began = time.perf_counter()
-        gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.rows)
-        straggle(self.slowdown, began)
+        with self.straggler.working():  # this rank's own work: a straggler's takes longer
+            tensors = batch.to_torch()
+            rows = self.computer.rows_needed(tensors)
+            pulled = self.shard.pull(self.names[self.rank], rows, dense=True)
+            gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.rows)
         mine = (gradient.samples, gradient.loss_sum, gradient.dense,
                 {key: (rows[key], gradient.row_grads[key], pulled.versions[key]) for key in rows}, batch.positions)
         everyone: list = [None] * self.world_size
         dist.all_gather_object(everyone, mine)
-        for name, (samples, _, dense, sparse, positions) in zip(self.names, everyone):
-            outcome = self.shard.push(Contribution(name, pulled.token, samples, dense,
-                                                   {key: RowGradient(*parts) for key, parts in sparse.items()}))
-            if not outcome.accepted:
-                raise RuntimeError(f"sync step refused {name}'s gradients: {outcome.reason}")
-            self.positions = merge_positions(self.positions, positions)
+        with self.straggler.working():  # stepping its replica is its own work too
+            for name, (samples, _, dense, sparse, positions) in zip(self.names, everyone):
+                outcome = self.shard.push(Contribution(name, pulled.token, samples, dense,
+                                                       {key: RowGradient(*parts) for key, parts in sparse.items()}))
+                if not outcome.accepted:
+                    raise RuntimeError(f"sync step refused {name}'s gradients: {outcome.reason}")
+                self.positions = merge_positions(self.positions, positions)
+        self.straggler.end_step()
         return sum(e[1] for e in everyone), sum(e[0] for e in everyone)
 
     def state(self) -> dict:

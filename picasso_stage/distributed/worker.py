@@ -1,9 +1,8 @@
 """A GBA (or plain async) worker: pull, compute a local batch's gradients, push, repeat.
 
 The worker never waits for other workers: its push returns at once (param_server.py) and
-it goes on to its next batch. `slowdown` makes it a straggler on purpose (each step also
-sleeps (slowdown - 1) times its compute time), which is how the benchmark slows one
-worker down.
+it goes on to its next batch. `slowdown` makes it a straggler on purpose (`Straggler`),
+which is how the benchmark slows one worker down.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from picasso.batch import PackedBatch
@@ -25,7 +25,8 @@ class WorkerStats:
     batches: int = 0
     samples: int = 0
     loss_sum: float = 0.0  # per-sample log loss of each batch, before its update
-    refused: int = 0  # pushes shard 0 did not count (too stale, or the worker was dropped)
+    refused: int = 0  # pushes shard 0 did not count (too stale, the worker dropped, the budget spent)
+    mean_staleness: float = 0.0  # over the pushes shard 0 counted: global steps between pull and push
     seconds: float = 0.0
 
     @property
@@ -33,17 +34,41 @@ class WorkerStats:
         return self.loss_sum / self.samples if self.samples else float("nan")
 
 
-def straggle(slowdown: float, began: float) -> None:
-    """Make the work since `began` take `slowdown` times as long (1: no delay)."""
-    if slowdown > 1.0:
-        time.sleep((slowdown - 1.0) * (time.perf_counter() - began))
+class Straggler:
+    """A worker made `factor` times slower on purpose (the benchmark's injection; 1: none).
+
+    Its own work in a step (preparing the batch, computing the gradients, and in sync mode
+    stepping its replica) is timed, and at the end of the step it sleeps (factor - 1)
+    times that, so the work takes factor times as long. Waits on the network or on other
+    workers are not stretched: a slow machine's network is no slower. Sleeping also
+    frees the CPU, as a slow machine would not use ours.
+    """
+
+    def __init__(self, factor: float = 1.0):
+        if not factor >= 1.0:
+            raise ValueError(f"a straggler's factor must be >= 1 (1: none), got {factor}")
+        self.factor = factor
+        self._work_s = 0.0
+
+    @contextmanager
+    def working(self):
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._work_s += time.perf_counter() - began
+
+    def end_step(self) -> float:
+        """Sleep out the step's slowness; returns the seconds slept."""
+        delay, self._work_s = (self.factor - 1.0) * self._work_s, 0.0
+        if delay > 0:
+            time.sleep(delay)
+        return delay
 
 
 class GBAWorker:
     def __init__(self, client: PSClient, computer: GradientComputer, slowdown: float = 1.0):
-        if slowdown < 1.0:
-            raise ValueError(f"slowdown must be >= 1 (1: none), got {slowdown}")
-        self.client, self.computer, self.slowdown = client, computer, slowdown
+        self.client, self.computer, self.straggler = client, computer, Straggler(slowdown)
 
     def train(self, batches: Iterable[PackedBatch]) -> WorkerStats:
         stats = WorkerStats()
@@ -53,6 +78,8 @@ class GBAWorker:
                 break
         self.client.finish()
         stats.refused = sum(not outcome.accepted for outcome in self.client.outcomes)
+        counted = [outcome.staleness for outcome in self.client.outcomes if outcome.accepted]
+        stats.mean_staleness = sum(counted) / len(counted) if counted else 0.0
         stats.seconds = time.perf_counter() - start
         return stats
 
@@ -61,16 +88,17 @@ class GBAWorker:
         False when shard 0 says the job's sample budget is spent: train no further."""
         if batch.num_samples == 0:
             return True
-        tensors = batch.to_torch()
-        rows = self.computer.rows_needed(tensors)
+        with self.straggler.working():
+            tensors = batch.to_torch()
+            rows = self.computer.rows_needed(tensors)
         pulled = self.client.pull(rows)
         if pulled.stop:
             return False
         if stats.batches == 0:
             log.info("%s: training from step %d", self.client.worker, pulled.tokens[0])
-        began = time.perf_counter()
-        gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
-        straggle(self.slowdown, began)
+        with self.straggler.working():
+            gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
+        self.straggler.end_step()
         self.client.push(pulled, gradient, batch.positions)
         stats.batches += 1
         stats.samples += gradient.samples
