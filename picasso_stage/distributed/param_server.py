@@ -17,10 +17,20 @@ further ahead waits for the oldest (a bound on memory, not a barrier between wor
 A shard stops when every worker has said it is done or has been dropped. Workers that go
 silent for `lease_s` are dropped: their buffered batches leave the global batch.
 
-Limitation (torch 2.13): the group is static. A worker that dies is dropped and the others
-train on, but a replacement process cannot join the running group: torch's dynamic RPC
-groups keep a killed member listed in their rendezvous store, and the next process to
-join waits on its address until it times out.
+Workers meet at a start line on shard 0 (`_start_line`) after loading their data and
+before training, so a job's training is timed from a common start.
+
+Limitation (torch 2.13): the group is static. A worker that dies is dropped (its buffered
+batches leave the global batch, its token is refused) and the others train on, but a
+replacement process cannot join the running group. Checked with real processes (a server
+and a worker in a dynamic group, `world_size=None`, TCP transport; the worker killed with
+SIGKILL; a second worker joining under a new name): the join handshake calls every member
+listed in the rendezvous store, the dead one included, inside the store's membership
+critical section; that call fails after the RPC timeout, the join raises, and the
+membership token it held is never released, so every later join waits on it too. A
+static group cannot take a new process at a dead rank either (its rendezvous is a
+one-time barrier). Rejoining under a new incarnation works at the token-control level
+(gba.py); over RPC it needs a transport whose membership tolerates dead peers.
 """
 
 from __future__ import annotations
