@@ -165,29 +165,39 @@ torch::Tensor sketch_add(torch::Tensor counters, torch::Tensor rows, torch::Tens
   const int64_t* multiplier = multipliers.data_ptr<int64_t>();
   float* counter = counters.data_ptr<float>();
 
+  // The cells first (arithmetic only), so that the passes over the counters, which are
+  // scattered over tens of MB, can fetch a few rows ahead.
   std::vector<int64_t> cells(n * depth);
-  auto raised = torch::empty({n}, counters.options());
-  float* raised_ptr = raised.data_ptr<float>();
   const uint64_t golden = 0x9E3779B97F4A7C15ULL;
   for (int64_t i = 0; i < n; ++i) {
     // Two's-complement wrapping, as torch's int64 ops; >> on int64 is arithmetic there too.
     int64_t mixed = static_cast<int64_t>(static_cast<uint64_t>(row[i]) * golden);
     mixed = mixed ^ (mixed >> 29);
-    float least = std::numeric_limits<float>::infinity();
     for (int64_t d = 0; d < depth; ++d) {
       const int64_t hashed = static_cast<int64_t>(static_cast<uint64_t>(mixed) * static_cast<uint64_t>(multiplier[d]))
                              >> (64 - bits);
-      const int64_t cell = (hashed & (width - 1)) + d * width;
-      cells[i * depth + d] = cell;
-      least = std::min(least, counter[cell]);
+      cells[i * depth + d] = (hashed & (width - 1)) + d * width;
     }
+  }
+  auto prefetch_row = [&](int64_t i) {
+    if (i < n)
+      for (int64_t d = 0; d < depth; ++d) __builtin_prefetch(counter + cells[i * depth + d], 1);
+  };
+  auto raised = torch::empty({n}, counters.options());
+  float* raised_ptr = raised.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    prefetch_row(i + kPrefetchDistance);
+    float least = std::numeric_limits<float>::infinity();
+    for (int64_t d = 0; d < depth; ++d) least = std::min(least, counter[cells[i * depth + d]]);
     raised_ptr[i] = least + static_cast<float>(count[i]);
   }
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i) {
+    prefetch_row(i + kPrefetchDistance);
     for (int64_t d = 0; d < depth; ++d) {
       float& c = counter[cells[i * depth + d]];
       c = std::max(c, raised_ptr[i]);
     }
+  }
   return raised;
 }
 
