@@ -37,9 +37,10 @@ def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> fl
     return statistics.median(times)
 
 
-def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, float], metrics: dict, as_json: bool) -> None:
+def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, float], metrics: dict, as_json: bool,
+           caption: str | None = None) -> None:
     console = Console()
-    table = Table(title=name)
+    table = Table(title=name, caption=caption)
     for column in columns:
         table.add_column(column)
     for row in rows:

@@ -28,7 +28,7 @@ from picasso.batch import PackedBatch, TorchBatch
 from picasso.cache import CacheConfig, HotCache, PreparedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from picasso.embedding import PackedEmbedding
-from picasso.interleave import StepPipeline
+from picasso.interleave import StepPipeline, worth_interleaving
 from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc, logloss
 from picasso.models import build_model
@@ -58,7 +58,9 @@ class TrainConfig:
     # 1-11% of the dense part's step (benchmarks.dense_compile) for 8-28 s of compiling.
     compile_dense: bool = False
     cache: CacheConfig | None = None  # the hot-row cache; None: lookups read the tables directly
-    interleave: bool = True  # prepare batch i+1 while batch i computes (train() only)
+    # Prepare batch i+1 while batch i computes. None: where it pays (interleave.worth_interleaving:
+    # with a GPU, or CPU cores that torch's threads leave free).
+    interleave: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,7 @@ class Trainer:
         self.restored_from: Path | None = None
         self.stage_seconds = dict.fromkeys(STAGES, 0.0)
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self.interleaves = worth_interleaving(self.device) if config.interleave is None else config.interleave
         # Per-step metrics, one point per `log_every` steps (averaged over them), for the
         # run's charts: name -> [(step, value)].
         self.step_metrics: dict[str, list[tuple[int, float]]] = {}
@@ -167,7 +170,7 @@ class Trainer:
         """Steps as a pipeline (picasso.interleave.StepPipeline): push(batch) starts a step
         and returns the StepResults of the steps that finished; drain() computes the last.
         With interleaving on, the next batch is prepared beside each step."""
-        return StepPipeline(self._prepare, self._begin, self._finish, enabled=self.config.interleave,
+        return StepPipeline(self._prepare, self._begin, self._finish, enabled=self.interleaves,
                             on_wait=self._waited)
 
     def _waited(self, seconds: float) -> None:

@@ -20,8 +20,16 @@ def add_cache_args(parser: argparse.ArgumentParser, interleave: bool = True) -> 
     group.add_argument("--big-tier-dir", default=None,
                        help="memory-map every table from files here (tables larger than RAM)")
     if interleave:
-        group.add_argument("--no-interleave", action="store_true",
-                           help="prepare each batch in the compute thread instead of while the previous one computes")
+        group.add_argument("--interleave", choices=["auto", "on", "off"], default="auto",
+                           help="prepare the next batch while a step computes: auto (default) does so with a GPU, "
+                                "or with CPU cores torch's threads leave free")
+        group.add_argument("--no-interleave", dest="interleave", action="store_const", const="off",
+                           help="the same as --interleave off")
+
+
+def interleave_setting(args: argparse.Namespace) -> bool | None:
+    """TrainConfig.interleave from --interleave: None (auto), True or False."""
+    return {"auto": None, "on": True, "off": False}[args.interleave]
 
 
 def cache_config(args: argparse.Namespace) -> CacheConfig | None:

@@ -22,7 +22,7 @@ from rich.logging import RichHandler
 from rich.progress import Progress
 from rich.table import Table
 
-from picasso.pipelines.cache_args import add_cache_args, cache_config
+from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
 from picasso.pipelines.distributed_cli import add_ps_commands
 from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
@@ -182,7 +182,7 @@ def _daily(args, data: str, date: str):
             lr_sparse=args.lr_sparse,
             device=args.device,
             cache=cache_config(args),
-            interleave=not args.no_interleave,
+            interleave=interleave_setting(args),
         ),
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         batch_size=args.batch_size,

@@ -30,6 +30,27 @@ def test_cache_options_parse_per_table_sizes():
     assert cache_config(Namespace(**{**vars(options), "cache_capacity": "off"})) is None
 
 
+def test_interleave_option_and_its_auto_rule(monkeypatch):
+    import argparse
+
+    import torch
+
+    from picasso import interleave
+    from picasso.pipelines.cache_args import add_cache_args, interleave_setting
+
+    parser = argparse.ArgumentParser()
+    add_cache_args(parser)
+    assert [interleave_setting(parser.parse_args(flags)) for flags in ([], ["--interleave", "on"], ["--no-interleave"])] \
+        == [None, True, False]
+    # auto: on with a GPU; on a CPU only when torch's threads leave a core free.
+    cores = len(__import__("os").sched_getaffinity(0))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores)
+    assert interleave.worth_interleaving(torch.device("cuda")) is True
+    assert interleave.worth_interleaving(torch.device("cpu")) is False
+    monkeypatch.setattr(torch, "get_num_threads", lambda: cores - 1)
+    assert interleave.worth_interleaving(torch.device("cpu")) is (cores > 1)
+
+
 def test_run_with_a_memory_mapped_cache_logs_its_metrics(tmp_path):
     big_tier = tmp_path / "big-tier"
     done = run_cli("demo", "--workdir", str(tmp_path / "work"), "--rows", "30000", "--hidden", "32,16",
