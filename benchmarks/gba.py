@@ -1,6 +1,7 @@
 """GBA vs synchronous all-reduce vs plain async, with and without a straggler.
 
-    python -m benchmarks.gba --json [--workers 4 --shards 1 --rows 81920 --straggler 3:4 --repeat 3]
+    python -m benchmarks.gba --json [--workers 4 --shards 1 --rows 81920 --straggler 3:4 --repeat 3
+                                     --row-cache 10%]
 
 Setup (issue 6): W workers and S parameter-server shards on this machine, one torch
 thread per process, planted synthetic data (each worker its own stream), the same model
@@ -12,6 +13,9 @@ batches of 512) in every mode, each mode from a fresh model on exactly W x --row
 - async: `picasso ps --mode async` and W gba-workers: every push steps (M = 1), no
          staleness control;
 - gba:   `picasso ps --mode gba` (M = W, default decay), the same workers.
+- gba+cache (with --row-cache CAPACITY): gba with each worker's hot-row cache in front
+         of the server (`gba-worker --row-cache`), which also reports the share of the
+         workers' row pulls their caches served: PS traffic saved.
 In the PS modes the server's budget (--samples W x --rows) stops the workers and refuses
 pushes past it, so fast workers take the batches a straggler does not and every mode
 trains on the same number of samples. Each PS worker is given half the job's rows, more
@@ -83,6 +87,7 @@ class Run:
     seconds: float  # from the first worker's start to the last one's end
     staleness: float  # mean global steps between a counted gradient's pull and its push (sync: 0)
     auc: float = float("nan")
+    served_share: float = float("nan")  # gba+cache: of the rows the workers needed, those their caches served
 
 
 @dataclass(frozen=True)
@@ -109,6 +114,10 @@ class ModeResult:
     def staleness(self) -> float:
         return statistics.median(r.staleness for r in self.runs)
 
+    @property
+    def served_share(self) -> float:
+        return statistics.median(r.served_share for r in self.runs)
+
 
 def _extra(parser) -> None:
     parser.add_argument("--spec", default="criteo:26")
@@ -119,6 +128,9 @@ def _extra(parser) -> None:
     parser.add_argument("--hidden", default="256,128")
     parser.add_argument("--straggler", default="3:4", help="RANK:FACTOR for the straggler runs")
     parser.add_argument("--holdout", type=int, default=50_000, help="held-out rows for the AUC")
+    parser.add_argument("--row-cache", default=None, metavar="CAPACITY",
+                        help="also run gba+cache: gba with each worker's hot-row cache of this size in front of "
+                        "the server (gba-worker --row-cache), reporting the share of row pulls it served")
     parser.set_defaults(repeat=3)  # a run is minutes; medians of 3
 
 
@@ -156,14 +168,17 @@ def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
 def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: int) -> Run:
     port, total = _free_port(), args.workers * args.rows
     group = ["--port", str(port), "--shards", str(args.shards), "--workers", str(args.workers), "--json"]
-    server = subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir), "--mode", mode,
+    cached = mode == "gba+cache"
+    server = subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir),
+                               "--mode", "gba" if cached else mode,
                                "--samples", str(total), *_model_flags(args), *group],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env())
     # Each worker has rows enough for half the job: more than any one takes (a fast worker
     # takes about a third under the straggler), and the server's budget stops them.
     workers = [subprocess.Popen([*CLI, "gba-worker", "--rank", str(rank), "--rows", str(total // 2),
                                  "--batch-size", str(args.batch_size), "--stream-base", str(streams), *group,
-                                 *(["--straggler", straggler] if straggler else [])],
+                                 *(["--straggler", straggler] if straggler else []),
+                                 *(["--row-cache", args.row_cache] if cached else [])],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
                for rank in range(args.workers)]
     stats = []
@@ -176,7 +191,9 @@ def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: 
     if server.returncode:
         raise RuntimeError(f"{mode} server failed")
     staleness = sum(w["mean_staleness"] * w["batches"] for w in stats) / max(1, sum(w["batches"] for w in stats))
-    return Run(_json_lines(out)[-1]["samples"], _span(stats), staleness)
+    served = sum(w["row_cache_rows_served"] for w in stats) / sum(w["row_cache_rows_asked"] for w in stats) \
+        if cached else float("nan")
+    return Run(_json_lines(out)[-1]["samples"], _span(stats), staleness, served_share=served)
 
 
 def _span(runs: list[dict]) -> float:
@@ -201,7 +218,7 @@ def main() -> None:
     for repeat in range(args.repeat):
         streams = 100 + 1000 * repeat  # each repeat its own draw of data, the same for every mode
         for straggler in (None, args.straggler):
-            for mode in ("sync", "async", "gba"):
+            for mode in ("sync", "async", "gba", *(["gba+cache"] if args.row_cache else [])):
                 with tempfile.TemporaryDirectory(prefix=f"gba-bench-{mode}-") as tmp:
                     workdir = Path(tmp)
                     run = run_sync(args, workdir, straggler, streams) if mode == "sync" else \
@@ -219,10 +236,13 @@ def main() -> None:
         "auc_delta_vs_sync_no_straggler": by["gba", "none"].auc - by["sync", "none"].auc,
     }
     metrics = {f"{r.mode}@{r.straggler}": {"samples": r.samples, "samples_per_s": r.samples_per_s, "auc": r.auc,
-                                             "staleness": r.staleness, "runs": [asdict(run) for run in r.runs]}
+                                             "staleness": r.staleness, "row_cache_served_share": r.served_share,
+                                             "runs": [asdict(run) for run in r.runs]}
                for r in results}
-    rows = [[r.mode, r.straggler, r.samples, r.samples_per_s, f"{r.auc:.4f}", f"{r.staleness:.2f}"] for r in results]
-    report("gba", ["mode", "straggler", "samples", "samples/s", "auc", "staleness"], rows, ratios, metrics, args.json)
+    rows = [[r.mode, r.straggler, r.samples, r.samples_per_s, f"{r.auc:.4f}", f"{r.staleness:.2f}",
+             "" if r.served_share != r.served_share else f"{r.served_share:.1%}"] for r in results]
+    report("gba", ["mode", "straggler", "samples", "samples/s", "auc", "staleness", "pulls served by row cache"],
+           rows, ratios, metrics, args.json)
 
 
 if __name__ == "__main__":

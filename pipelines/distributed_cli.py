@@ -69,6 +69,11 @@ def add_ps_commands(commands) -> None:
     _add_data_args(worker)
     worker.add_argument("--max-in-flight", type=int, default=2, help="pushes per shard not yet answered "
                         "before the worker waits (0: wait for each: deterministic runs)")
+    worker.add_argument("--row-cache", default="off", metavar="CAPACITY",
+                        help="keep the hottest rows of each table here and serve their pulls locally: rows "
+                        "(50000), bytes (64MiB) or a share of the table (10%%); off (default): pull every row")
+    worker.add_argument("--row-cache-staleness", type=int, default=2, metavar="STEPS",
+                        help="global steps a row served from the row cache may lag the server")
     _add_group_args(worker)
     worker.set_defaults(run=run_worker)
 
@@ -215,8 +220,10 @@ def run_worker(args) -> int:
 
     from picasso.distributed.gba import worker_id
     from picasso.distributed.local_gradient import GradientComputer
+    from picasso.cache import parse_capacity
     from picasso.distributed.param_server import (PSClient, ParameterServerError, _describe, _positions, _start_line,
                                                   shard_name)
+    from picasso.distributed.row_cache import CachedPSClient, RowCacheConfig
     from picasso.distributed.worker import GBAWorker
     from picasso.models import build_model
     from picasso.packing import PackingPlan
@@ -225,6 +232,13 @@ def run_worker(args) -> int:
     if not 0 <= args.rank < args.workers:
         raise SystemExit(f"error: --rank {args.rank} outside [0, {args.workers})")
     name = f"worker{args.rank}"
+    try:  # a bad setting fails here, before the worker joins the group
+        row_cache = None if args.row_cache == "off" else RowCacheConfig(capacity=args.row_cache,
+                                                                          max_staleness=args.row_cache_staleness)
+        if row_cache is not None:
+            parse_capacity(row_cache.capacity, num_rows=1, row_bytes=1)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
     # Wait for shard 0's rendezvous port first: a worker that knocks before it exists is
     # put off by the store client's growing back-off (a minute, measured), and a server
     # that never comes must be a clear error, not a hang.
@@ -242,6 +256,8 @@ def run_worker(args) -> int:
             raise ParameterServerError(f"shard 0 did not answer: {err}") from err
         model = build_model(config.model, spec, PackingPlan.from_spec(spec), config.hidden)
         client = PSClient(layout, worker_id(name, uuid.uuid4().hex[:8]), args.max_in_flight)
+        if row_cache is not None:
+            client = CachedPSClient(client, row_cache, seed=args.rank)
         worker = GBAWorker(client, GradientComputer(model), _slowdown(args, args.rank))
         stream = args.stream_base + args.rank if args.stream is None else args.stream
         start = rpc.rpc_sync(shard_name(0), _positions).get(_planted_source(stream), 0)  # resume where trained
@@ -254,10 +270,11 @@ def run_worker(args) -> int:
     finally:
         rpc.shutdown(graceful=False)
     if args.json:
+        saved = {f"row_cache_{k}": v for k, v in client.stats.as_metrics().items()} if row_cache else {}
         print(json.dumps({"worker": name, "batches": stats.batches, "samples": stats.samples,
                           "mean_loss": stats.mean_loss, "refused": stats.refused,
                           "mean_staleness": stats.mean_staleness, "seconds": stats.seconds,
-                          "began": began, "ended": began + stats.seconds}))
+                          "began": began, "ended": began + stats.seconds, **saved}))
     return 0
 
 

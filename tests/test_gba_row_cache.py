@@ -18,6 +18,7 @@ from picasso.packing import PackingPlan
 from picasso.trainer import Trainer
 
 from helpers import planted_batches
+from test_gba_ps import _finish, _free_port, _ps, _start, _worker, tiny_spec  # noqa: F401 (a fixture)
 from test_trainer import CONFIG, SPEC, assert_state_equal
 
 
@@ -103,3 +104,27 @@ def test_bad_settings_are_refused():
         RowCacheConfig(max_staleness=-1)
     with pytest.raises(ValueError, match="cache capacity"):
         CachedPSClient(client, RowCacheConfig(capacity="lots"))
+
+
+def test_gba_workers_with_the_row_cache_against_a_real_server(tiny_spec, tmp_path):
+    """`picasso gba-worker --row-cache`: real processes on loopback; each worker reports what
+    its cache served, and the job trains every sample."""
+    port = _free_port()
+    server = _ps(tiny_spec, tmp_path, port, 2, 2, "--mode", "gba")
+    workers = [_worker(port, 2, 2, rank, 1000, "--row-cache", "30%", "--row-cache-staleness", "2")
+               for rank in range(2)]
+    results = [_finish(w) for w in workers]
+    code, summary, err = _finish(server)
+    assert code == 0, err
+    for code, stats, err in results:
+        assert code == 0, err
+        assert stats["batches"] == 10 and stats["refused"] == 0
+        assert 0 < stats["row_cache_rows_served"] < stats["row_cache_rows_asked"]
+        assert stats["row_cache_bytes_saved"] > 0
+    assert summary["samples"] == 2000
+
+
+def test_a_bad_row_cache_setting_fails_before_joining():
+    code, _, err = _finish(_start("gba-worker", "--port", str(_free_port()), "--workers", "1", "--rank", "0",
+                                  "--row-cache", "lots"))
+    assert code != 0 and "cache capacity 'lots'" in err
