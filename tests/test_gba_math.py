@@ -226,6 +226,29 @@ def test_a_finished_worker_is_retired_not_dropped():
     assert control.buffered == 1  # what it pushed still counts
 
 
+def test_positions_advance_only_over_an_unbroken_run_of_a_workers_pushes():
+    """Pushes 1 and 2 of a worker land before its push 0 (RPC threads took them out of
+    order): the model has them, but the positions wait for push 0, so a checkpoint taken
+    meanwhile makes a resumed job read 1 and 2 again rather than skip 0."""
+    control = TokenControl(GBAConfig.plain_async(), positions={"s": 0})
+    control.pull("w/a")
+    control.pull("v/a")
+
+    def push(worker, sequence, position):
+        return control.push(Contribution(worker, control.step, 1, {"w": torch.tensor([1.0])},
+                                         positions={f"s-{worker[0]}": position}, sequence=sequence), {})
+
+    push("w/a", 1, 20)
+    push("w/a", 2, 30)
+    push("v/a", 0, 7)  # another worker's run is its own
+    assert control.step == 3 and control.positions == {"s": 0, "s-v": 7}
+    push("w/a", 0, 10)
+    assert control.positions == {"s": 0, "s-v": 7, "s-w": 30}
+    # Pushes without numbers are taken as they come.
+    control.push(Contribution("w/a", control.step, 1, {"w": torch.tensor([1.0])}, positions={"s": 5}), {})
+    assert control.positions["s"] == 5
+
+
 def test_a_straggler_sleeps_out_its_own_work_only(monkeypatch):
     """factor 4: after 2 s of its own work (in two parts) it sleeps 6 s; time spent outside
     `working` (waiting on the network) is not stretched. A fake clock: no timing here."""

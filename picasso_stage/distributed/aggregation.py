@@ -55,6 +55,9 @@ class Contribution:
     # Where the batch ends in its sources (source -> next row/offset), sent to shard 0 only:
     # a checkpoint records a batch's positions once its gradient is applied (or dropped as too stale).
     positions: dict[str, int] = field(default_factory=dict)
+    # The worker's count of its pushes before this one (-1: not numbered). Pushes of one
+    # worker may reach a shard out of order; shard 0 records positions in this order.
+    sequence: int = -1
 
     def __post_init__(self):
         if self.samples <= 0:

@@ -73,6 +73,10 @@ class TokenControl:
         # batch still buffered is not in the model, so a checkpoint's positions exclude it.
         self.positions = dict(positions or {})
         self.contributed: dict[str, int] = {}  # worker name (no incarnation) -> local batches accepted
+        # Per worker (incarnation): the positions of numbered batches that left the buffer
+        # ahead of an earlier batch of theirs, and the next number positions wait for.
+        self._landed: dict[str, dict[int, dict[str, int]]] = {}
+        self._next_sequence: dict[str, int] = {}
         self._clock = clock
         self._last_seen: dict[str, float] = {}  # live workers
         self._dropped: set[str] = set()
@@ -114,7 +118,7 @@ class TokenControl:
         decay = self.config.decay
         if decay.dropped(staleness):
             self.counts["dropped_stale"] += 1
-            self.positions = merge_positions(self.positions, contribution.positions)  # consumed, on purpose unused
+            self._record_positions(contribution)  # consumed, on purpose unused
             return PushOutcome(False, f"staleness {staleness} > limit {decay.limit}", staleness, 0.0, self.step,
                                False), None
         row_staleness = row_staleness or {}
@@ -132,11 +136,28 @@ class TokenControl:
             return PushOutcome(True, "", staleness, weight, self.step, False), None
         gradient = aggregate(self._buffer)
         for weighted in self._buffer:
-            self.positions = merge_positions(self.positions, weighted.contribution.positions)
+            self._record_positions(weighted.contribution)
         self._buffer = []
         self.step += 1
         self.counts["steps"] += 1
         return PushOutcome(True, "", staleness, weight, self.step, True), gradient
+
+    def _record_positions(self, contribution: Contribution) -> None:
+        """A batch left the buffer (stepped, or dropped as too stale). Its positions count
+        once every earlier batch of its worker has left too: pushes of one worker can
+        reach the shard out of order (RPC threads), and a checkpoint's positions must never
+        pass a batch the model has not seen, or a resumed job would skip it."""
+        if contribution.sequence < 0:  # not numbered: taken as they come
+            self.positions = merge_positions(self.positions, contribution.positions)
+            return
+        worker = contribution.worker
+        landed = self._landed.setdefault(worker, {})
+        landed[contribution.sequence] = contribution.positions
+        following = self._next_sequence.get(worker, 0)
+        while following in landed:
+            self.positions = merge_positions(self.positions, landed.pop(following))
+            following += 1
+        self._next_sequence[worker] = following
 
     def drop_worker(self, worker: str) -> int:
         """Forget a failed worker; returns how many of its buffered contributions left."""

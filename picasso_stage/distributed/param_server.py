@@ -204,6 +204,10 @@ def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on
             if shard.index == 0 and on_checkpoint is not None:
                 write_stashed(shard, group.num_shards, on_checkpoint)
         log.info("shard %d: stopping at step %d", shard.index, shard.control.step)
+        if shard.index == 0 and on_checkpoint is not None:
+            # Steps stashed since the last poll (a short job may take them all in one) are
+            # still written, before the final checkpoint.
+            write_stashed(shard, group.num_shards, on_checkpoint)
         if shard.index == 0:
             snapshots = gather_snapshots(group.num_shards)
             if on_stop is not None:
@@ -257,6 +261,7 @@ class PSClient:
         self._call = call or _rpc_call
         self._in_flight: list[list[torch.futures.Future]] = [[] for _ in range(layout.num_shards)]
         self.outcomes: list[PushOutcome] = []  # shard 0's answers to this worker's pushes
+        self._pushed = 0  # pushes so far: the next push's sequence number
 
     def pull(self, rows: dict[str, torch.Tensor]) -> PulledBatch:
         owners = {key: self.layout.owner(r) for key, r in rows.items()}
@@ -282,7 +287,8 @@ class PSClient:
                 mine = self.layout.owner(rows) == s
                 sparse[key] = RowGradient(rows[mine], gradient.row_grads[key][mine], pulled.versions[key][mine])
             contribution = Contribution(self.worker, pulled.tokens[s], gradient.samples,
-                                        gradient.dense if s == 0 else {}, sparse, (positions or {}) if s == 0 else {})
+                                        gradient.dense if s == 0 else {}, sparse, (positions or {}) if s == 0 else {},
+                                        sequence=self._pushed)
             while len(self._in_flight[s]) > self.max_in_flight - 1 and self._in_flight[s]:
                 self._settle(s, self._in_flight[s].pop(0))
             future = self._call(s, _push, (contribution,), True)
@@ -290,6 +296,7 @@ class PSClient:
                 self._settle(s, future)
             else:
                 self._in_flight[s].append(future)
+        self._pushed += 1
 
     def collect(self) -> None:
         """Take the answers of finished pushes (raising a shard's error, if one came back)."""

@@ -11,12 +11,12 @@ a job resumed from it reads each source from where the model's training ends, so
 neither skips nor repeats data. Every worker reads its own sources in order, so per
 source the furthest position is a prefix of what was trained.
 
-Known gap: a worker's pushes go out with rpc_async, and with --max-in-flight above 1
-the shard's RPC threads may take two of them out of order; should a global step then
-apply the later one while the earlier one is still on its way, a checkpoint of that step
-records the later position, and a job resumed from it would skip the earlier batch.
-Numbering each worker's pushes and advancing its positions only over an unbroken prefix
-would close it; --max-in-flight 1 avoids it.
+Out of order: a worker's pushes go out with rpc_async, and with --max-in-flight above 1
+the shard's RPC threads may take two of them out of order. Each push is numbered, and
+shard 0 advances a worker's positions only over an unbroken run of its numbers
+(TokenControl._record_positions), so a checkpoint never records a batch's position while
+an earlier batch of that worker is still on its way: a resumed job may read such a later
+batch again, but never skips one.
 """
 
 from __future__ import annotations
