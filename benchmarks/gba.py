@@ -46,7 +46,13 @@ Ratios (higher is better for GBA): throughput_vs_sync and the AUC deltas, under 
 straggler. Targets (issue 6): throughput_vs_sync >= 2.4, auc_delta_vs_sync >= -0.001,
 auc_delta_vs_async >= 0, and without the straggler |auc gba - sync| <= 0.001.
 
-Last measured (2 cores, 1 shard, defaults, 3 repeats, other jobs on the machine):
+Last measured with --row-cache 10% (2 cores, 1 shard, 2 repeats, a quiet machine):
+throughput_vs_sync 3.75 (gba 34.5k samples/s, sync 9.2k under the straggler);
+auc_delta_vs_sync -0.0013, no straggler -0.0013; auc_delta_vs_async -0.0030. The row
+cache served 22.7% of the workers' row pulls at AUC within 0.001 of gba's, but gba+cache
+ran at 28.5k samples/s: on loopback a pull costs less than the cache's bookkeeping.
+
+Before that (2 cores, 1 shard, defaults, 3 repeats, other jobs on the machine):
 throughput_vs_sync 4.01 (gba 32.5k samples/s, sync 8.1k under the straggler; 33.5k and
 19.2k without); auc_delta_vs_sync -0.0013, no straggler -0.0010; auc_delta_vs_async
 -0.0029. GBA's gradients are 0.7 global steps stale on average (the others' pushes
