@@ -24,9 +24,10 @@ The worker runs at the lowest CPU priority (SCHED_IDLE on Linux). Compute is the
 part, and torch spreads it over every core; a preparing thread that took a core from it
 would stall each of its parallel regions, which wait for their slowest thread. At idle
 priority the worker only uses what compute leaves: its single-threaded stretches, and
-the time it waits for the next batch. Most work on both sides runs in kernels that
-release the GIL. Switched off, every part runs in the caller's thread, in the same order,
-with the same results.
+the time it waits for the next batch. Even so, where torch's threads take every core the
+worker costs the step about as much as it hides (worth_interleaving), so the trainer switches it
+on only with a GPU or spare cores. Switched off, every part runs in the caller's thread,
+in the same order, with the same results.
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ _switch_interval = _ShortSwitchInterval()
 def worth_interleaving(device: torch.device) -> bool:
     """Whether preparing beside the step speeds training up here: with a GPU (the step runs
     there), or with CPU cores that torch's threads leave free. Where torch's threads take
-    every core, a preparing thread slows the step's kernels by more than it hides, even at
-    idle priority (benchmarks.train, 2 cores: 0.88x at 39 fields, 1.00x at 400): it takes
-    the GIL and the caches from them, and the OS a moment to hand a core back."""
+    every core, a preparing thread slows the step's kernels by about as much as it hides,
+    or more, even at idle priority (benchmarks.train, 2 cores: 0.90x at 39 fields, 1.04x
+    at 400): it takes the GIL and the caches from them, and the OS a moment to hand a core
+    back."""
     if device.type == "cuda":
         return True
     try:
