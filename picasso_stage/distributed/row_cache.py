@@ -112,16 +112,24 @@ class CachedPSClient:
         what to ask for; after it, against the tokens they answered with. A cached row the
         model moved past meanwhile is pulled in a second call, so no row is ever served
         more than max_staleness steps behind the tokens this pull pushes back."""
-        layout = self.client.layout
-        slots = {key: self.tables[key].directory.slot_of_row[wanted].to(torch.int64) for key, wanted in rows.items()}
+        slots, owners, pulled_at = {}, {}, {}
         for key, wanted in rows.items():
-            hot, ones = slots[key] >= 0, torch.ones_like(wanted)
-            self.tables[key].directory.observe(wanted[~hot], ones[~hot], slots[key][hot], ones[hot])
-        served = {key: self._fresh(key, wanted, slots[key], self.newest + self.advance)
-                  for key, wanted in rows.items()}
+            table = self.tables[key]
+            slot = slots[key] = table.directory.slot_of_row[wanted].to(torch.int64)
+            owners[key] = self.client.layout.owner(wanted)
+            hot, ones = slot >= 0, torch.ones_like(wanted)
+            table.directory.observe(wanted[~hot], ones[~hot], slot[hot], ones[hot])
+            # When each cached row was pulled (its shard's token); -1: not cached, or no value yet.
+            pulled_at[key] = torch.where(hot, table.pulled_at[slot.clamp(min=0)], torch.full_like(slot, -1))
+
+        def fresh(key: str, now: torch.Tensor) -> torch.Tensor:
+            """Cached with a value at most max_staleness steps behind `now` (a token per shard)."""
+            return (pulled_at[key] >= 0) & (pulled_at[key] >= now[owners[key]] - self.config.max_staleness)
+
+        served = {key: fresh(key, self.newest + self.advance) for key in rows}
         answer = self.client.pull({key: wanted[~served[key]] for key, wanted in rows.items()})
         tokens = torch.tensor(answer.tokens, dtype=torch.int64)
-        late = {key: served[key] & ~self._fresh(key, wanted, slots[key], tokens) for key, wanted in rows.items()}
+        late = {key: served[key] & ~fresh(key, tokens) for key in rows}
         again = self.client.pull({key: wanted[late[key]] for key, wanted in rows.items()}) \
             if any(mask.any() for mask in late.values()) else None
         values, versions = {}, {}
@@ -138,7 +146,7 @@ class CachedPSClient:
             fetched = ~local & (slot >= 0)
             table.values[slot[fetched]] = values[key][fetched]
             table.versions[slot[fetched]] = versions[key][fetched]
-            table.pulled_at[slot[fetched]] = tokens[layout.owner(wanted[fetched])]
+            table.pulled_at[slot[fetched]] = tokens[owners[key][fetched]]
             count = int(local.sum())
             self.stats.rows_asked += wanted.numel()
             self.stats.rows_served += count
@@ -147,15 +155,6 @@ class CachedPSClient:
         self.newest = torch.maximum(self.newest, tokens)
         self._refresh()
         return PulledBatch(answer.tokens, answer.dense, rows, values, versions, answer.stop)
-
-    def _fresh(self, key: str, wanted: torch.Tensor, slot: torch.Tensor, now: torch.Tensor) -> torch.Tensor:
-        """Which of `wanted` are cached with a value no more than max_staleness steps
-        behind `now` (a token per shard)."""
-        table = self.tables[key]
-        hot = slot >= 0
-        pulled_at = torch.where(hot, table.pulled_at[slot.clamp(min=0)], torch.full_like(slot, -1))
-        oldest_allowed = now[self.client.layout.owner(wanted)] - self.config.max_staleness
-        return hot & (pulled_at >= 0) & (pulled_at >= oldest_allowed)
 
     def _refresh(self) -> None:
         """Admissions and evictions, when due: an admitted row has no value until its next pull."""
