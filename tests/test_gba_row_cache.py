@@ -97,6 +97,17 @@ def test_a_served_row_is_never_staler_than_the_bound(bound):
     assert served_any == (bound > 0)  # at bound 0 the model moves at every push: nothing is fresh
 
 
+def test_tables_over_the_same_rows_share_one_directory():
+    """Wide&Deep pulls its deep and wide tables of a group for the same ids: one directory
+    counts them once, sized by a row of both when the capacity is in bytes."""
+    servers, layout = _shards(1, GBAConfig(1))
+    client = CachedPSClient(PSClient(layout, "worker0/a", call=in_process(servers)), RowCacheConfig(capacity="4KiB"))
+    for group in ("dim4", "dim8"):
+        deep, wide = client.tables[f"embedding.table_{group}"], client.tables[f"wide_embedding.table_{group}"]
+        assert deep.directory is wide.directory
+        assert deep.directory.capacity == 4096 // (deep.row_bytes + wide.row_bytes)
+
+
 def test_bad_settings_are_refused():
     servers, layout = _shards(1, GBAConfig(1))
     client = PSClient(layout, "worker0/a", call=in_process(servers))

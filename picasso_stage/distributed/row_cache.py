@@ -24,7 +24,7 @@ The dense parameters are always pulled: they change at every global step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -68,11 +68,11 @@ class RowCacheStats:
 
 @dataclass
 class _CachedTable:
-    directory: HotRowDirectory
+    directory: HotRowDirectory  # shared by the tables over the same rows
     values: torch.Tensor  # (capacity, dim), per slot
     versions: torch.Tensor  # (capacity,) the row's version when pulled
     pulled_at: torch.Tensor  # (capacity,) the token of its shard then; -1: no value yet
-    row_bytes: int = field(default=0)
+    row_bytes: int = 0  # a row's values and its version, as pulled
 
 
 class CachedPSClient:
@@ -82,13 +82,19 @@ class CachedPSClient:
         self.client = client
         self.config = config
         self.tables: dict[str, _CachedTable] = {}
-        for i, table in enumerate(client.layout.tables):
-            row_bytes = table.dim * 4 + _VERSION_BYTES
-            capacity = parse_capacity(config.capacity, table.num_rows, row_bytes)
-            self.tables[table.key] = _CachedTable(
-                HotRowDirectory(table.num_rows, capacity, config.refresh_every, config.half_life, seed=seed + i),
-                torch.zeros(capacity, table.dim), torch.zeros(capacity, dtype=torch.int64),
-                torch.full((capacity,), -1, dtype=torch.int64), row_bytes)
+        # Tables over the same rows (Wide&Deep's deep and wide tables of one packed group)
+        # are pulled for the same ids: they share one directory, which counts each id once.
+        # A capacity in bytes counts a row of every table that shares it.
+        sharing: dict[tuple[str, int], list] = {}
+        for table in client.layout.tables:
+            sharing.setdefault((table.key.rsplit(".", 1)[-1], table.num_rows), []).append(table)
+        for i, ((_, num_rows), tables) in enumerate(sharing.items()):
+            capacity = parse_capacity(config.capacity, num_rows, sum(t.dim * 4 + _VERSION_BYTES for t in tables))
+            directory = HotRowDirectory(num_rows, capacity, config.refresh_every, config.half_life, seed=seed + i)
+            for table in tables:
+                self.tables[table.key] = _CachedTable(
+                    directory, torch.zeros(capacity, table.dim), torch.zeros(capacity, dtype=torch.int64),
+                    torch.full((capacity,), -1, dtype=torch.int64), table.dim * 4 + _VERSION_BYTES)
         # The newest token each shard has answered with: how far the model has moved on.
         self.newest = torch.full((client.layout.num_shards,), -1, dtype=torch.int64)
         # How far the tokens moved between the last two pulls: the guess for the next.
@@ -112,13 +118,16 @@ class CachedPSClient:
         what to ask for; after it, against the tokens they answered with. A cached row the
         model moved past meanwhile is pulled in a second call, so no row is ever served
         more than max_staleness steps behind the tokens this pull pushes back."""
-        slots, owners, pulled_at = {}, {}, {}
+        slots, owners, pulled_at, observed = {}, {}, {}, set()
         for key, wanted in rows.items():
             table = self.tables[key]
             slot = slots[key] = table.directory.slot_of_row[wanted].to(torch.int64)
             owners[key] = self.client.layout.owner(wanted)
-            hot, ones = slot >= 0, torch.ones_like(wanted)
-            table.directory.observe(wanted[~hot], ones[~hot], slot[hot], ones[hot])
+            hot = slot >= 0
+            if id(table.directory) not in observed:  # once per directory (tables may share one)
+                observed.add(id(table.directory))
+                ones = torch.ones_like(wanted)
+                table.directory.observe(wanted[~hot], ones[~hot], slot[hot], ones[hot])
             # When each cached row was pulled (its shard's token); -1: not cached, or no value yet.
             pulled_at[key] = torch.where(hot, table.pulled_at[slot.clamp(min=0)], torch.full_like(slot, -1))
 
@@ -158,10 +167,13 @@ class CachedPSClient:
 
     def _refresh(self) -> None:
         """Admissions and evictions, when due: an admitted row has no value until its next pull."""
-        for table in self.tables.values():
-            if table.directory.refresh_due:
-                plan = table.directory.plan_refresh()
-                table.pulled_at[plan.admit_slots] = -1
+        directories = {id(t.directory): t.directory for t in self.tables.values()}
+        for directory in directories.values():
+            if directory.refresh_due:
+                admitted = directory.plan_refresh().admit_slots
+                for table in self.tables.values():
+                    if table.directory is directory:
+                        table.pulled_at[admitted] = -1
 
     def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None) -> None:
         self.client.push(pulled, gradient, positions)
