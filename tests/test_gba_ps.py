@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import PSClient, in_process
@@ -94,6 +95,32 @@ def test_pushes_after_the_budget_is_spent_are_refused():
     assert [o.accepted for c in clients for o in c.outcomes] == [True, False]
     assert shard.control.counts["refused_budget_spent"] == 1 and shard.samples == 64
     assert clients[0].pull(rows).stop
+
+
+def test_a_shard_records_a_workers_positions_in_push_order():
+    """Pushes numbered 1 then 0 reach the shard out of order: the model takes both at once
+    (plain async), the checkpoint's positions only once push 0 is in."""
+    trainer = Trainer(SPEC, CONFIG)
+    shard, layout = build_shard(trainer, 0, 1, GBAConfig.plain_async())
+    client = PSClient(layout, "worker0/a", max_in_flight=0, call=in_process([shard]))
+    model = build_model(CONFIG.model, SPEC, trainer.plan, CONFIG.hidden)
+    computer = GradientComputer(model)
+    pushes = []
+    batches = planted_batches(SPEC, 128, 64)[0]
+    for number, (batch, position) in enumerate(zip(batches, (64, 128))):
+        tensors = batch.to_torch()
+        rows = computer.rows_needed(tensors)
+        pulled = client.pull(rows)
+        pushes.append((pulled, computer.compute(tensors, pulled.dense, rows, pulled.values), {"src": position}, number))
+    second, first = pushes[1], pushes[0]
+    for pulled, gradient, positions, number in (second, first):
+        sparse = {key: RowGradient(rows, gradient.row_grads[key], pulled.versions[key])
+                  for key, rows in gradient.rows.items()}
+        shard.push(Contribution("worker0/a", pulled.tokens[0], gradient.samples, gradient.dense, sparse, positions,
+                                sequence=number))
+        if number == 1:
+            assert shard.control.step == 1 and shard.snapshot().positions == {}  # waits for push 0
+    assert shard.control.step == 2 and shard.snapshot().positions == {"src": 128}
 
 
 def test_split_and_merge_are_inverse():

@@ -163,6 +163,9 @@ class TokenControl:
         """Forget a failed worker; returns how many of its buffered contributions left."""
         self._last_seen.pop(worker, None)
         self._dropped.add(worker)
+        # Positions still waiting for an earlier batch of it: that batch never comes.
+        self._landed.pop(worker, None)
+        self._next_sequence.pop(worker, None)
         kept = [w for w in self._buffer if w.contribution.worker != worker]
         discarded = len(self._buffer) - len(kept)
         self._buffer = kept

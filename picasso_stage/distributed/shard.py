@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -111,8 +111,7 @@ class Shard:
             unknown = set(contribution.dense) - set(self.layout.dense) if self.index == 0 else set(contribution.dense)
             if unknown:
                 raise ValueError(f"shard {self.index} holds no dense parameters {sorted(unknown)}")
-            local_contribution = Contribution(contribution.worker, contribution.token, contribution.samples,
-                                              contribution.dense, local_sparse, contribution.positions)
+            local_contribution = replace(contribution, sparse=local_sparse)  # the rest (positions, sequence) as sent
             outcome, gradient = self.control.push(local_contribution, staleness)
             if gradient is not None:
                 self._apply(gradient)
