@@ -89,7 +89,7 @@ class _Member:
 
         from picasso.distributed.gba import worker_id
         from picasso.distributed.local_gradient import GradientComputer
-        from picasso.distributed.param_server import PSClient, _describe, shard_name
+        from picasso.distributed.param_server import PSClient, _describe, _start_line, shard_name
         from picasso.distributed.worker import GBAWorker
         from picasso.models import build_model
         from picasso.packing import PackingPlan
@@ -112,6 +112,10 @@ class _Member:
             if address.row_cache is not None:
                 client = CachedPSClient(client, address.row_cache, seed=self.rank)
             self.worker = GBAWorker(client, GradientComputer(model))
+            # Meet the other workers before the first batch, as `gba-worker` does: a process
+            # the runner started late would otherwise find the model many steps on, and its
+            # first pushes dropped as too stale.
+            rpc.rpc_sync(shard_name(0), _start_line, args=(client.worker,))
         except BaseException:
             rpc.shutdown(graceful=False)
             raise
