@@ -1,13 +1,18 @@
 """GBA vs synchronous all-reduce vs plain async, with and without a straggler.
 
-    python -m benchmarks.gba --json [--workers 4 --shards 1 --rows 81920 --straggler 3:4 --repeat 3
-                                     --row-cache 10%]
+    python -m benchmarks.gba --json [--workers 4 --shards 1 --rows 81920 --warm-rows 245760
+                                     --straggler 3:4 --repeat 3 --row-cache 10%]
 
 Setup (issue 6): W workers and S parameter-server shards on this machine, one torch
 thread per process, planted synthetic data (each worker its own stream), the same model
 (wide & deep, MLP 256-128, criteo:26), the same hyper-parameters (the CLI's defaults:
 Adam 1e-3 on the dense part, Adagrad 0.05 on the rows) and the same global batch (W local
-batches of 512) in every mode, each mode from a fresh model on exactly W x --rows samples:
+batches of 512) in every mode. Every mode resumes the same job and trains it on exactly
+W x --rows more samples: continuous training, switching modes with nothing changed but
+--mode, which is what GBA is for. The job is a model trained in sync on --warm-rows samples
+per worker of streams of its own (in process, benchmarks/gba_inprocess.py; 480 global steps
+by default), with its optimizer state, as a checkpoint in each mode's workdir; --warm-rows 0
+starts every mode from a fresh model instead.
 - sync:  torchrun --nproc-per-node W ... sync-worker: every rank trains --rows; a
          straggler stalls every step;
 - async: `picasso ps --mode async` and W gba-workers: every push steps (M = 1), no
@@ -27,14 +32,17 @@ replica) and sleeps (FACTOR - 1) times that, so its work takes FACTOR times as l
 waiting on the network or on others is not stretched. Its sleep frees the CPU, as a slow
 machine elsewhere would.
 
-Why these sizes: the planted model's ceiling is AUC 0.89, and at the skeleton's 80k
-samples (40 global steps) training is so early that a one-step staleness moved the AUC by
-0.01 (measured in process: fresh vs 3 pushes of delay, 0.758 vs 0.745); at 4 x 81,920
-samples (160 global steps) the same delay costs 0.0004, so the AUCs compare modes, not
-how far along each is after a few dozen steps. Runs repeat round every setting (--repeat,
-3) and the medians count, because other work on the machine moves a single run's
-samples/s by up to 2x; each repeat draws its own planted streams (the same for every
-mode), so the AUCs are not one draw of data's luck.
+Why resume a trained job: from a fresh model the first hundred-odd global steps decide
+the AUC. The planted model's ceiling is 0.89, and after 160 steps from scratch a model is
+at 0.80 and still climbing fast, so GBA's 0.7 steps of staleness cost it 0.0013 AUC there
+while async's four times as many optimizer steps gain it 0.0015 (benchmarks.gba_staleness,
+which fixes the order pushes land in, measures both); four times as long, or resumed from
+480 sync steps, GBA is within 0.0003 of sync. A continuous-training job is a trained model
+taking in new data, so its figures are the ones that count; --warm-rows 0 gives the others.
+Runs repeat round every setting (--repeat, 3) and the medians count, because other work on
+the machine moves a single run's samples/s by up to 2x; each repeat draws its own planted
+streams and trains its own start model (the same for every mode), so the AUCs are not one
+draw of data's luck.
 
 Measured per mode: samples/s (the samples trained into the model over the span from the
 first worker's start to the last worker's end, wall clock; process start, joining and
@@ -46,26 +54,31 @@ Ratios (higher is better for GBA): throughput_vs_sync and the AUC deltas, under 
 straggler. Targets (issue 6): throughput_vs_sync >= 2.4, auc_delta_vs_sync >= -0.001,
 auc_delta_vs_async >= 0, and without the straggler |auc gba - sync| <= 0.001.
 
-Last measured with --row-cache 10% (2 cores, 1 shard, 2 repeats, a quiet machine):
-throughput_vs_sync 3.75 (gba 34.5k samples/s, sync 9.2k under the straggler);
-auc_delta_vs_sync -0.0013, no straggler -0.0013; auc_delta_vs_async -0.0030. The row
-cache served 22.7% of the workers' row pulls at AUC within 0.001 of gba's, but gba+cache
-ran at 28.5k samples/s: on loopback a pull costs less than the cache's bookkeeping.
+Last measured (2 cores, 1 shard, --row-cache 10%, otherwise the defaults: 3 repeats, a
+quiet machine): throughput_vs_sync 3.91 (gba 35.0k samples/s, sync 9.0k under the
+straggler; 36.0k and 20.4k without); auc_delta_vs_sync +0.0006, no straggler +0.0004;
+auc_delta_vs_async +0.0020. In every repeat GBA's AUC was within 0.0003 of sync's or above
+it (AUCs 0.827-0.829), and async's below sync's, by 0.0003 to 0.0016: after 480 steps at
+the global batch, async's four times as many steps of a quarter of it, each from a model
+2.8 of them stale, are worse for the trained model. GBA's gradients are 0.7 global steps
+stale on average (the others' pushes during one local batch: about (W-1)/M, the least any
+asynchronous scheme has). The row cache served 22.6% of the workers' row pulls at GBA's
+AUC, but gba+cache ran at 0.86x gba's samples/s: on loopback a pull costs less than the
+cache's bookkeeping (about 2.5 ms a pull).
 
-Before that (2 cores, 1 shard, defaults, 3 repeats, other jobs on the machine):
-throughput_vs_sync 4.01 (gba 32.5k samples/s, sync 8.1k under the straggler; 33.5k and
-19.2k without); auc_delta_vs_sync -0.0013, no straggler -0.0010; auc_delta_vs_async
--0.0029. GBA's gradients are 0.7 global steps stale on average (the others' pushes
-during one local batch: about (W-1)/M, the least any asynchronous scheme has), plain
-async's 2.8 of its smaller steps; at this budget async's four times as many optimizer
-steps still outweigh its staleness, and the AUCs of one draw of data spread by about
-0.002, so the AUC targets sit within the noise of 3 repeats.
+From a fresh model (--warm-rows 0, 3 repeats): throughput_vs_sync 3.82; auc_delta_vs_sync
+-0.00105, no straggler -0.0016; auc_delta_vs_async -0.0025 (AUCs 0.798-0.803). There
+benchmarks.gba_staleness, which fixes the order pushes land in, finds the same: the
+staleness costs GBA 0.0013 AUC, and async's extra steps gain it 0.0015 over sync at the
+CLI's learning rates (at sync's best, from a sweep: Adam 5e-4, Adagrad 0.02, async ties
+sync and GBA trails it by 0.0014).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -76,6 +89,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.gba_inprocess import HOLDOUT_STREAM, WARM_STREAM_BASE, warm_up
 from benchmarks.harness import parse_args, report
 from picasso import kernels
 from picasso.checkpoint import latest_checkpoint
@@ -84,7 +98,6 @@ from picasso.spec import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 CLI = [sys.executable, "-m", "picasso.pipelines.distributed_cli"]
-HOLDOUT_STREAM = 9_999
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,9 @@ def _extra(parser) -> None:
     parser.add_argument("--hidden", default="256,128")
     parser.add_argument("--straggler", default="3:4", help="RANK:FACTOR for the straggler runs")
     parser.add_argument("--holdout", type=int, default=50_000, help="held-out rows for the AUC")
+    parser.add_argument("--warm-rows", type=int, default=245_760,
+                        help="every mode resumes one model trained in sync on this many samples per worker "
+                        "(streams of its own): continuous training switching modes (0: a fresh model)")
     parser.add_argument("--row-cache", default=None, metavar="CAPACITY",
                         help="also run gba+cache: gba with each worker's hot-row cache of this size in front of "
                         "the server (gba-worker --row-cache), reporting the share of row pulls it served")
@@ -171,7 +187,8 @@ def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
     return Run(ranks[0]["samples"], _span(ranks), 0.0)
 
 
-def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: int) -> Run:
+def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: int, trained_before: int) -> Run:
+    """trained_before: samples in the model the server resumes (its count includes them)."""
     port, total = _free_port(), args.workers * args.rows
     group = ["--port", str(port), "--shards", str(args.shards), "--workers", str(args.workers), "--json"]
     cached = mode == "gba+cache"
@@ -199,7 +216,7 @@ def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: 
     staleness = sum(w["mean_staleness"] * w["batches"] for w in stats) / max(1, sum(w["batches"] for w in stats))
     served = sum(w["row_cache_rows_served"] for w in stats) / sum(w["row_cache_rows_asked"] for w in stats) \
         if cached else float("nan")
-    return Run(_json_lines(out)[-1]["samples"], _span(stats), staleness, served_share=served)
+    return Run(_json_lines(out)[-1]["samples"] - trained_before, _span(stats), staleness, served_share=served)
 
 
 def _span(runs: list[dict]) -> float:
@@ -207,10 +224,14 @@ def _span(runs: list[dict]) -> float:
     return max(r["ended"] for r in runs) - min(r["began"] for r in runs)
 
 
+def _train_config(args) -> TrainConfig:
+    """The model and hyper-parameters every mode trains (the CLI's defaults but --hidden)."""
+    return TrainConfig(hidden=tuple(int(s) for s in args.hidden.split(",")), log_every=0, device="cpu")
+
+
 def held_out_auc(args, workdir: Path) -> float:
     spec = load_spec(args.spec)
-    trainer = Trainer(spec, TrainConfig(hidden=tuple(int(s) for s in args.hidden.split(",")), log_every=0,
-                                        device="cpu"))
+    trainer = Trainer(spec, _train_config(args))
     trainer.restore(latest_checkpoint(workdir / "checkpoints"))
     return trainer.evaluate(planted_batches(spec, args.holdout, 4096, HOLDOUT_STREAM)).auc
 
@@ -223,15 +244,20 @@ def main() -> None:
     # every mode alike rather than on one mode's runs.
     for repeat in range(args.repeat):
         streams = 100 + 1000 * repeat  # each repeat its own draw of data, the same for every mode
-        for straggler in (None, args.straggler):
-            for mode in ("sync", "async", "gba", *(["gba+cache"] if args.row_cache else [])):
-                with tempfile.TemporaryDirectory(prefix=f"gba-bench-{mode}-") as tmp:
-                    workdir = Path(tmp)
-                    run = run_sync(args, workdir, straggler, streams) if mode == "sync" else \
-                        run_ps_mode(args, mode, workdir, straggler, streams)
-                    run = replace(run, auc=held_out_auc(args, workdir))
-                runs.setdefault((mode, straggler or "none"), []).append(run)
-                print(f"{mode:5} straggler {straggler or 'none':5} {run}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="gba-bench-base-") as base_dir:
+            base = warm_up(Trainer(load_spec(args.spec), _train_config(args)), args.workers, args.batch_size,
+                           args.warm_rows, WARM_STREAM_BASE + 1000 * repeat, Path(base_dir)) if args.warm_rows else None
+            for straggler in (None, args.straggler):
+                for mode in ("sync", "async", "gba", *(["gba+cache"] if args.row_cache else [])):
+                    with tempfile.TemporaryDirectory(prefix=f"gba-bench-{mode}-") as tmp:
+                        workdir = Path(tmp)
+                        if base is not None:  # the job every mode resumes: `picasso ps` and sync-worker find it here
+                            shutil.copytree(base, workdir / "checkpoints" / base.name)
+                        run = run_sync(args, workdir, straggler, streams) if mode == "sync" else \
+                            run_ps_mode(args, mode, workdir, straggler, streams, args.workers * args.warm_rows)
+                        run = replace(run, auc=held_out_auc(args, workdir))
+                    runs.setdefault((mode, straggler or "none"), []).append(run)
+                    print(f"{mode:5} straggler {straggler or 'none':5} {run}", flush=True)
     results = [ModeResult(mode, straggler, tuple(r)) for (mode, straggler), r in runs.items()]
     by = {(r.mode, r.straggler): r for r in results}
     slow = args.straggler

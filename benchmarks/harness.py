@@ -47,6 +47,6 @@ def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, fl
         table.add_row(*(f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row))
     console.print(table)
     for key, value in ratios.items():
-        console.print(f"{key}: {value:.2f}")
+        console.print(f"{key}: {value:.4g}")  # AUC deltas are thousandths
     if as_json:
         print(json.dumps({"benchmark": name, "ratios": ratios, "metrics": metrics}))
