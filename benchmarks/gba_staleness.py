@@ -23,8 +23,8 @@ Ratios (GBA's, means over the orders): auc_delta_vs_sync and auc_delta_vs_async;
 metrics carry every run.
 
 Last measured (2 cores; 4 workers, 4 x 81,920 samples, 160 global steps):
-- warm (--warm-rows 245760, 480 sync steps before; 3 orders): sync 0.8283, gba 0.8281
-  (stdev 0.0001), async 0.8270: auc_delta_vs_sync -0.0002, auc_delta_vs_async +0.0011;
+- resumed (the defaults: 480 sync steps before, 4 orders): sync 0.8283, gba 0.8281
+  (stdev 0.0001), async 0.8268: auc_delta_vs_sync -0.0002, auc_delta_vs_async +0.0012;
 - from a fresh model (--warm-rows 0; 4 orders): sync 0.8014, gba 0.8000 (stdev 0.0005),
   async 0.8029: -0.0013 and -0.0029. Async's four times as many optimizer steps win while
   the model is young; at sync's best learning rates (a sweep: Adam 5e-4, Adagrad 0.02) it
