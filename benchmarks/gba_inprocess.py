@@ -47,6 +47,8 @@ class Schedule:
     delay: int = 4  # turns between a pull and its push landing (4: the staleness real runs measure)
 
     def __post_init__(self):
+        if self.rows < self.batch_size:
+            raise ValueError(f"each worker needs at least one batch: rows {self.rows} < batch size {self.batch_size}")
         if self.order is not None and self.delay < JITTER:
             raise ValueError(f"a delay must be >= {JITTER} turns, got {self.delay}")
 
