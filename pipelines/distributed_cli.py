@@ -260,11 +260,18 @@ def run_worker(args) -> int:
             client = CachedPSClient(client, row_cache, seed=args.rank)
         worker = GBAWorker(client, GradientComputer(model), _slowdown(args, args.rank))
         stream = args.stream_base + args.rank if args.stream is None else args.stream
-        start = rpc.rpc_sync(shard_name(0), _positions).get(_planted_source(stream), 0)  # resume where trained
+        source = _planted_source(stream)
+        start = rpc.rpc_sync(shard_name(0), _positions).get(source, 0)  # resume where trained
+        end = start + args.rows
         batches = planted_batches(spec, args.rows, args.batch_size, stream, start)
+
+        def reread(positions: dict[str, int]):  # after a rejoin: on from what the model has
+            at = positions.get(source, start)
+            return planted_batches(spec, end - at, args.batch_size, stream, at)
+
         rpc.rpc_sync(shard_name(0), _start_line, args=(client.worker,))
         began = time.time()  # wall clock: the benchmark spans every worker's run with it
-        stats = worker.train(batches)
+        stats = worker.train(batches, reread)
     except ParameterServerError as err:
         raise SystemExit(f"error: {err}") from None
     finally:
@@ -272,7 +279,7 @@ def run_worker(args) -> int:
     if args.json:
         saved = {f"row_cache_{k}": v for k, v in client.stats.as_metrics().items()} if row_cache else {}
         print(json.dumps({"worker": name, "batches": stats.batches, "samples": stats.samples,
-                          "mean_loss": stats.mean_loss, "refused": stats.refused,
+                          "mean_loss": stats.mean_loss, "refused": stats.refused, "rejoined": stats.rejoined,
                           "mean_staleness": stats.mean_staleness, "seconds": stats.seconds,
                           "began": began, "ended": began + stats.seconds, **saved}))
     return 0

@@ -15,9 +15,9 @@ import torch
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from picasso.distributed.aggregation import Contribution, RowGradient
-from picasso.distributed.gba import GBAConfig
+from picasso.distributed.gba import GBAConfig, WorkerDropped
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient, in_process
+from picasso.distributed.param_server import PSClient, _push, in_process
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
@@ -121,6 +121,50 @@ def test_a_shard_records_a_workers_positions_in_push_order():
         if number == 1:
             assert shard.control.step == 1 and shard.snapshot().positions == {}  # waits for push 0
     assert shard.control.step == 2 and shard.snapshot().positions == {"src": 128}
+
+
+def test_a_dropped_worker_that_is_still_alive_rejoins_and_trains_what_it_lost():
+    """The shards drop worker0 after its 3rd push (as when it stalls past its lease): that
+    push was still buffered (M = 2), so it leaves the global batch. At its next pull the
+    worker learns it was dropped, rejoins under a new incarnation and reads its source on
+    from the server's positions: every sample is trained once, the 3rd batch included."""
+    servers, layout, call = _in_process(Trainer(SPEC, CONFIG), shards=2, gba=GBAConfig(2))
+    pushes = []
+
+    def stalls_after_three(index, fn, args, asynchronous):
+        answer = call(index, fn, args, asynchronous)
+        if fn is _push and index == 0:
+            pushes.append(args[0].worker)
+            if len(pushes) == 3:
+                for shard in servers:
+                    shard.drop_worker(args[0].worker)
+        return answer
+
+    client = PSClient(layout, "worker0/first", max_in_flight=0, call=stalls_after_three)
+    computer = GradientComputer(build_model(CONFIG.model, SPEC, PackingPlan.from_spec(SPEC), CONFIG.hidden))
+    source = distributed_cli.planted_batches(SPEC, 600, 100, stream=7)
+    reread = []
+
+    def read_on(positions):
+        reread.append(positions["planted-7"])
+        return distributed_cli.planted_batches(SPEC, 600 - positions["planted-7"], 100, 7, positions["planted-7"])
+
+    stats = GBAWorker(client, computer).train(source, read_on)
+    assert stats.rejoined == 1 and reread == [200]  # batches 1-2 were stepped, batch 3 discarded
+    assert client.worker.startswith("worker0/") and client.worker != "worker0/first"
+    control = servers[0].control
+    assert control.dropped == {"worker0/first"} and control.counts["discarded_failed_worker"] == 1
+    assert servers[0].samples == 600 and control.positions == {"planted-7": 600} and control.step == 3
+    assert pushes[3:] == [client.worker] * 4  # batches 3 to 6, under the new incarnation
+
+
+def test_a_dropped_worker_without_a_source_to_reread_says_so():
+    servers, layout, call = _in_process(Trainer(SPEC, CONFIG), shards=1, gba=GBAConfig(1))
+    client = PSClient(layout, "worker0/first", max_in_flight=0, call=call)
+    computer = GradientComputer(build_model(CONFIG.model, SPEC, PackingPlan.from_spec(SPEC), CONFIG.hidden))
+    servers[0].drop_worker("worker0/first")
+    with pytest.raises(WorkerDropped, match="worker0/first was dropped by ps0"):
+        GBAWorker(client, computer).train(distributed_cli.planted_batches(SPEC, 100, 100, stream=7))
 
 
 def test_split_and_merge_are_inverse():
@@ -227,6 +271,34 @@ def test_dead_workers_are_dropped_and_the_others_train_on(tiny_spec, tmp_path):
     counted = counts["accepted"] - counts["discarded_failed_worker"]
     assert counted // summary["global_batches"] == summary["step"]  # a dead worker's buffered batch did not count
     assert load_checkpoint(latest_checkpoint(tmp_path / "checkpoints")).step == summary["step"]
+
+
+def test_a_worker_that_stalls_past_its_lease_rejoins(tiny_spec, tmp_path):
+    """worker1 is frozen (SIGSTOP) until the server has dropped it, then thawed: it finds
+    out at its next pull, rejoins under a new incarnation, reads its source on from the
+    server's positions, and the job ends with both sources trained to the end. worker0,
+    slowed down, trains on throughout."""
+    port = _free_port()
+    # No hard staleness limit: a gradient dropped as too stale would advance the positions
+    # without its samples, and the count below could not be exact.
+    server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "2", "--decay", "exp:limit=none")
+    steady = _worker(port, 2, 2, 0, 30_000, "--straggler", "0:4")
+    frozen = _worker(port, 2, 2, 1, 2_000)
+    _wait_for_log(frozen, "training from step")
+    frozen.send_signal(signal.SIGSTOP)
+    _wait_for_log(server, "shard 0: dropped worker worker1/")
+    frozen.send_signal(signal.SIGCONT)
+    results = [_finish(w) for w in (steady, frozen)]
+    code, summary, err = _finish(server)
+    assert code == 0, err
+    for worker_code, stats, worker_err in results:
+        assert worker_code == 0, worker_err
+    assert results[0][1]["rejoined"] == 0 and results[1][1]["rejoined"] == 1
+    assert [w.split("/")[0] for w in summary["dropped_workers"]] == ["worker1"]
+    checkpoint = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    assert checkpoint.positions == {"planted-100": 30_000, "planted-101": 2_000}  # nothing skipped
+    # A batch the old incarnation had pushed out of order may be trained twice; none is lost.
+    assert checkpoint.state["samples"] >= 32_000 and summary["contributed"]["worker1"] >= 20
 
 
 def test_a_worker_without_a_server_says_so(tmp_path):

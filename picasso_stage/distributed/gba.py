@@ -56,6 +56,11 @@ class PushOutcome:
     stepped: bool  # this push completed a global batch
 
 
+class WorkerDropped(ValueError):
+    """A dropped incarnation pulled: it must rejoin under a new one (and re-read its source
+    from the server's positions: its buffered batches were discarded)."""
+
+
 def worker_id(name: str, incarnation: str) -> str:
     """A worker's id: its stable name (a rank) and the incarnation (a fresh id per process
     start), so the pushes of a worker that died are told apart from its successor's."""
@@ -99,7 +104,7 @@ class TokenControl:
 
     def pull(self, worker: str) -> int:
         if worker in self._dropped:
-            raise ValueError(f"worker {worker!r} was dropped; rejoin under a new incarnation")
+            raise WorkerDropped(f"worker {worker!r} was dropped; rejoin under a new incarnation")
         self._last_seen[worker] = self._clock()
         return self.step
 

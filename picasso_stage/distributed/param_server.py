@@ -15,7 +15,10 @@ further ahead waits for the oldest (a bound on memory, not a barrier between wor
 0 makes every push complete before the next pull, for runs that must be deterministic).
 
 A shard stops when every worker has said it is done or has been dropped. Workers that go
-silent for `lease_s` are dropped: their buffered batches leave the global batch.
+silent for `lease_s` are dropped: their buffered batches leave the global batch. A dropped
+worker that is still alive (it stalled past its lease: a long pause, a partition) finds
+out at its next pull, rejoins under a new incarnation (`PSClient.rejoin`) and reads its
+source on from the server's positions, so the batches it lost are trained after all.
 
 Workers meet at a start line on shard 0 (`_start_line`) after loading their data and
 before training, so a job's training is timed from a common start.
@@ -29,8 +32,8 @@ listed in the rendezvous store, the dead one included, inside the store's member
 critical section; that call fails after the RPC timeout, the join raises, and the
 membership token it held is never released, so every later join waits on it too. A
 static group cannot take a new process at a dead rank either (its rendezvous is a
-one-time barrier). Rejoining under a new incarnation works at the token-control level
-(gba.py); over RPC it needs a transport whose membership tolerates dead peers.
+one-time barrier). A live member rejoins under a new incarnation (above); a new process
+would need a transport whose membership tolerates dead peers.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import torch
@@ -48,7 +52,7 @@ from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.layout import ShardLayout
 from picasso.distributed.local_gradient import LocalGradient
 from picasso.distributed.shard import Pulled, Shard, ShardSnapshot
-from picasso.distributed.gba import PushOutcome
+from picasso.distributed.gba import PushOutcome, WorkerDropped, worker_id
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,9 @@ class _Served:
                     self.lost.add(name)
         if self.expected <= set(self.at_start) | self.lost:
             self.all_at_start.set()
-        gone = self.finished | {w.split("/", 1)[0] for w in control.dropped} | self.lost
+        # A dropped worker is gone unless it has rejoined under a new incarnation.
+        live = {w.split("/", 1)[0] for w in control.workers}
+        gone = self.finished | ({w.split("/", 1)[0] for w in control.dropped} - live) | self.lost
         if self.shard.index == 0 and self.expected <= gone:
             self.stopped.set()
 
@@ -143,6 +149,12 @@ def _snapshot() -> ShardSnapshot:
     return _here().shard.snapshot()
 
 
+def _forget(worker: str) -> int:
+    """Drop an incarnation that has rejoined under a new one (every shard at once, rather
+    than each when its lease runs out)."""
+    return _here().shard.drop_worker(worker)
+
+
 def _finish(worker: str) -> None:
     served = _here()
     served.shard.retire(worker)
@@ -162,7 +174,7 @@ def _stashed(step: int, take: bool):
 
 def _positions() -> dict[str, int]:
     """How far the model is trained into each source: where a joining worker reads on from."""
-    return dict(_here().shard.control.positions)
+    return _here().shard.positions()
 
 
 def _start_line(worker: str) -> None:
@@ -267,6 +279,9 @@ class PSClient:
         owners = {key: self.layout.owner(r) for key, r in rows.items()}
         answers = [self._call(s, _pull, (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0), False)
                    for s in range(self.layout.num_shards)]
+        dropped = [shard_name(s) for s, answer in enumerate(answers) if answer.dropped]
+        if dropped:
+            raise WorkerDropped(f"{self.worker} was dropped by {', '.join(dropped)} (silent past its lease?)")
         values, versions = {}, {}
         for key, wanted in rows.items():
             dim = self.layout.table(key).dim
@@ -298,6 +313,21 @@ class PSClient:
                 self._in_flight[s].append(future)
         self._pushed += 1
 
+    def rejoin(self) -> None:
+        """Go on as a new incarnation of this worker, after the shards dropped this one: its
+        unanswered pushes are taken (refused), and pushes are numbered from 0 again."""
+        self.drain()
+        old, name = self.worker, self.worker.split("/", 1)[0]
+        for s in range(self.layout.num_shards):  # the shards that have not dropped it yet do so now
+            self._call(s, _forget, (old,), False)
+        self.worker = worker_id(name, uuid.uuid4().hex[:8])
+        self._pushed = 0
+        log.info("%s rejoined as %s", old, self.worker)
+
+    def positions(self) -> dict[str, int]:
+        """How far the model is trained into each source: where a rejoining worker reads on."""
+        return self._call(0, _positions, (), False)
+
     def collect(self) -> None:
         """Take the answers of finished pushes (raising a shard's error, if one came back)."""
         for s, futures in enumerate(self._in_flight):
@@ -326,7 +356,7 @@ class PSClient:
 def in_process(shards: list[Shard]):
     """A `call` for PSClient that reaches Shard objects in this process instead of over
     RPC: the same client, for tests and one-process runs."""
-    methods = {_pull: "pull", _push: "push"}
+    methods = {_pull: "pull", _push: "push", _positions: "positions", _forget: "drop_worker"}
 
     def call(index: int, fn, args: tuple, asynchronous: bool):
         if fn is _finish:

@@ -178,6 +178,13 @@ class CachedPSClient:
     def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None) -> None:
         self.client.push(pulled, gradient, positions)
 
+    def rejoin(self) -> None:
+        # Cached rows stay: each carries the version it was pulled at, which the shards judge.
+        self.client.rejoin()
+
+    def positions(self) -> dict[str, int]:
+        return self.client.positions()
+
     def collect(self) -> None:
         self.client.collect()
 

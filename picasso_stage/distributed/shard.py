@@ -24,7 +24,7 @@ import torch
 
 from picasso import kernels
 from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGradient
-from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl
+from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl, WorkerDropped
 from picasso.distributed.layout import ShardLayout, TableLayout
 
 
@@ -35,6 +35,7 @@ class Pulled:
     rows: dict[str, torch.Tensor]  # table key -> (k, dim) values of the rows asked for, in their order
     versions: dict[str, torch.Tensor]  # table key -> (k,) how many steps had updated each row
     stop: bool = False  # the job's sample budget is spent: train no further
+    dropped: bool = False  # the pulling incarnation was dropped: nothing else is filled in
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,10 @@ class Shard:
     def pull(self, worker: str, rows: dict[str, torch.Tensor], dense: bool) -> Pulled:
         self._arrived[worker] = time.monotonic()
         with self._lock:
-            token = self.control.pull(worker)
+            try:
+                token = self.control.pull(worker)
+            except WorkerDropped:  # an answer, not an error: the worker rejoins (worker.py)
+                return Pulled(-1, {}, {}, {}, dropped=True)
             values, versions = {}, {}
             for key, wanted in rows.items():
                 local = self._local(key, wanted)
@@ -118,6 +122,11 @@ class Shard:
                 if self.checkpoint_every and self.control.step % self.checkpoint_every == 0:
                     self._stashed[self.control.step] = self._snapshot()
             return outcome
+
+    def positions(self) -> dict[str, int]:
+        """How far the model is trained into each source (shard 0 keeps them)."""
+        with self._lock:
+            return dict(self.control.positions)
 
     def drop_worker(self, worker: str) -> int:
         with self._lock:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 from picasso.batch import PackedBatch
+from picasso.distributed.gba import WorkerDropped
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import PSClient
 
@@ -26,6 +27,7 @@ class WorkerStats:
     samples: int = 0
     loss_sum: float = 0.0  # per-sample log loss of each batch, before its update
     refused: int = 0  # pushes shard 0 did not count (too stale, the worker dropped, the budget spent)
+    rejoined: int = 0  # times the shards had dropped this worker and it came back under a new incarnation
     mean_staleness: float = 0.0  # over the pushes shard 0 counted: global steps between pull and push
     seconds: float = 0.0
 
@@ -70,18 +72,37 @@ class GBAWorker:
     def __init__(self, client: PSClient, computer: GradientComputer, slowdown: float = 1.0):
         self.client, self.computer, self.straggler = client, computer, Straggler(slowdown)
 
-    def train(self, batches: Iterable[PackedBatch]) -> WorkerStats:
+    def train(self, batches: Iterable[PackedBatch],
+              reread: Callable[[dict[str, int]], Iterable[PackedBatch]] | None = None) -> WorkerStats:
+        """reread(positions): the worker's batches from the server's positions on. Given, a
+        worker the shards dropped (silent past its lease) rejoins and reads on from there, so
+        the batches it lost with its old incarnation are trained after all; without it,
+        being dropped is an error (WorkerDropped)."""
         stats = WorkerStats()
         start = time.perf_counter()
-        for batch in batches:
-            if not self.step(batch, stats):
+        source = iter(batches)
+        while True:
+            try:
+                self._train_on(source, stats)
                 break
+            except WorkerDropped as dropped:
+                if reread is None:
+                    raise
+                log.warning("%s; rejoining", dropped)
+                self.client.rejoin()
+                stats.rejoined += 1
+                source = iter(reread(self.client.positions()))
         self.client.finish()
         stats.refused = sum(not outcome.accepted for outcome in self.client.outcomes)
         counted = [outcome.staleness for outcome in self.client.outcomes if outcome.accepted]
         stats.mean_staleness = sum(counted) / len(counted) if counted else 0.0
         stats.seconds = time.perf_counter() - start
         return stats
+
+    def _train_on(self, batches: Iterable[PackedBatch], stats: WorkerStats) -> None:
+        for batch in batches:
+            if not self.step(batch, stats):
+                return
 
     def step(self, batch: PackedBatch, stats: WorkerStats) -> bool:
         """One local batch: pull, compute, push (without waiting), counted into stats.
