@@ -71,6 +71,11 @@ def parse_capacity(text: str, num_rows: int, row_bytes: int) -> int:
     return max(1, min(num_rows, int(rows)))
 
 
+def counter_metrics(counters, **derived: float) -> dict[str, float]:
+    """A dataclass of counts as metrics (floats), with the rates derived from them."""
+    return {**{f.name: float(getattr(counters, f.name)) for f in fields(counters)}, **derived}
+
+
 @dataclass
 class CacheStats:
     """Counts since the last `reset`, over training steps."""
@@ -87,8 +92,7 @@ class CacheStats:
         return self.hits / self.lookups if self.lookups else float("nan")
 
     def as_metrics(self) -> dict[str, float]:
-        values = {f.name: float(getattr(self, f.name)) for f in fields(self)}
-        return {**values, "hit_rate": self.hit_rate}
+        return counter_metrics(self, hit_rate=self.hit_rate)
 
 
 class TieredTable:

@@ -24,11 +24,11 @@ The dense parameters are always pulled: they change at every global step.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
-from picasso.cache import parse_capacity
+from picasso.cache import counter_metrics, parse_capacity
 from picasso.distributed.local_gradient import LocalGradient
 from picasso.distributed.param_server import PSClient, PulledBatch
 from picasso.hot_rows import HotRowDirectory
@@ -62,8 +62,7 @@ class RowCacheStats:
         return self.rows_served / self.rows_asked if self.rows_asked else float("nan")
 
     def as_metrics(self) -> dict[str, float]:
-        values = {f.name: float(getattr(self, f.name)) for f in fields(self)}
-        return {**values, "served_share": self.served_share}
+        return counter_metrics(self, served_share=self.served_share)
 
 
 @dataclass
