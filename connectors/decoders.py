@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -80,9 +81,13 @@ def _as_array(values) -> pa.Array | None:
     if isinstance(values, pa.Array):
         return values
     try:
-        return pa.array(values)
+        arr = pa.array(values)
     except _ARROW_ERRORS:
         return None
+    # After a float, Arrow reads True as 1.0; booleans must reach the validator as such.
+    if pa.types.is_floating(arr.type) and any(isinstance(v, bool) for v in values):
+        return None
+    return arr
 
 
 def _describe(value) -> str:
@@ -92,6 +97,18 @@ def _describe(value) -> str:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) or isinstance(value, np.number)
+
+
+def _as_number(value) -> tuple[float, str | None]:
+    """A label's or dense field's value as a float, or why it is refused. Booleans are
+    refused rather than read as 0/1: `true` where a number belongs is more likely a
+    producer's bug than a click."""
+    if not _is_number(value):
+        return 0.0, f"expected a number, got {_describe(value)}"
+    try:
+        return float(value), None
+    except OverflowError:  # an integer of hundreds of digits: infinite as a float, as Arrow reads it
+        return (math.inf if value > 0 else -math.inf), None
 
 
 class RecordDecoder:
@@ -143,9 +160,13 @@ class RecordDecoder:
         records: list[dict] = []
         for i, message in enumerate(messages):
             try:
-                record = json.loads(message)
-            except (ValueError, UnicodeDecodeError) as err:
+                record = json.loads(message, object_pairs_hook=_object_of_unique_keys)
+            except _DuplicateKey as err:
                 verdicts.refuse(np.array([i]), lambda _, err=err: f"invalid JSON: {err}")
+                record = {}
+            except (ValueError, UnicodeDecodeError, RecursionError) as err:
+                reason = "blank line (no JSON object)" if not message.strip() else f"invalid JSON: {err}"
+                verdicts.refuse(np.array([i]), lambda _, reason=reason: reason)
                 record = {}
             if not isinstance(record, dict):
                 verdicts.refuse(np.array([i]), lambda _, r=record: f"not a JSON object: {type(r).__name__}")
@@ -338,15 +359,24 @@ class RecordDecoder:
             return np.zeros(n), np.ones(n, dtype=bool)
         arr = _as_array(values)
         if arr is not None and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
-                                or pa.types.is_boolean(arr.type) or pa.types.is_null(arr.type)):
+                                or pa.types.is_null(arr.type)):
             null = _null_mask(arr, n)
-            numbers = arr.cast(pa.float64()).fill_null(0.0).to_numpy(zero_copy_only=False)
+            numbers = arr.cast(pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
         else:
             items = values.to_pylist() if isinstance(values, (pa.Array, pa.ChunkedArray)) else list(values)
             null = np.array([v is None for v in items], dtype=bool)
-            wrong = np.array([v is not None and not (_is_number(v) or isinstance(v, bool)) for v in items], dtype=bool)
-            verdicts.refuse(wrong, lambda i: f"field '{name}': expected a number, got {_describe(items[i])}")
-            numbers = np.array([float(v) if (_is_number(v) or isinstance(v, bool)) else 0.0 for v in items])
+            numbers = np.zeros(len(items))
+            problems = {}
+            for i, v in enumerate(items):
+                if v is None:
+                    continue
+                number, problem = _as_number(v)
+                if problem:
+                    problems[i] = problem
+                else:
+                    numbers[i] = number
+            if problems:
+                verdicts.refuse(np.fromiter(problems, np.int64), lambda i: f"field '{name}': {problems[i]}")
         return numbers, null
 
     def _plain_hashed(self, columns: dict[str, object], n: int) -> dict[str, pa.ListArray]:
@@ -358,7 +388,8 @@ class RecordDecoder:
         for f in self.spec.sparse:
             arr = columns.get(f.name) if f.hashed else None
             if (isinstance(arr, pa.Array) and arr.null_count == 0 and len(arr) == n
-                    and (pa.types.is_integer(arr.type) or pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type))):
+                    and (pa.types.is_integer(arr.type) and not _has_negative(arr)
+                         or pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type))):
                 plain.setdefault(arr.type, []).append((f, arr))
         if not plain:
             return {}
@@ -379,24 +410,29 @@ class RecordDecoder:
         if parts is not None:
             lengths, flat, null_ids = parts
             ids = flat.fill_null(0 if pa.types.is_integer(flat.type) else "") if flat.null_count else flat
+            # owner: the row of each id; built only when some id may need refusing.
+            owner = np.repeat(np.arange(n), lengths) if not f.hashed or null_ids.any() or _has_negative(ids) else None
+            if null_ids.any():
+                verdicts.refuse(owner[null_ids], lambda i: f"field '{f.name}': {_NULL_ID}")
             if f.hashed:
+                if _has_negative(ids):
+                    negative = ids.to_numpy(zero_copy_only=False) < 0
+                    first = _first_per_row(owner, negative, ids)
+                    verdicts.refuse(owner[negative], lambda i: f"field '{f.name}': {_id_problem(first[i], f)}")
                 rows = hash_to_buckets(ids, f.hash_buckets)
             elif pa.types.is_integer(ids.type):
                 rows = ids.to_numpy(zero_copy_only=False).astype(np.int64)
             else:
                 rows = np.zeros(len(ids), np.int64)
-                verdicts.refuse(lengths > 0, lambda i: f"field '{f.name}': vocab ids must be integers, got strings")
-            # owner: the row of each id; built only when some id may need refusing.
-            owner = np.repeat(np.arange(n), lengths) if not f.hashed or null_ids.any() else None
-            if null_ids.any():
-                verdicts.refuse(owner[null_ids], lambda i: f"field '{f.name}': null id in bag")
+                first = _first_per_row(owner, np.ones(len(ids), dtype=bool), ids)
+                verdicts.refuse(lengths > 0, lambda i: f"field '{f.name}': {_id_problem(first[i], f)}")
         else:
             items = values.to_pylist() if isinstance(values, (pa.Array, pa.ChunkedArray)) else list(values)
             lengths, rows, owner = self._sparse_slow(f, items, verdicts)
         verdicts.refuse(lengths > f.max_len, lambda i: f"field '{f.name}': {lengths[i]} ids, more than max_len {f.max_len}")
         if not f.hashed:
             out_of_range = (rows < 0) | (rows >= f.vocab_size)
-            verdicts.refuse(owner[out_of_range], lambda i: _out_of_range(f))
+            verdicts.refuse(owner[out_of_range], lambda i: f"field '{f.name}': {_out_of_range(f)}")
             rows = np.where(out_of_range, 0, rows)
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
@@ -409,18 +445,35 @@ class RecordDecoder:
         owner: list[int] = []
         for i, value in enumerate(items):
             bag = [] if value is None else value if isinstance(value, list) else [value]
-            wrong = [v for v in bag if not _valid_id(v, f)]
-            if wrong:
-                kind = "integer or string" if f.hashed else "integer"
-                verdicts.refuse(np.array([i]), lambda _: f"field '{f.name}': expected {kind} ids, got {_describe(wrong[0])}")
-                continue
-            if not f.hashed and any(not 0 <= v < f.vocab_size for v in bag):
-                verdicts.refuse(np.array([i]), lambda _: _out_of_range(f))
+            # The same reason, for the same first bad id, as the column-wise path gives.
+            if isinstance(value, list) and None in bag:
+                problem = _NULL_ID
+            else:
+                problem = next(filter(None, (_id_problem(v, f) for v in bag)), None)
+            if problem:
+                verdicts.refuse(np.array([i]), lambda _: f"field '{f.name}': {problem}")
                 continue
             lengths[i] = len(bag)
             rows.extend(bucket_of(v, f.hash_buckets) if f.hashed else v for v in bag)
             owner.extend([i] * len(bag))
         return lengths, np.array(rows, dtype=np.int64), np.array(owner, dtype=np.int64)
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _object_of_unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """json.loads keeps the last of two equal keys without a word; which one the producer
+    meant is a guess, so such an object is refused."""
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(f"duplicate key {key!r} in one object")
+            seen.add(key)
+    return record
 
 
 def _signed_log1p(values: np.ndarray) -> np.ndarray:
@@ -441,13 +494,46 @@ def _plain_numbers(values) -> tuple[np.ndarray, np.ndarray | None] | None:
 
 
 def _out_of_range(f: SparseField) -> str:
-    return f"field '{f.name}': id out of range [0, {f.vocab_size})"
+    return f"id out of range [0, {f.vocab_size})"
 
 
-def _valid_id(value, f: SparseField) -> bool:
-    if isinstance(value, bool):
-        return False
-    return isinstance(value, int) or (f.hashed and isinstance(value, str))
+_NULL_ID = "null id in bag"
+_UINT64_END = 1 << 64
+
+
+def _id_problem(value, f: SparseField) -> str | None:
+    """Why one raw id is refused, or None.
+
+    Hashed fields take strings and integers in [0, 2^64): a negative or wider integer
+    has no single unsigned 64-bit reading (a signed hash? a bug?), so it is refused
+    rather than wrapped. Out-of-range vocab ids are refused by the caller, which checks
+    whole columns at once.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not f.hashed):
+        kind = "integer or string" if f.hashed else "integer"
+        return f"expected {kind} ids, got {_describe(value)}"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate, which no UTF-8 id has
+            return f"string id {value!r:.40} is not valid Unicode (a lone surrogate)"
+    elif f.hashed and not 0 <= value < _UINT64_END:
+        return f"integer id {value} is outside [0, 2^64) (hashed ids are unsigned 64-bit)"
+    elif not f.hashed and not 0 <= value < f.vocab_size:
+        return _out_of_range(f)
+    return None
+
+
+def _has_negative(ids: pa.Array) -> bool:
+    return pa.types.is_signed_integer(ids.type) and len(ids) > 0 and pc.min(ids).as_py() < 0
+
+
+def _first_per_row(owner: np.ndarray, flagged: np.ndarray, ids: pa.Array) -> dict[int, object]:
+    """The first flagged id of each row that has one, as a Python value."""
+    first: dict[int, object] = {}
+    for position in np.flatnonzero(flagged):
+        first.setdefault(int(owner[position]), ids[int(position)].as_py())
+    return first
 
 
 def _id_type_ok(t: pa.DataType) -> bool:

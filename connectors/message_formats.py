@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -69,16 +70,21 @@ def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: 
     Fast path: the values joined into newline-delimited JSON and parsed by Arrow's C++
     reader in one call (about 3x cheaper than json.loads per message), then validated
     column-wise like a Parquet chunk. Whenever that path cannot vouch for every message
-    (a newline or blank inside a message, invalid JSON, a column whose type changes from
-    message to message) the chunk takes RecordDecoder.decode_json, which names each bad
-    message; the fast path never changes a verdict, only its cost.
+    the chunk takes RecordDecoder.decode_json, which names each bad message:
+    - a newline or blank inside a message, or anything Arrow's reader refuses (invalid
+      JSON, a duplicate key, a column whose type changes from message to message);
+    - text json.loads refuses but Arrow's reader takes (`-NaN`, bytes that are not UTF-8);
+    - a message that is not an object: pyarrow 25's reader takes a `null` line as a row,
+      and a poll that begins with one crashes the process (a segmentation fault);
+    - a column Arrow typed lossily (see _typed_as_json).
+    So the fast path never changes a verdict, only its cost; tests/test_fast_path_verdicts.py
+    checks that message by message over random mixes.
     """
     if values:
         data = b"\n".join(values)
-        # Arrow's reader would accept bytes that are not UTF-8 inside strings, which are
-        # not JSON: such a chunk takes the per-message path (ASCII, the usual case, is
-        # checked at memory speed).
-        if data.count(b"\n") == len(values) - 1 and (data.isascii() or _is_utf8(data)):
+        # ASCII, the usual case, is checked at memory speed.
+        if (data.count(b"\n") == len(values) - 1 and (data.isascii() or _is_utf8(data))
+                and b"-NaN" not in data and not _NOT_AN_OBJECT.search(data)):
             try:
                 table = pa_json.read_json(
                     io.BytesIO(data),
@@ -86,9 +92,39 @@ def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: 
                 )
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                 table = None
-            if table is not None and table.num_rows == len(values):
+            if table is not None and table.num_rows == len(values) and _typed_as_json(table, decoder):
                 return decoder.decode_table(table, source, positions=positions)
     return decoder.decode_json(values, source, positions=positions)
+
+
+# A line whose first character (after blanks) does not open an object.
+_NOT_AN_OBJECT = re.compile(rb"^[ \t\r]*[^{ \t\r]", re.MULTILINE)
+
+# Arrow types whose values are exactly what json.loads gives, per kind of field. Arrow
+# promotes a column of 1 and 2.5 to doubles (an integer id would read as 1.0), an id
+# over int64 to a double, a string like "2026-11-01" to a timestamp, and fills the keys
+# an object lacks with nulls: any of those takes the per-message path.
+_EXACT_SCALARS = (pa.types.is_null, pa.types.is_boolean, pa.types.is_int64, pa.types.is_string)
+
+
+def _exact(t: pa.DataType, numbers: bool) -> bool:
+    return any(check(t) for check in _EXACT_SCALARS) or (numbers and pa.types.is_float64(t))
+
+
+def _typed_as_json(table: pa.Table, decoder: RecordDecoder) -> bool:
+    """Whether every column the decoder reads holds the values json.loads would give.
+    Labels and dense fields are read as floats, so a double there is exact; a sparse
+    field's ids must keep their type, in a list or alone."""
+    sparse = decoder.spec.sparse_names
+    for name, column in zip(table.column_names, table.columns):
+        if name not in decoder.known:
+            continue  # unknown fields count only as present or not, which nulls keep
+        t = column.type
+        if name in sparse and pa.types.is_list(t):
+            t = t.value_type
+        if not _exact(t, numbers=name not in sparse):
+            return False
+    return True
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -104,18 +140,19 @@ def _decode_arrow(decoder: RecordDecoder, values: Sequence[bytes], source: str, 
     IPC stream is refused whole."""
     tables, row_offsets, broken = [], [], {}
     for value, offset in zip(values, offsets):
-        try:
-            table = pa.ipc.open_stream(pa.py_buffer(value)).read_all()
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError) as err:
-            broken[int(offset)] = f"invalid Arrow IPC stream: {str(err).splitlines()[0][:200]}"
+        table, problem = read_ipc_stream(value)
+        if problem:
+            broken[int(offset)] = problem
             continue
         tables.append(table)
         row_offsets.append(np.full(table.num_rows, offset, dtype=np.int64))
     row_offsets = np.concatenate(row_offsets) if row_offsets else np.zeros(0, np.int64)
     try:
         # Messages of one producer share a schema; concatenating them validates all rows
-        # in one vectorised pass.
-        combined = pa.concat_tables(tables, promote_options="permissive") if tables else None
+        # in one vectorised pass. Only null columns may be promoted (to the other
+        # messages' type, with the same nulls): a permissive int64 + double would turn
+        # one producer's float ids into every message's, and refuse them all.
+        combined = pa.concat_tables(tables, promote_options="default") if tables else None
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         combined = None
     if combined is not None or not tables:
@@ -130,6 +167,29 @@ def _decode_arrow(decoder: RecordDecoder, values: Sequence[bytes], source: str, 
         valid_mask=np.concatenate([p.valid_mask for p in parts]),
     )
     return result, row_offsets, broken
+
+
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def read_ipc_stream(value: bytes) -> tuple[pa.Table | None, str | None]:
+    """The rows of one Arrow IPC stream, or why the message is refused whole.
+
+    A stream must end with its end-of-stream marker, right at the end of the message:
+    Arrow's reader takes a stream cut at a batch boundary, or missing its marker, as a
+    shorter stream, and rows would be lost without a word. (Writers older than Arrow
+    0.15 wrote a 4-byte marker; they are not accepted.)
+    """
+    source = pa.BufferReader(pa.py_buffer(value))
+    try:
+        table = pa.ipc.open_stream(source).read_all()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OSError) as err:
+        return None, f"invalid Arrow IPC stream: {str(err).splitlines()[0][:200]}"
+    if source.tell() != len(value):
+        return None, f"invalid Arrow IPC stream: {len(value) - source.tell()} bytes after its end-of-stream marker"
+    if not value.endswith(_END_OF_STREAM):
+        return None, "invalid Arrow IPC stream: no end-of-stream marker (the message was cut short?)"
+    return table, None
 
 
 def _dead_letters(messages: Messages, result: DecodeResult, row_offsets: np.ndarray, whole: dict,

@@ -212,9 +212,9 @@ def test_log1p_is_signed():
 
 def test_integer_ids_in_hashed_fields_use_the_integer_hash():
     decoder = RecordDecoder(SPEC)
-    table = decoder.decode_json(['{"label": 0, "h": 7, "bag": [1, -2]}'], "s").table
+    table = decoder.decode_json(['{"label": 0, "h": 7, "bag": [1, 18446744073709551615]}'], "s").table
     assert table.column("h").to_pylist() == [[bucket_of(7, 100)]]
-    assert table.column("bag").to_pylist() == [[bucket_of(1, 50), bucket_of(-2, 50)]]
+    assert table.column("bag").to_pylist() == [[bucket_of(1, 50), bucket_of(2**64 - 1, 50)]]
     # mixed with string ids in the same batch: each id keeps its own hash
     table = decoder.decode_json(['{"label": 0, "h": 7}', '{"label": 0, "h": "7"}'], "s").table
     assert table.column("h").to_pylist() == [[bucket_of(7, 100)], [bucket_of("7", 100)]]
@@ -268,6 +268,19 @@ BAD_JSON = [
     ("oversize-vocab-bag", '{"label": 0, "vbag": [1, 2, 3, 4, 5]}', ["'vbag'", "max_len"]),
     ("list-in-one-hot", '{"label": 0, "h": ["a", "b"]}', ["'h'", "max_len"]),
     ("null-id-in-vocab-bag", '{"label": 0, "vbag": [1, null]}', ["'vbag'", "null"]),
+    # Ambiguous values are refused, never guessed:
+    ("label-bool", '{"label": true}', ["'label'", "bool"]),
+    ("dense-bool", '{"label": 0, "d1": false}', ["'d1'", "bool"]),
+    ("dense-int-beyond-float64", '{"label": 0, "d1": 1' + "0" * 400 + "}", ["'d1'", "not finite (inf)"]),
+    ("duplicate-key", '{"label": 0, "h": "a", "h": "b"}', ["duplicate key 'h'"]),
+    ("duplicate-nested-key", '{"label": 0, "x": {"k": 1, "k": 2}}', ["duplicate key 'k'"]),
+    ("hashed-id-negative", '{"label": 0, "h": -7}', ["'h'", "[0, 2^64)"]),
+    ("hashed-id-beyond-uint64", '{"label": 0, "h": 18446744073709551616}', ["'h'", "[0, 2^64)"]),
+    ("hashed-bag-negative", '{"label": 0, "bag": [1, -2]}', ["'bag'", "[0, 2^64)"]),
+    ("lone-surrogate-id", '{"label": 0, "h": "a\\ud800"}', ["'h'", "surrogate"]),
+    ("blank-line", "", ["blank line"]),
+    ("whitespace-line", "  \t ", ["blank line"]),
+    ("deeply-nested", '{"label": 0, "x": ' + "[" * 100_000 + "]" * 100_000 + "}", ["invalid JSON"]),
 ]
 
 
