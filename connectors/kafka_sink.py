@@ -3,20 +3,45 @@
 A dead-letter record keeps the original key and value bytes untouched (so it can be
 replayed once fixed) and says in its headers which topic, partition and offset it came
 from, why it was refused, and how many of its records were refused (an Arrow IPC message
-carries many). Writes are flushed at the end of each bundle: a cycle whose dead letters
-could not be written fails and is retried, so none is lost. A retried cycle may write a
-dead letter twice; the (topic, partition, offset) headers make duplicates easy to drop.
+carries many).
+
+What is guaranteed:
+- Every dead letter of a bundle is acknowledged by the broker (acks=all) before the bundle
+  finishes. The sink keeps the future of each send and, at the end of the bundle, flushes
+  and waits for every one. If any failed (refused by the broker, or not acknowledged within
+  `delivery_timeout_s`), the bundle raises DeadLettersNotWritten, naming how many failed
+  and why the first one did. The stream cycle then fails before it checkpoints, and is
+  retried from the last checkpoint, so no dead letter is lost.
+- The wait is bounded. Within `delivery_timeout_s` the client retries transient errors
+  itself (a leader moving, a broker restarting); past it, a send fails, so a dead broker
+  fails the cycle and does not hang it.
+- A letter too large to send whole (over the producer's `max_request_size`, or refused by
+  the broker as too large) is still written, cut down to its first bytes with its size and
+  SHA-256 (see dead_letter_oversize for the encoding). Such a letter never blocks the
+  stream. Only a producer limit too small for even the cut letter (a few KiB) fails the
+  bundle, with DeadLetterTooLarge.
+- A retried cycle may write a dead letter twice. The (topic, partition, offset) headers make
+  duplicates easy to drop.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 
 import apache_beam as beam
+from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
+from picasso.connectors import dead_letter_oversize as oversize
+from picasso.connectors.dead_letter_oversize import Digest
 from picasso.connectors.kafka_config import KafkaConnection, source_name
 
 MAX_REASON_BYTES = 4096
+DEFAULT_DELIVERY_TIMEOUT_S = 60.0
+LINGER_MS = 20
+# kafka-python expires a record delivery_timeout after send(); the wait at the end of a
+# bundle allows this much more before it gives up on a future itself (a hang guard only).
+CONFIRM_GRACE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -25,23 +50,50 @@ class MessageDeadLetter:
     partition: int
     offset: int
     key: bytes | None
-    value: bytes | None  # the message exactly as it arrived
+    value: bytes | None  # the message exactly as it arrived, or its first bytes if it was cut
     timestamp_ms: int
     reason: str
     records: int = 1  # refused records in this message (rows of an Arrow IPC message)
+    # Set only on a letter cut down to fit Kafka's size limits: the originals' size and hash.
+    original_key: Digest | None = None
+    original_value: Digest | None = None
 
     @property
     def source(self) -> str:
         return source_name(self.topic, self.partition)
 
+    @property
+    def is_cut(self) -> bool:
+        return self.reason.startswith(f"{oversize.OVERSIZE}: ")
+
+    @property
+    def original_reason(self) -> str:
+        """Why the message was refused, without the note that it was cut."""
+        return oversize.original_reason(self.reason)
+
     def headers(self) -> list[tuple[str, bytes]]:
-        return [
+        headers = [
             ("picasso.topic", self.topic.encode()),
             ("picasso.partition", str(self.partition).encode()),
             ("picasso.offset", str(self.offset).encode()),
-            ("picasso.reason", self.reason.encode()[:MAX_REASON_BYTES]),
+            ("picasso.reason", _capped_utf8(self.reason, MAX_REASON_BYTES)),
             ("picasso.records", str(self.records).encode()),
         ]
+        if self.original_value is not None:
+            headers += self.original_value.headers(oversize.VALUE_HEADERS)
+        if self.original_key is not None:
+            headers += self.original_key.headers(oversize.KEY_HEADERS)
+        return headers
+
+    def record_size(self) -> int:
+        return oversize.record_size(self.key, self.value, self.headers())
+
+    def cut(self, why: str) -> "MessageDeadLetter":
+        """This letter with its value (and a long key) cut to their first bytes."""
+        key, original_key = oversize.cut(self.key, always_digest=False)
+        value, original_value = oversize.cut(self.value, always_digest=True)
+        return replace(self, key=key, value=value, original_key=original_key, original_value=original_value,
+                       reason=oversize.oversize_reason(why, self.reason))
 
     @classmethod
     def from_record(cls, record) -> "MessageDeadLetter":
@@ -56,36 +108,144 @@ class MessageDeadLetter:
             timestamp_ms=record.timestamp,
             reason=headers["picasso.reason"],
             records=int(headers["picasso.records"]),
+            original_key=Digest.from_headers(headers, oversize.KEY_HEADERS),
+            original_value=Digest.from_headers(headers, oversize.VALUE_HEADERS),
         )
 
 
+def _capped_utf8(text: str, limit: int) -> bytes:
+    # Cut on a character boundary, so that the header always decodes again.
+    return text.encode()[:limit].decode(errors="ignore").encode()
+
+
+class DeadLettersNotWritten(RuntimeError):
+    """Some dead letters of a bundle were not acknowledged by the broker."""
+
+
+class DeadLetterTooLarge(RuntimeError):
+    """A dead letter does not fit the producer's limit even cut down."""
+
+
+@dataclass(frozen=True)
+class _Send:
+    letter: MessageDeadLetter  # as sent: cut already if it did not fit
+    future: object  # kafka-python's FutureRecordMetadata
+
+
 class _WriteDeadLettersDoFn(beam.DoFn):
-    def __init__(self, connection: KafkaConnection, topic: str):
+    def __init__(self, connection: KafkaConnection, topic: str, delivery_timeout_s: float):
         self.connection = connection
         self.topic = topic
+        self.delivery_timeout_s = delivery_timeout_s
 
     def setup(self):
-        # acks=all and no retries hidden from us: a failed write fails the bundle.
-        self.producer = self.connection.producer(acks="all", linger_ms=20)
+        delivery_timeout_ms = int(self.delivery_timeout_s * 1000)
+        self.producer = self.connection.producer(
+            acks="all",
+            linger_ms=LINGER_MS,
+            # retries stay kafka-python's default (unbounded, idempotent): a transient error
+            # is retried until the delivery timeout, and then the send fails.
+            delivery_timeout_ms=delivery_timeout_ms,
+            request_timeout_ms=min(30_000, delivery_timeout_ms - LINGER_MS),
+            # send() waits this long at most for metadata or buffer space: a broker that is
+            # gone before the first send fails the bundle too.
+            max_block_ms=delivery_timeout_ms,
+        )
+        self.max_request_size = self.producer.config["max_request_size"]
+
+    def start_bundle(self):
+        self.letters = 0
+        self.sends: list[_Send] = []
 
     def process(self, letter: MessageDeadLetter):
-        self.producer.send(self.topic, key=letter.key, value=letter.value, headers=letter.headers(),
-                           timestamp_ms=letter.timestamp_ms or None)
+        self.letters += 1
+        too_large = self._over_limit(letter)
+        if too_large:
+            self._send_cut(letter, too_large)
+        else:
+            self._send(letter)
+
+    def _over_limit(self, letter: MessageDeadLetter) -> str | None:
+        """Why the letter is too large for the producer, or None if it fits."""
+        size = letter.record_size()
+        return f"{size} bytes > max_request_size {self.max_request_size}" if size > self.max_request_size else None
+
+    def _send(self, letter: MessageDeadLetter):
+        try:
+            future = self.producer.send(self.topic, key=letter.key, value=letter.value, headers=letter.headers(),
+                                        timestamp_ms=letter.timestamp_ms or None)
+        except MessageSizeTooLargeError as error:  # the client's exact check, should ours be short
+            self._send_cut(letter, _describe(error))
+            return
+        except KafkaError as error:  # e.g. no metadata within max_block_ms: the broker is gone
+            raise DeadLettersNotWritten(
+                f"dead letter {letter.source} offset {letter.offset} could not be sent to '{self.topic}': "
+                f"{_describe(error)}") from error
+        self.sends.append(_Send(letter, future))
+
+    def _send_cut(self, letter: MessageDeadLetter, why: str):
+        """Send the letter cut down; one that is cut already and still too large is an error."""
+        cut = letter if letter.is_cut else letter.cut(why)
+        still_too_large = why if letter.is_cut else self._over_limit(cut)
+        if still_too_large:
+            raise DeadLetterTooLarge(
+                f"dead letter {letter.source} offset {letter.offset} does not fit even cut down "
+                f"({still_too_large}); raise the producer's max_request_size")
+        self._send(cut)
 
     def finish_bundle(self):
-        self.producer.flush()
+        failures: list[tuple[MessageDeadLetter, Exception]] = []
+        # A letter the broker refuses as too large is sent again cut down, hence the rounds.
+        while self.sends:
+            sends, self.sends = self.sends, []
+            for send, error in self._confirm(sends):
+                if isinstance(error, MessageSizeTooLargeError) and not send.letter.is_cut:
+                    self._send_cut(send.letter, f"refused by Kafka: {_describe(error)}")
+                else:
+                    failures.append((send.letter, error))
+        if failures:
+            letter, error = failures[0]
+            raise DeadLettersNotWritten(
+                f"{len(failures)} of {self.letters} dead letters were not written to '{self.topic}'; "
+                f"the first, {letter.source} offset {letter.offset}: {_describe(error)}")
+
+    def _confirm(self, sends: list[_Send]) -> list[tuple[_Send, Exception]]:
+        """The sends that failed, with their errors, once every one has an answer."""
+        deadline = time.monotonic() + self.delivery_timeout_s + CONFIRM_GRACE_S
+        try:
+            self.producer.flush(timeout=self.delivery_timeout_s + CONFIRM_GRACE_S)
+        except KafkaTimeoutError:
+            pass  # the futures still unanswered say so below, one by one
+        failed = []
+        for send in sends:
+            try:
+                send.future.get(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as error:  # noqa: BLE001 - every failure of a write is reported
+                failed.append((send, error))
+        return failed
 
     def teardown(self):
         self.producer.close(timeout=5)
 
 
-class WriteDeadLettersToKafka(beam.PTransform):
-    """MessageDeadLetters in; each becomes one record of the dead-letter topic."""
+def _describe(error: Exception) -> str:
+    text, name = str(error), type(error).__name__
+    return text if name in text else f"{name}: {text}"  # kafka-python often names the class itself
 
-    def __init__(self, connection: KafkaConnection, topic: str):
+
+class WriteDeadLettersToKafka(beam.PTransform):
+    """MessageDeadLetters in; each becomes one record of the dead-letter topic, acknowledged
+    by the broker before its bundle finishes (see the module docstring)."""
+
+    def __init__(self, connection: KafkaConnection, topic: str,
+                 delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S):
         super().__init__()
+        if delivery_timeout_s < 1:
+            raise ValueError(f"delivery_timeout_s must be at least 1 second, got {delivery_timeout_s}")
         self.connection = connection
         self.topic = topic
+        self.delivery_timeout_s = delivery_timeout_s
 
     def expand(self, letters):
-        return letters | "Produce" >> beam.ParDo(_WriteDeadLettersDoFn(self.connection, self.topic))
+        return letters | "Produce" >> beam.ParDo(
+            _WriteDeadLettersDoFn(self.connection, self.topic, self.delivery_timeout_s))
