@@ -35,6 +35,17 @@ class RawChunk:
         return len(self.records) if isinstance(self.records, list) else self.records.num_rows
 
 
+@dataclass(frozen=True)
+class UnreadableFile:
+    """The rest of a file the reader gave up on (a corrupt Parquet footer or page, an
+    I/O error): from first_row on, and why. It becomes one dead letter; the other files
+    of the day, and the rows read before it failed, still train."""
+
+    source: str
+    first_row: int
+    reason: str
+
+
 def partition_dir(root: str | Path, date: str) -> Path:
     return Path(root) / f"date={date}"
 
@@ -84,15 +95,30 @@ def write_part(table: pa.Table, path: str | Path) -> None:
     os.replace(tmp, path)
 
 
-def read_chunks(path: str, chunk_rows: int) -> Iterator[RawChunk]:
-    """A file's records in chunks of at most chunk_rows, in order."""
+def read_chunks(path: str, chunk_rows: int) -> Iterator[RawChunk | UnreadableFile]:
+    """A file's records in chunks of at most chunk_rows, in order; if the file cannot be
+    read to its end, an UnreadableFile for the rest."""
     fmt = format_of(path)
+    chunks = _parquet_chunks(path, chunk_rows) if fmt == "parquet" else _text_chunks(path, fmt, chunk_rows)
     first = 0
-    if fmt == "parquet":
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows):
-            yield RawChunk(path, first, fmt, pa.Table.from_batches([batch]))
-            first += batch.num_rows
-        return
+    try:
+        for chunk in chunks:
+            yield chunk
+            first += chunk.num_rows
+    except (OSError, pa.ArrowException) as err:
+        problem = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+        yield UnreadableFile(path, first, f"unreadable {fmt} file {path} from row {first}: {problem}")
+
+
+def _parquet_chunks(path: str, chunk_rows: int) -> Iterator[RawChunk]:
+    first = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows):
+        yield RawChunk(path, first, "parquet", pa.Table.from_batches([batch]))
+        first += batch.num_rows
+
+
+def _text_chunks(path: str, fmt: str, chunk_rows: int) -> Iterator[RawChunk]:
+    first = 0
     with open(path, "rb") as f:
         lines: list[bytes] = []
         for line in f:
@@ -105,7 +131,8 @@ def read_chunks(path: str, chunk_rows: int) -> Iterator[RawChunk]:
 
 
 class ReadDayFiles(beam.PTransform):
-    """The raw chunks of every part of one date partition.
+    """The raw chunks of every part of one date partition (and an UnreadableFile for
+    each file that could not be read to its end).
 
     Files are listed at construction and become one element each, so the work is split up
     front (several local workers drop self-checkpointed remainders; see FACTS.md).

@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from picasso.connectors.day_files import RawChunk
+from picasso.connectors.day_files import RawChunk, UnreadableFile
+from picasso.connectors.dead_letters import DeadLetter
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
 from picasso.hashing import hash_bytes, splitmix64_array
 from picasso.spec import FeatureSpec
@@ -63,7 +64,11 @@ class _DecodeDoFn(beam.DoFn):
         }[chunk.format]
         return decode(records, chunk.source, positions=positions)
 
-    def process(self, chunk: RawChunk):
+    def process(self, chunk: RawChunk | UnreadableFile):
+        if isinstance(chunk, UnreadableFile):  # one dead letter for what could not be read
+            self.dead.inc(1)
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(chunk.source, chunk.first_row, "", chunk.reason))
+            return
         held = holdout_mask(chunk.source, chunk.first_row, chunk.num_rows, self.holdout_fraction)
         positions = {chunk.source: chunk.first_row + chunk.num_rows}
         self.rows_in.inc(chunk.num_rows)
@@ -79,7 +84,7 @@ class _DecodeDoFn(beam.DoFn):
 
 
 class DecodeRecords(beam.PTransform):
-    """Validate raw chunks against the spec.
+    """Validate raw chunks against the spec (an UnreadableFile becomes one dead letter).
 
     Outputs (tagged): `train` and `holdout` DecodedChunks (holdout_fraction of the rows,
     chosen by a fixed hash of their position), and `dead_letters`: one DeadLetter per

@@ -186,3 +186,21 @@ def test_bad_daily_configuration_is_a_clear_error(tmp_path, mlflow_server):
         _config(tmp_path, "2026-11-01", tmp_path, mlflow_server, "unused", warm_start="best")
     with pytest.raises(ValueError, match="evaluation day must differ"):
         _config(tmp_path, "2026-11-01", tmp_path, mlflow_server, "unused", eval_date="2026-11-01")
+
+
+def test_a_corrupt_parquet_file_is_one_dead_letter_and_the_rest_of_the_day_trains(mlflow_server, tmp_path):
+    spec = criteo_spec()
+    root = tmp_path / "data"
+    generate_days(spec, root, ["2026-11-04"], rows=6_000, rows_per_file=2_000)
+    parts = sorted(partition_dir(root, "2026-11-04").glob("part-*.parquet"))
+    corrupt = parts[1]
+    corrupt.write_bytes(corrupt.read_bytes()[: corrupt.stat().st_size // 2])  # its footer is gone
+    result = run_daily(_config(root, "2026-11-04", tmp_path / "work", mlflow_server, f"ctr-{uuid.uuid4().hex[:8]}"))
+    assert result.dead_letters == 1
+    assert result.samples + result.holdout_samples == 4_000
+    [letter] = [DeadLetter.from_json(line)
+                for path in (tmp_path / "work" / "dead_letters" / "date=2026-11-04").glob("*.jsonl")
+                for line in path.read_text().splitlines()]
+    assert letter.source == str(corrupt) and letter.position == 0
+    assert letter.reason.startswith(f"unreadable parquet file {corrupt} from row 0:"), letter.reason
+    assert result.version == "1"

@@ -676,3 +676,32 @@ def test_dead_letter_json_round_trip():
         "payload": '{"label": 7, "h": "日本"}',
         "reason": letter.reason,
     }
+
+
+def test_nan_labels_are_refused_in_parquet_arrow_and_tsv(tmp_path):
+    decoder = RecordDecoder(SPEC)
+    table = pa.table({"label": pa.array([0.0, float("nan"), 1.0]), "h": ["a", "b", "c"]})
+    pq.write_table(table, tmp_path / "part.parquet")
+    for result in (decoder.decode_table(pq.read_table(tmp_path / "part.parquet"), "file"),
+                   decoder.decode_table(table.to_batches()[0], "batch"),
+                   decoder.decode_tsv(["0\t\t\ta\t\t\t", "nan\t\t\tb\t\t\t", "1\t\t\tc\t\t\t"], "tsv")):
+        assert result.valid_mask.tolist() == [True, False, True]
+        assert [letter.reason for letter in result.dead_letters] == ["label 'label' is not finite (nan)"]
+
+
+def test_a_uint64_hashed_column_hashes_like_the_integer_ids():
+    ids = [0, 7, 2**63, 2**64 - 1]
+    table = pa.table({"label": pa.array([0.0] * 4), "h": pa.array(ids, pa.uint64())})
+    result = RecordDecoder(SPEC).decode_table(table, "batch")
+    assert not result.dead_letters
+    assert result.table.column("h").to_pylist() == [[bucket_of(i, 100)] for i in ids]
+
+
+def test_negative_ids_in_a_hashed_integer_column_are_refused():
+    table = pa.table({"label": pa.array([0.0] * 3), "h": pa.array([5, -1, 6], pa.int64()),
+                      "bag": pa.array([[1], [2], [3, -(2**63)]], pa.list_(pa.int64()))})
+    result = RecordDecoder(SPEC).decode_table(table, "batch")
+    assert result.valid_mask.tolist() == [True, False, False]
+    assert [letter.reason for letter in result.dead_letters] == [
+        "field 'h': integer id -1 is outside [0, 2^64) (hashed ids are unsigned 64-bit)",
+        f"field 'bag': integer id {-(2**63)} is outside [0, 2^64) (hashed ids are unsigned 64-bit)"]
