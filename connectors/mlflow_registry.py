@@ -42,6 +42,7 @@ from picasso.checkpoint import Checkpoint, load_checkpoint
 from picasso.connectors import pyfunc_model
 from picasso.connectors import registry_tags as tags
 from picasso.connectors.delta_store import DeltaStore
+from picasso.connectors.local_store import ensure_sqlite_store
 from picasso.connectors.metric_plots import metrics_svg
 from picasso.connectors.model_signature import signature_for
 from picasso.connectors.publish_policy import CANDIDATE, CHAMPION, PublishPolicy, decide_promotion
@@ -82,14 +83,21 @@ class MLflowTarget:
     def for_workdir(cls, workdir: str | Path, tracking_uri: str | None = None, experiment: str = "picasso",
                     model_name: str = "picasso-ctr") -> "MLflowTarget":
         """The given server, or by default a local store in workdir: sqlite:///WORKDIR/mlflow.db
-        with artifacts under WORKDIR/mlartifacts."""
+        with artifacts under WORKDIR/mlartifacts.
+
+        Every command that talks to MLflow gets its target here, before anything opens the
+        store, so this is where a SQLite store (the default one, or a sqlite:/// URI given)
+        is made complete, in one step (connectors/local_store.py). It raises
+        HalfMadeStoreError for a half-made store that holds data."""
         workdir = Path(workdir).resolve()
-        return cls(
+        target = cls(
             tracking_uri=tracking_uri or f"sqlite:///{workdir / 'mlflow.db'}",
             experiment=experiment,
             model_name=model_name,
             artifact_location=None if tracking_uri else (workdir / "mlartifacts").as_uri(),
         )
+        ensure_sqlite_store(target.tracking_uri, target.artifact_location)
+        return target
 
 
 @dataclass(frozen=True)

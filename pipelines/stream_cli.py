@@ -105,6 +105,7 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
 def run_stream_command(args, console: Console) -> dict:
     from picasso.connectors.decoders import DecodeOptions
     from picasso.connectors.mlflow_registry import MLflowTarget
+    from picasso.connectors.publish_outbox import PublishOutbox
     from picasso.pipelines.stream import StreamConfig, run_stream
     from picasso.trainer import TrainConfig
 
@@ -152,7 +153,10 @@ def run_stream_command(args, console: Console) -> dict:
                 f"{config.connection.bootstrap_servers} into {workdir}")
     summary = run_stream(config, progress)
     return {**asdict(summary), "workdir": str(workdir),
-            "tracking_uri": target.tracking_uri if target else None}
+            "tracking_uri": target.tracking_uri if target else None,
+            # Versions MLflow did not take: they wait in the outbox (the main loop's exit
+            # status says so to a scheduler).
+            "pending": len(PublishOutbox(config.publish_dir).pending())}
 
 
 def run_produce_command(args, console: Console) -> dict:
