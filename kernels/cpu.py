@@ -3,20 +3,25 @@ kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping), built on first u
 
 torch.utils.cpp_extension compiles it against the torch already installed (no build
 isolation, so never a second torch) and caches the build under
-$PICASSO_KERNEL_CACHE (default ~/.cache/picasso/kernels), one folder per torch version and
-CPU instruction set: later imports load it in milliseconds, and an edited source is rebuilt.
+$PICASSO_KERNEL_CACHE (default ~/.cache/picasso/kernels), one folder per environment
+(sys.prefix), torch version and CPU instruction set: later imports load it in milliseconds,
+an edited source is rebuilt, and two virtual environments never share, nor rebuild, each
+other's build. Builds are serialised by build_lock.py, whose lock dies with its holder:
+torch's own lock file does not, and a builder killed mid-build would hang every later import.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 from pathlib import Path
 
 import torch
 from torch.utils import cpp_extension
 
+from picasso.kernels.build_lock import build_lock
 from picasso.kernels.reference import SparseOptimizer
 
 _SOURCES = Path(__file__).with_name("csrc")
@@ -25,35 +30,44 @@ _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
 
 
-def _machine_key() -> str:
-    """What a build is only good for: this torch, and this CPU's instruction set (the build
-    uses -march=native, so a cache carried to another CPU must not be loaded there)."""
+def _build_key() -> str:
+    """What a build is only good for: this environment (two virtual environments with one
+    torch would otherwise rebuild each other's kernels in one folder), this torch, and this
+    CPU's instruction set (the build uses -march=native, so a cache carried to another CPU
+    must not be loaded there)."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         pass
-    digest = hashlib.sha1(f"{torch.__version__}|{os.uname().machine}|{flags}".encode()).hexdigest()[:12]
+    environment = Path(sys.prefix).resolve()
+    digest = hashlib.sha1(f"{environment}|{torch.__version__}|{os.uname().machine}|{flags}".encode()).hexdigest()[:12]
     return f"torch{torch.__version__.split('+')[0]}-{digest}"
 
 
-def _build(name: str, source: str):
+def build_directory() -> Path:
+    """Where this environment's kernels are built and cached."""
     root = Path(os.environ.get("PICASSO_KERNEL_CACHE", Path.home() / ".cache" / "picasso" / "kernels"))
-    cache = root / _machine_key()
+    return root / _build_key()
+
+
+def _build(name: str, source: str):
+    cache = build_directory()
     cache.mkdir(parents=True, exist_ok=True)
     # -fopenmp: ATen's parallel_for is a header template that is only parallel when the
     # extension itself is built with OpenMP. At run time the libgomp.so.1 that torch has
     # already loaded serves it, so there is one OpenMP runtime in the process.
     native = ["-march=native"] if os.uname().machine == "x86_64" else []
-    return cpp_extension.load(
-        name=name,
-        sources=[str(_SOURCES / source)],
-        extra_cflags=["-O3", "-fopenmp", *native],
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(cache),
-        verbose=False,
-    )
+    with build_lock(cache):
+        return cpp_extension.load(
+            name=name,
+            sources=[str(_SOURCES / source)],
+            extra_cflags=["-O3", "-fopenmp", *native],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(cache),
+            verbose=False,
+        )
 
 
 _ops = _build("picasso_packed_embedding", "packed_embedding.cpp")
