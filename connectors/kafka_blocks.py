@@ -9,9 +9,10 @@ of all its records (see connectors.record_batches), and whose offset is the batc
 record's, so that the fetcher's own position bookkeeping stays right.
 
 This reaches into kafka-python's privates: `KafkaConsumer._fetcher` with its nested
-PartitionRecords class, and a batch's `_buffer` (without which the batch's own records are
-read). So it is only switched on for the kafka-python major version it was written
-against, and when the consumer hands values over undeserialized.
+PartitionRecords class, a batch's `_buffer` (without which the batch's own records are
+read) and its codec check `_assert_has_codec`. So it is only switched on for the
+kafka-python major version it was written against, and when the consumer hands values
+over undeserialized.
 Otherwise `use_blocks` says no and the caller reads ConsumerRecords as usual
 (`blocks_of` turns either kind of poll result into RecordBlocks).
 """
@@ -96,6 +97,12 @@ class _BlockBatch:
         batch = self._batch
         raw = getattr(batch, "_buffer", None)
         if batch.magic == 2 and raw is not None:
+            # read_batch decompresses with kafka.codec directly, which fails without a
+            # codec's package in ways that do not name it (a call of None, for lz4); run
+            # the check kafka-python makes before it decompresses a batch itself, so that
+            # both read paths raise its UnsupportedCodecError.
+            if batch.compression_type:
+                batch._assert_has_codec(batch.compression_type)
             block = read_batch(raw)
         else:  # an old message format (or a kafka-python without the buffer): its own records
             block = RecordBlock.from_records(list(batch))

@@ -38,6 +38,7 @@ from kafka import TopicPartition
 
 from picasso.connectors.kafka_blocks import blocks_of, use_blocks
 from picasso.connectors.element_coder import register_sized_coder
+from picasso.connectors.kafka_codecs import CodecUnavailable, check_codecs, naming_missing_codec
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets, source_name, topic_partitions
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,9 @@ def bounded_ranges(connection: KafkaConnection, topics: Iterable[str], positions
     consumer = connection.consumer()
     try:
         partitions = topic_partitions(consumer, topics)
-        ends = latest_offsets(consumer, partitions)
+        # The lookup fetches the last batch of each partition, which may be compressed.
+        with naming_missing_codec(f"{', '.join(sorted(set(topics)))} (looking up the end offsets)"):
+            ends = latest_offsets(consumer, partitions)
         beginnings = consumer.beginning_offsets(partitions)
     finally:
         consumer.close()
@@ -145,6 +148,16 @@ class _ReadPartitionDoFn(beam.DoFn):
         tracker=beam.DoFn.RestrictionParam(_Restrictions()),
         watermark=beam.DoFn.WatermarkEstimatorParam(ManualWatermarkEstimator.default_provider()),
     ):
+        try:
+            yield from self._read(element, tracker, watermark)
+        except CodecUnavailable:
+            # kafka-python spins for ever in the next poll of a consumer whose fetch failed
+            # to decompress: should this DoFn be reused, it must poll a fresh one.
+            self.teardown()
+            self.setup()
+            raise
+
+    def _read(self, element: PartitionRange, tracker, watermark):
         reader = _PartitionReader(self.consumer, element, tracker, self.max_messages, self.blocks)
         bounded = element.stop != UNBOUNDED
         started = last_progress = time.monotonic()
@@ -221,7 +234,9 @@ class _PartitionReader:
         # Block mode takes everything the fetcher holds, so that kafka-python sends the
         # next fetch now and the broker prepares it while this one is decoded.
         wanted = 1 << 20 if self.blocks else self.max_messages - len(self.offsets)
-        block = blocks_of(self.consumer.poll(timeout_ms=200, max_records=wanted).get(self.tp, []))
+        with naming_missing_codec(f"{source_name(self.tp.topic, self.tp.partition)} at offset {self.fetched}"):
+            records = self.consumer.poll(timeout_ms=200, max_records=wanted)
+        block = blocks_of(records.get(self.tp, []))
         before = self.fetched
         if len(block) and block.offsets[-1] >= stop:
             self.fetched = stop
@@ -291,6 +306,7 @@ class ReadFromKafka(beam.PTransform):
         return cls(connection, [PartitionRange(r.topic, r.partition, r.start) for r in ranges], **kwargs)
 
     def expand(self, pbegin):
+        check_codecs()  # a missing codec's package is named before the first batch needs it
         return (
             pbegin
             | "Partitions" >> beam.Create(self.ranges)
