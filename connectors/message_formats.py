@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from collections import defaultdict
 from collections.abc import Sequence
@@ -29,6 +30,8 @@ from picasso.connectors.kafka_config import source_name
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
 
+log = logging.getLogger(__name__)
+
 FORMATS = ("json", "arrow", "tsv")
 
 
@@ -41,7 +44,44 @@ class DecodedMessages:
 
 
 def decode_messages(decoder: RecordDecoder, fmt: str, messages: Messages) -> DecodedMessages:
-    """Decode and validate one poll's messages; never raises on bad input."""
+    """Decode and validate one poll's messages; never raises on bad input.
+
+    The decoders refuse bad input by name. Should some message still make them raise (a
+    decoder bug that data found), the poll is decoded again one message at a time, and
+    each message that raises on its own becomes a dead letter with the error as its
+    reason: a retried cycle would meet the same message, and fail the same way, for ever.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown message format {fmt!r} (expected one of {', '.join(FORMATS)})")
+    try:
+        return _decode_poll(decoder, fmt, messages)
+    except Exception as err:  # noqa: BLE001 - isolated below, message by message
+        log.warning("decoding a poll of %s raised %s: %s; decoding its messages one by one",
+                    messages.source, type(err).__name__, err)
+        return _decode_one_by_one(decoder, fmt, messages)
+
+
+def _decode_one_by_one(decoder: RecordDecoder, fmt: str, messages: Messages) -> DecodedMessages:
+    parts = []
+    for i, offset in enumerate(messages.offsets):
+        one = Messages(messages.topic, messages.partition, offset, offset + 1, [offset], messages.values[i:i + 1],
+                       messages.keys[i:i + 1], messages.timestamps[i:i + 1])
+        try:
+            parts.append(_decode_poll(decoder, fmt, one))
+        except Exception as err:  # noqa: BLE001 - this message is the cause
+            reason = f"decoder error: {type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"
+            letter = MessageDeadLetter(topic=one.topic, partition=one.partition, offset=offset, key=one.keys[0],
+                                       value=one.values[0], timestamp_ms=one.timestamps[0], reason=reason)
+            parts.append(DecodedMessages(decoder.schema.empty_table(), [letter], records_in=1, records_refused=1))
+    return DecodedMessages(
+        table=pa.concat_tables([part.table for part in parts]) if parts else decoder.schema.empty_table(),
+        dead_letters=[letter for part in parts for letter in part.dead_letters],
+        records_in=sum(part.records_in for part in parts),
+        records_refused=sum(part.records_refused for part in parts),
+    )
+
+
+def _decode_poll(decoder: RecordDecoder, fmt: str, messages: Messages) -> DecodedMessages:
     source = source_name(messages.topic, messages.partition)
     values, offsets, empty = messages.values, np.asarray(messages.offsets, dtype=np.int64), {}
     if not all(values):  # some messages have no value (a tombstone, say): refused whole
@@ -52,10 +92,8 @@ def decode_messages(decoder: RecordDecoder, fmt: str, messages: Messages) -> Dec
         result, row_offsets, broken = decode_json_values(decoder, values, source, offsets), offsets, {}
     elif fmt == "tsv":
         result, row_offsets, broken = decoder.decode_tsv(values, source, positions=offsets), offsets, {}
-    elif fmt == "arrow":
-        result, row_offsets, broken = _decode_arrow(decoder, values, source, offsets)
     else:
-        raise ValueError(f"unknown message format {fmt!r} (expected one of {', '.join(FORMATS)})")
+        result, row_offsets, broken = _decode_arrow(decoder, values, source, offsets)
     return DecodedMessages(
         table=result.table,
         dead_letters=_dead_letters(messages, result, row_offsets, {**empty, **broken}, per_row=fmt == "arrow"),

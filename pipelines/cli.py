@@ -22,6 +22,7 @@ from rich.logging import RichHandler
 from rich.progress import Progress
 from rich.table import Table
 
+from picasso.connectors.local_store import HalfMadeStoreError
 from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
 from picasso.pipelines.distributed_cli import add_ps_commands
@@ -32,6 +33,7 @@ from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
 console = Console(stderr=True)
 DEMO_DATE = "2026-11-01"
 PENDING_EXIT = 3
+STOPPED_EXIT = 1
 
 
 def _add_generate_args(parser: argparse.ArgumentParser) -> None:
@@ -233,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             output = _plan(args)
         elif args.command in ("stream", "produce"):
             output = _kafka_command(args)
+            pending = bool(output.get("pending"))  # a stream that ended with versions in the outbox
         elif args.command == "apply-delta":
             output = run_apply_delta(args)
             _summary("apply-delta: rebuilt bit for bit", output)
@@ -254,7 +257,8 @@ def main(argv: list[str] | None = None) -> int:
                      {k: v for k, v in output.items() if k != "counters"})
             pending = result.status != "published"
     except Exception as err:  # noqa: BLE001 - bad input and an unreachable MLflow: a message, not a traceback
-        if not isinstance(err, (SpecError, FileNotFoundError, ValueError)) and not type(err).__module__.startswith("mlflow"):
+        if not isinstance(err, (SpecError, FileNotFoundError, ValueError, HalfMadeStoreError)) \
+                and not type(err).__module__.startswith("mlflow"):
             raise
         console.print(f"[red]error:[/red] {err}")
         if args.json:
@@ -263,10 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     output["seconds"] = round(time.perf_counter() - started, 2)
     if args.json:
         print(json.dumps({k: _finite(v) for k, v in output.items()}))
+    if output.get("stopped"):
+        # The stream gave up on an error no retry mends (pipelines/cycle_failures.py): not
+        # 0, and not 3 either, since rerunning as it is would fail the same way.
+        console.print(f"[red]stream stopped:[/red] {output['stopped']}")
+        return STOPPED_EXIT
     if pending:
         # Not 0: a scheduler sees it and retries, and the retry publishes what is pending.
-        console.print("[yellow]publish pending:[/yellow] MLflow did not take the version; it waits in "
-                      "WORKDIR/publish and goes out with the next run or `picasso publish-pending`")
+        console.print("[yellow]publish pending:[/yellow] MLflow did not take every version; they wait in "
+                      "WORKDIR/publish/pending and go out with the next run or `picasso publish-pending`")
         return PENDING_EXIT
     return 0
 

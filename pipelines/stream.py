@@ -42,6 +42,7 @@ from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
 from picasso.pipelines.counters import picasso_counters
+from picasso.pipelines.cycle_failures import FailureTracker
 from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages, PackedMessages
 from picasso.pipelines.stream_state import ModelLoader, StreamModel
 from picasso.spec import FeatureSpec
@@ -117,6 +118,9 @@ class StreamSummary:
     versions: list[str] = field(default_factory=list)
     last_error: str | None = None
     ledger: dict = field(default_factory=dict)
+    # Why the stream gave up (a fatal error, or one repeating at the same positions;
+    # see pipelines.cycle_failures); None when it stopped as asked.
+    stopped: str | None = None
 
 
 class _TrainDoFn(beam.DoFn):
@@ -301,20 +305,37 @@ class StreamRunner:
         except Exception as err:  # noqa: BLE001 - a registry outage must not stop training
             log.warning("publish failed (retried after the next cycle): %s", err)
 
+    def _gives_up(self, err: Exception, starts: dict[str, int], tracker: FailureTracker, failures_in_row: int) -> bool:
+        """Count a failed cycle; whether the stream stops rather than retry it."""
+        summary = self.summary
+        summary.failures += 1
+        summary.last_error = f"{type(err).__name__}: {err}"
+        self.model = None  # the next attempt restores the last checkpoint
+        stop = tracker.record(err, starts)
+        if stop is not None:
+            summary.stopped = str(stop)
+            log.error("%s", summary.stopped)
+            return True
+        log.warning("cycle failed (%s); retrying", summary.last_error.splitlines()[0][:300])
+        return self.config.max_failures is not None and failures_in_row >= self.config.max_failures
+
     def run(self) -> StreamSummary:
         config, summary = self.config, self.summary
         clean_temporaries(config.checkpoint_dir)
         backoff = Backoff(config.backoff_s, config.backoff_max_s)
         started = time.monotonic()
         failures_in_row = 0
+        tracker = FailureTracker()
         dead_letter_topic_ready = False
         while not self._should_stop(started):
+            starts: dict[str, int] = {}  # where this cycle reads from: what a repeated failure is keyed by
             try:
                 if not dead_letter_topic_ready:  # one partition: dead letters stay in arrival order
                     ensure_topic(config.connection, config.dead_letter_topic, 1)
                     dead_letter_topic_ready = True
                 model = self._acquire()
                 ranges, lag = self.plan(model)
+                starts = {r.source: r.start for r in ranges}
                 summary.lag = lag
                 if lag == 0:
                     self._maybe_publish(model)
@@ -324,17 +345,13 @@ class StreamRunner:
                     continue
                 report = self.run_cycle(model, ranges, lag)
             except Exception as err:  # noqa: BLE001 - any failure: drop the model, back off, retry
-                summary.failures += 1
                 failures_in_row += 1
-                summary.last_error = f"{type(err).__name__}: {err}"
-                self.model = None  # the next attempt restores the last checkpoint
-                waited = backoff.delay_s
-                log.warning("cycle failed (%s); retrying in %.1fs", summary.last_error.splitlines()[0][:300], waited)
-                if config.max_failures is not None and failures_in_row >= config.max_failures:
+                if self._gives_up(err, starts, tracker, failures_in_row):
                     break
                 backoff.wait(self.sleep)
                 continue
             failures_in_row = 0
+            tracker.reset()
             backoff.reset()
             self.unpublished = True
             summary.cycles += 1

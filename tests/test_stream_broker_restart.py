@@ -78,6 +78,8 @@ def test_stream_survives_the_broker_going_away_and_coming_back(restartable_broke
 
     summary = outcome["summary"]
     assert summary.failures >= 4 and "SpanMismatch" not in (summary.last_error or "")
+    # Outside failures are retried, however many, and never make good events dead letters.
+    assert summary.stopped is None and summary.dead_letters == 0
     checkpoint = load_checkpoint(latest_checkpoint(workdir / "checkpoints"))
     ledger = checkpoint.metrics["ledger"]["partitions"]
     for source, entry in ledger.items():
