@@ -16,7 +16,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,8 +111,8 @@ def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: 
     - a newline or blank inside a message, or anything Arrow's reader refuses (invalid
       JSON, a duplicate key, a column whose type changes from message to message);
     - text json.loads refuses but Arrow's reader takes (`-NaN`, bytes that are not UTF-8);
-    - a message that is not an object: pyarrow 25's reader takes a `null` line as a row,
-      and a poll that begins with one crashes the process (a segmentation fault);
+    - a message that does not begin with `{`: pyarrow 25's reader takes a `null` line as
+      a row, and a poll that begins with one crashes the process (a segmentation fault);
     - a column Arrow typed lossily (see _typed_as_json).
     So the fast path never changes a verdict, only its cost; tests/test_fast_path_verdicts.py
     checks that message by message over random mixes.
@@ -122,7 +121,7 @@ def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: 
         data = b"\n".join(values)
         # ASCII, the usual case, is checked at memory speed.
         if (data.count(b"\n") == len(values) - 1 and (data.isascii() or _is_utf8(data))
-                and b"-NaN" not in data and not _NOT_AN_OBJECT.search(data)):
+                and all(value[:1] == b"{" for value in values) and b"-NaN" not in data):
             try:
                 table = pa_json.read_json(
                     io.BytesIO(data),
@@ -134,9 +133,6 @@ def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: 
                 return decoder.decode_table(table, source, positions=positions)
     return decoder.decode_json(values, source, positions=positions)
 
-
-# A line whose first character (after blanks) does not open an object.
-_NOT_AN_OBJECT = re.compile(rb"^[ \t\r]*[^{ \t\r]", re.MULTILINE)
 
 # Arrow types whose values are exactly what json.loads gives, per kind of field. Arrow
 # promotes a column of 1 and 2.5 to doubles (an integer id would read as 1.0), an id
