@@ -4,9 +4,10 @@ kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping), built on first u
 torch.utils.cpp_extension compiles it against the torch already installed (no build
 isolation, so never a second torch) and caches the build under
 $PICASSO_KERNEL_CACHE (default ~/.cache/picasso/kernels), one folder per environment
-(sys.prefix), torch version and CPU instruction set: later imports load it in milliseconds,
-an edited source is rebuilt, and two virtual environments never share, nor rebuild, each
-other's build. Builds are serialised by build_lock.py, whose lock dies with its holder:
+(sys.prefix), torch version, CPU instruction set and version of the sources: later
+imports load it in milliseconds, from any copy of these sources (the installed package,
+or the one a model version carries), an edited source gets a build of its own, and two
+virtual environments never share, nor rebuild, each other's build. Builds are serialised by build_lock.py, whose lock dies with its holder:
 torch's own lock file does not, and a builder killed mid-build would hang every later import.
 """
 
@@ -25,6 +26,7 @@ from picasso.kernels.build_lock import build_lock
 from picasso.kernels.reference import SparseOptimizer
 
 _SOURCES = Path(__file__).with_name("csrc")
+_SOURCE_FILES = ("packed_embedding.cpp", "hot_cache.cpp")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
@@ -42,8 +44,32 @@ def _build_key() -> str:
     except OSError:
         pass
     environment = Path(sys.prefix).resolve()
-    digest = hashlib.sha1(f"{environment}|{torch.__version__}|{os.uname().machine}|{flags}".encode()).hexdigest()[:12]
+    key = f"{environment}|{torch.__version__}|{os.uname().machine}|{flags}|{_sources_digest()}"
+    digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     return f"torch{torch.__version__.split('+')[0]}-{digest}"
+
+
+def _sources_digest() -> str:
+    """The C++ sources' contents: a folder holds the build of one version of them, so an
+    edited copy (a dev tree beside an older model version's) never rebuilds over another."""
+    digest = hashlib.sha1()
+    for source in _SOURCE_FILES:
+        digest.update(source.encode() + b"\0" + (_SOURCES / source).read_bytes())
+    return digest.hexdigest()
+
+
+def _source_in(cache: Path, source: str) -> Path:
+    """The source, copied into the build folder, and built from there. ninja keys its
+    build by the source's path: the installed package and the copy of picasso that a
+    model version carries (mlflow models serve loads that one) would each find the
+    other's build stale and rebuild it, a minute per first request."""
+    data = (_SOURCES / source).read_bytes()
+    target = cache / source
+    if not target.is_file() or target.read_bytes() != data:
+        staged = cache / f".{source}.tmp"
+        staged.write_bytes(data)
+        os.replace(staged, target)  # a reader sees the old file or the new, never half
+    return target
 
 
 def build_directory() -> Path:
@@ -62,7 +88,7 @@ def _build(name: str, source: str):
     with build_lock(cache):
         return cpp_extension.load(
             name=name,
-            sources=[str(_SOURCES / source)],
+            sources=[str(_source_in(cache, source))],
             extra_cflags=["-O3", "-fopenmp", *native],
             extra_ldflags=["-fopenmp"],
             build_directory=str(cache),

@@ -236,7 +236,7 @@ for name in ("apache_beam", "kafka"):
     sys.modules[name] = None  # importing either now fails
 # Hide the installed (editable) picasso: the model must bring its own copy.
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path = [p for p in sys.path if {repo!r} not in p]
+sys.path = [p for p in sys.path if not (p == {repo!r} or p.startswith({repo!r} + "/"))]  # the repo, not /repo-venv
 try:
     import picasso
     raise SystemExit("picasso is still importable")
