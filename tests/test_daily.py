@@ -111,20 +111,22 @@ def test_bad_rows_go_to_dead_letters_and_the_run_goes_on(mlflow_server, tmp_path
         20: json.dumps({**json.loads(lines[20]), "label": None}),
         30: json.dumps({**json.loads(lines[30]), "I3": "many"}),
         40: json.dumps({**json.loads(lines[40]), "C4": 4.5}),
+        50: "",  # a blank line is no record, and is not dropped silently either
     }
     for i, line in bad.items():
         lines[i] = line
     part.write_text("\n".join(lines) + "\n")
     result = run_daily(_config(root, "2026-11-03", tmp_path / "work", mlflow_server, f"ctr-{uuid.uuid4().hex[:8]}"))
-    assert result.dead_letters == 4
-    assert result.samples + result.holdout_samples == 6_000 - 4
+    assert result.dead_letters == 5
+    assert result.samples + result.holdout_samples == 6_000 - 5
     letters = [
         DeadLetter.from_json(line)
         for path in (tmp_path / "work" / "dead_letters" / "date=2026-11-03").glob("*.jsonl")
         for line in path.read_text().splitlines()
     ]
     by_position = {letter.position: letter for letter in letters}
-    assert sorted(by_position) == [10, 20, 30, 40]
+    assert sorted(by_position) == [10, 20, 30, 40, 50]
+    assert by_position[50].reason == "blank line (no JSON object)"
     assert by_position[10].reason.startswith("invalid JSON")
     assert by_position[20].reason == "missing label 'label'"
     assert "'I3'" in by_position[30].reason
