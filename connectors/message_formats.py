@@ -121,7 +121,7 @@ def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: 
         data = b"\n".join(values)
         # ASCII, the usual case, is checked at memory speed.
         if (data.count(b"\n") == len(values) - 1 and (data.isascii() or _is_utf8(data))
-                and all(value[:1] == b"{" for value in values) and b"-NaN" not in data):
+                and all(value[:1] == b"{" for value in values) and _no_minus_nan(data)):
             try:
                 table = pa_json.read_json(
                     io.BytesIO(data),
@@ -159,6 +159,12 @@ def _typed_as_json(table: pa.Table, decoder: RecordDecoder) -> bool:
         if not _exact(t, numbers=name not in sparse):
             return False
     return True
+
+
+def _no_minus_nan(data: bytes) -> bool:
+    # A search for one byte runs at memchr's speed, 50x the four-byte search's; "N" is
+    # rare in events (hex ids are lower case), so the second search seldom runs.
+    return b"N" not in data or b"-NaN" not in data
 
 
 def _is_utf8(data: bytes) -> bool:
