@@ -132,6 +132,10 @@ class HotRowDirectory:
             "steps_since_refresh": self.steps_since_refresh,
             "refreshes": self.refreshes,
             "pending_decay": self.pending_decay,
+            # Decayed since the last refresh: recomputing it from the counts on restore
+            # would let other candidates in, and refresh at other steps than a run that
+            # never stopped.
+            "threshold": self.threshold,
             "candidates": torch.cat(self._candidates) if self._candidates else torch.zeros(0, dtype=torch.int64),
         }
 
@@ -150,4 +154,7 @@ class HotRowDirectory:
         cached = self.row_of_slot >= 0
         self.slot_of_row[self.row_of_slot[cached]] = torch.nonzero(cached).flatten().to(torch.int32)
         self.free_slots = int((~cached).sum())
-        self.threshold = 0.0 if self.free_slots else float(self.counts.min())
+        if "threshold" in state:
+            self.threshold = float(state["threshold"])
+        else:  # a checkpoint written before the threshold was saved
+            self.threshold = 0.0 if self.free_slots else float(self.counts.min())

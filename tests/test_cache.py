@@ -158,9 +158,18 @@ def test_directory_state_round_trips():
     directory = HotRowDirectory(num_rows=100, capacity=5, refresh_every=2)
     for i in range(7):
         observe(directory, [i, i, 50, 51])
+    observe(directory, directory.row_of_slot.tolist())  # hits only: every cached count rises, no refresh
     other = HotRowDirectory(num_rows=100, capacity=5, refresh_every=2)
     other.load_state_dict(directory.state_dict())
     assert torch.equal(other.slot_of_row, directory.slot_of_row) and torch.equal(other.counts, directory.counts)
+    # Hits raise the cached counts after a refresh; the admission line stays where that
+    # refresh drew it, in both, so both go on to admit the same rows at the same steps.
+    assert directory.free_slots == 0 and directory.threshold < float(directory.counts.min())
+    assert other.threshold == directory.threshold
+    for i in range(7, 20):
+        observe(directory, [i, i, 50, 51])
+        observe(other, [i, i, 50, 51])
+        assert torch.equal(other.row_of_slot, directory.row_of_slot) and other.threshold == directory.threshold
     with pytest.raises(ValueError, match="holds 5 slots, this cache has 6"):
         HotRowDirectory(num_rows=100, capacity=6).load_state_dict(directory.state_dict())
 
