@@ -92,9 +92,14 @@ class PublishOutbox:
         return next((r for r in reversed(records) if r["checkpoint_path"] == checkpoint_path), None)
 
     def flush(self, target: MLflowTarget, policy: PublishPolicy = PublishPolicy(), sleep=time.sleep,
-              on_stage=lambda stage: None) -> list[PublishOutcome]:
+              on_stage=lambda stage: None, on_published=lambda outcome: None) -> list[PublishOutcome]:
         """Publish every pending request, oldest first, until one fails (it and the ones
-        after it stay pending)."""
+        after it stay pending).
+
+        on_published(outcome) is called for each version before its entry leaves the
+        outbox: a caller that keeps its own record of versions then loses none to a kill
+        during a later entry. A kill between the two calls it again for the same version
+        on the next flush, so such a record must take a version once."""
         outcomes = []
         entries = self.pending()
         for i, entry in enumerate(entries):
@@ -109,8 +114,10 @@ class PublishOutbox:
                 outcomes += [PublishOutcome(PENDING, self._request(e).checkpoint_path, error=reason)
                              for e in entries[i:]]
                 break
+            outcome = PublishOutcome(PUBLISHED, request.checkpoint_path, version)
+            on_published(outcome)
             self._done(entry, version)
-            outcomes.append(PublishOutcome(PUBLISHED, request.checkpoint_path, version))
+            outcomes.append(outcome)
         return outcomes
 
     def submit(self, request: PublishRequest, target: MLflowTarget, policy: PublishPolicy = PublishPolicy(),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import time
 import uuid
@@ -251,7 +252,6 @@ class StreamRunner:
         # These import mlflow: only when publishing.
         from picasso.connectors.mlflow_registry import PublishRequest
         from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox
-        from picasso.connectors.publish_policy import PublishPolicy
 
         window = model.window_metrics()
         mean_label = window["mean_label"]
@@ -267,22 +267,49 @@ class StreamRunner:
         )
         outbox = PublishOutbox(config.publish_dir)
         outbox.add(request)
-        outcomes = outbox.flush(config.mlflow, config.publish_policy or PublishPolicy())
-        config.versions_path.parent.mkdir(parents=True, exist_ok=True)
-        for outcome in (o for o in outcomes if o.status == PUBLISHED):
-            record = {"version": outcome.version.version, "model_uri": outcome.version.model_uri,
-                      "published_ms": int(time.time() * 1000), "checkpoint": outcome.checkpoint_path,
-                      "champion": outcome.version.champion}
-            if outcome.checkpoint_path == request.checkpoint_path:
-                record |= {"newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles,
-                           "samples": model.trainer.samples}
-            with open(config.versions_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-            self.summary.versions.append(outcome.version.version)
+        outcomes = self._flush(outbox, newest={request.checkpoint_path: {
+            "newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles,
+            "samples": model.trainer.samples}})
         mine = next(o for o in outcomes if o.checkpoint_path == request.checkpoint_path)
         if mine.status != PUBLISHED:
             raise RuntimeError(f"publish pending in {config.publish_dir}: {mine.error}")
         return mine.version.version
+
+    def _flush(self, outbox, newest: dict[str, dict] | None = None) -> list:
+        """Flush the outbox, recording each version in stream-versions.jsonl as it is made
+        (once, however often a kill makes the outbox report it), with the freshness facts
+        (`newest`, by checkpoint) of the one this process just checkpointed."""
+        from picasso.connectors.publish_policy import PublishPolicy
+
+        config = self.config
+        config.versions_path.parent.mkdir(parents=True, exist_ok=True)
+        recorded = set()
+        if config.versions_path.exists():
+            recorded = {json.loads(line)["version"] for line in config.versions_path.read_text().splitlines() if line}
+
+        def record(outcome) -> None:
+            if outcome.version.version in recorded:
+                return
+            entry = {"version": outcome.version.version, "model_uri": outcome.version.model_uri,
+                     "published_ms": int(time.time() * 1000), "checkpoint": outcome.checkpoint_path,
+                     "champion": outcome.version.champion, **(newest or {}).get(outcome.checkpoint_path, {})}
+            with open(config.versions_path, "a") as f:
+                f.write(json.dumps(entry) + "\n")
+                f.flush()
+                os.fsync(f.fileno())  # on disk before the outbox forgets the entry
+            recorded.add(outcome.version.version)
+            self.summary.versions.append(outcome.version.version)
+
+        return outbox.flush(config.mlflow, config.publish_policy or PublishPolicy(), on_published=record)
+
+    def _flush_pending(self) -> None:
+        """Publish what earlier runs left in the outbox (a restarted stream that has
+        nothing new to train would otherwise leave it there for ever)."""
+        from picasso.connectors.publish_outbox import PublishOutbox
+
+        outbox = PublishOutbox(self.config.publish_dir)
+        if outbox.pending():
+            self._flush(outbox)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -296,9 +323,12 @@ class StreamRunner:
     def _maybe_publish(self, model: StreamModel, force: bool = False) -> None:
         config = self.config
         due = time.monotonic() - self.last_publish >= config.publish_every_s
-        if config.mlflow is None or not self.unpublished or not (due or force) or config.publish_every_s <= 0:
+        if config.mlflow is None or not (due or force) or config.publish_every_s <= 0:
             return
         try:
+            if not self.unpublished:
+                self._flush_pending()
+                return
             self.publish_version(model)
             self.unpublished = False
             self.last_publish = time.monotonic()

@@ -164,3 +164,13 @@ def test_a_stream_that_ends_with_a_version_pending_exits_3_and_counts_it(kafka_b
     assert summary["pending"] == len(PublishOutbox(workdir / "publish").pending()) == 1
     assert summary["versions"] == [] and summary["messages"] == 200
     assert re.search(r"pending\s+│\s+1\s", done.stderr), done.stderr[-3000:]  # the human-readable summary too
+
+    # The scheduler's retry, with MLflow back (the embedded store this time): nothing is
+    # left to train, and the pending version is published all the same.
+    retry = [arg for arg in command if arg not in ("--mlflow-uri", nothing_listens)]
+    done = subprocess.run(retry, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["pending"] == 0 and summary["versions"] == ["1"] and summary["messages"] == 0
+    [record] = [json.loads(line) for line in (workdir / "runs" / "stream-versions.jsonl").read_text().splitlines()]
+    assert record["version"] == "1"
