@@ -26,6 +26,7 @@ What is guaranteed:
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 
@@ -35,6 +36,8 @@ from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 from picasso.connectors import dead_letter_oversize as oversize
 from picasso.connectors.dead_letter_oversize import Digest
 from picasso.connectors.kafka_config import KafkaConnection, source_name
+
+log = logging.getLogger(__name__)
 
 MAX_REASON_BYTES = 4096
 DEFAULT_DELIVERY_TIMEOUT_S = 60.0
@@ -225,7 +228,12 @@ class _WriteDeadLettersDoFn(beam.DoFn):
         return failed
 
     def teardown(self):
-        self.producer.close(timeout=5)
+        try:
+            self.producer.close(timeout=5)
+        except KafkaError as error:
+            # close() flushes, which times out with the broker gone: the bundle has failed
+            # already, and its error (not this one) says why.
+            log.warning("closing the dead-letter producer: %s", _describe(error))
 
 
 def _describe(error: Exception) -> str:
