@@ -411,11 +411,12 @@ class RecordDecoder:
             lengths, flat, null_ids = parts
             ids = flat.fill_null(0 if pa.types.is_integer(flat.type) else "") if flat.null_count else flat
             # owner: the row of each id; built only when some id may need refusing.
-            owner = np.repeat(np.arange(n), lengths) if not f.hashed or null_ids.any() or _has_negative(ids) else None
+            negative_ids = f.hashed and _has_negative(ids)
+            owner = np.repeat(np.arange(n), lengths) if not f.hashed or null_ids.any() or negative_ids else None
             if null_ids.any():
                 verdicts.refuse(owner[null_ids], lambda i: f"field '{f.name}': {_NULL_ID}")
             if f.hashed:
-                if _has_negative(ids):
+                if negative_ids:
                     negative = ids.to_numpy(zero_copy_only=False) < 0
                     first = _first_per_row(owner, negative, ids)
                     verdicts.refuse(owner[negative], lambda i: f"field '{f.name}': {_id_problem(first[i], f)}")

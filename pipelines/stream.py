@@ -168,6 +168,7 @@ class StreamRunner:
         self.summary = StreamSummary()
         self.stopping = False
         self.unpublished = False
+        self.recorded_versions: set[str] | None = None  # in stream-versions.jsonl (see _flush)
         self.last_publish = time.monotonic()
         self.load = ModelLoader(config.spec, config.train, str(config.checkpoint_dir))
 
@@ -283,9 +284,10 @@ class StreamRunner:
 
         config = self.config
         config.versions_path.parent.mkdir(parents=True, exist_ok=True)
-        recorded = set()
-        if config.versions_path.exists():
-            recorded = {json.loads(line)["version"] for line in config.versions_path.read_text().splitlines() if line}
+        if self.recorded_versions is None:  # read once per process; kept up to date below
+            lines = config.versions_path.read_text().splitlines() if config.versions_path.exists() else []
+            self.recorded_versions = {json.loads(line)["version"] for line in lines if line}
+        recorded = self.recorded_versions
 
         def record(outcome) -> None:
             if outcome.version.version in recorded:
