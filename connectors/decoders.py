@@ -287,7 +287,9 @@ class RecordDecoder:
             out_of_range = ~label_null & ~not_finite & ((label < 0) | (label > 1))
             verdicts.refuse(out_of_range, lambda i: f"label '{spec.label}' must be in [0, 1], got {label[i]}")
         # Refused or missing labels (any value outside [0, 1]) are zeroed before the cast.
-        out["label"] = np.where(label_null | verdicts.bad, 0.0, label).astype(np.float32)
+        # Adding 0.0 turns -0.0 into 0.0: json.loads reads `-0` as the integer 0, Arrow's
+        # reader as -0.0 in a column of doubles, and the two paths must give one row.
+        out["label"] = (np.where(label_null | verdicts.bad, 0.0, label) + 0.0).astype(np.float32)
 
         dense = self._dense(columns, n, verdicts)
         for j, f in enumerate(spec.dense):
@@ -336,6 +338,7 @@ class RecordDecoder:
             for j, f in enumerate(fields):
                 column, null = self._numbers(f.name, columns.get(f.name), n, verdicts)
                 values[:, j] = np.where(null, 0.0, column) if null.any() else column
+        values += 0.0  # -0.0 becomes 0.0, as for labels
         if self._log1p.all():  # Criteo's case: the whole matrix, in place
             values = _signed_log1p(values)
         elif self._log1p.any():

@@ -13,7 +13,6 @@ row, rather than one copy of a large message per row.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 from collections import defaultdict
@@ -22,9 +21,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.json as pa_json
 
 from picasso.connectors.decoders import DecodeResult, RecordDecoder
+from picasso.connectors.json_fast_path import read_poll
 from picasso.connectors.kafka_config import source_name
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
@@ -102,77 +101,15 @@ def _decode_poll(decoder: RecordDecoder, fmt: str, messages: Messages) -> Decode
 
 
 def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: str, positions) -> DecodeResult:
-    """One JSON object per value.
-
-    Fast path: the values joined into newline-delimited JSON and parsed by Arrow's C++
-    reader in one call (about 3x cheaper than json.loads per message), then validated
-    column-wise like a Parquet chunk. Whenever that path cannot vouch for every message
-    the chunk takes RecordDecoder.decode_json, which names each bad message:
-    - a newline or blank inside a message, or anything Arrow's reader refuses (invalid
-      JSON, a duplicate key, a column whose type changes from message to message);
-    - text json.loads refuses but Arrow's reader takes (`-NaN`, bytes that are not UTF-8);
-    - a message that does not begin with `{`: pyarrow 25's reader takes a `null` line as
-      a row, and a poll that begins with one crashes the process (a segmentation fault);
-    - a column Arrow typed lossily (see _typed_as_json).
-    So the fast path never changes a verdict, only its cost; tests/test_fast_path_verdicts.py
-    checks that message by message over random mixes.
-    """
-    if values:
-        data = b"\n".join(values)
-        # ASCII, the usual case, is checked at memory speed.
-        if (data.count(b"\n") == len(values) - 1 and (data.isascii() or _is_utf8(data))
-                and all(value[:1] == b"{" for value in values) and _no_minus_nan(data)):
-            try:
-                table = pa_json.read_json(
-                    io.BytesIO(data),
-                    read_options=pa_json.ReadOptions(use_threads=False, block_size=len(data) + 1),
-                )
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                table = None
-            if table is not None and table.num_rows == len(values) and _typed_as_json(table, decoder):
-                return decoder.decode_table(table, source, positions=positions)
+    """One JSON object per value: the whole poll through Arrow's reader and validated
+    column-wise like a Parquet chunk where that gives every message the verdict
+    json.loads would (connectors.json_fast_path), else message by message. So the fast
+    path never changes a verdict, only its cost; tests/test_fast_path_verdicts.py checks
+    that message by message over random mixes."""
+    table = read_poll(decoder, values)
+    if table is not None:
+        return decoder.decode_table(table, source, positions=positions)
     return decoder.decode_json(values, source, positions=positions)
-
-
-# Arrow types whose values are exactly what json.loads gives, per kind of field. Arrow
-# promotes a column of 1 and 2.5 to doubles (an integer id would read as 1.0), an id
-# over int64 to a double, a string like "2026-11-01" to a timestamp, and fills the keys
-# an object lacks with nulls: any of those takes the per-message path.
-_EXACT_SCALARS = (pa.types.is_null, pa.types.is_boolean, pa.types.is_int64, pa.types.is_string)
-
-
-def _exact(t: pa.DataType, numbers: bool) -> bool:
-    return any(check(t) for check in _EXACT_SCALARS) or (numbers and pa.types.is_float64(t))
-
-
-def _typed_as_json(table: pa.Table, decoder: RecordDecoder) -> bool:
-    """Whether every column the decoder reads holds the values json.loads would give.
-    Labels and dense fields are read as floats, so a double there is exact; a sparse
-    field's ids must keep their type, in a list or alone."""
-    sparse = decoder.spec.sparse_names
-    for name, column in zip(table.column_names, table.columns):
-        if name not in decoder.known:
-            continue  # unknown fields count only as present or not, which nulls keep
-        t = column.type
-        if name in sparse and pa.types.is_list(t):
-            t = t.value_type
-        if not _exact(t, numbers=name not in sparse):
-            return False
-    return True
-
-
-def _no_minus_nan(data: bytes) -> bool:
-    # A search for one byte runs at memchr's speed, 50x the four-byte search's; "N" is
-    # rare in events (hex ids are lower case), so the second search seldom runs.
-    return b"N" not in data or b"-NaN" not in data
-
-
-def _is_utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
 
 
 def _decode_arrow(decoder: RecordDecoder, values: Sequence[bytes], source: str, offsets: np.ndarray):

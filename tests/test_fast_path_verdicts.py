@@ -25,13 +25,12 @@ from hypothesis import strategies as st
 
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
 from picasso.connectors.kafka_source import Messages
+from picasso.connectors.json_fast_path import learned_types
 from picasso.connectors.message_formats import decode_messages, read_ipc_stream
 
 SPEC = small_spec()
-DECODERS = {
-    "ignore-unknown": RecordDecoder(SPEC),
-    "reject-unknown": RecordDecoder(SPEC, DecodeOptions(unknown_fields="reject")),
-}
+OPTIONS = {"ignore-unknown": DecodeOptions(), "reject-unknown": DecodeOptions(unknown_fields="reject")}
+DECODERS = {name: RecordDecoder(SPEC, options) for name, options in OPTIONS.items()}
 PROPERTY = settings(
     max_examples=int(os.environ.get("PICASSO_PROPERTY_EXAMPLES", "150")),
     derandomize=os.environ.get("PICASSO_PROPERTY_RANDOM") != "1",
@@ -68,10 +67,13 @@ FIELD_VALUES = {
 }
 
 
+STRING_IDS, INTEGER_IDS = st.sampled_from(["a", "é", "x1"]), st.integers(0, 99)
+
+
 @st.composite
-def good_record(draw) -> dict:
+def good_record(draw, h_ids=st.one_of(STRING_IDS, INTEGER_IDS)) -> dict:
     record = {"label": draw(st.sampled_from([0, 1, 0.5])), "d1": draw(st.floats(-1e3, 1e3)),
-              "d2": draw(st.integers(-5, 5)), "h": draw(st.one_of(st.sampled_from(["a", "é", "x1"]), st.integers(0, 99))),
+              "d2": draw(st.integers(-5, 5)), "h": draw(h_ids),
               "v": draw(st.integers(0, 9)), "bag": draw(st.lists(st.sampled_from(["p", "q", "日"]), max_size=3)),
               "vbag": draw(st.lists(st.integers(0, 19), max_size=3))}
     for name in draw(st.lists(st.sampled_from(list(record)[1:]), unique=True, max_size=2)):
@@ -85,11 +87,21 @@ def any_record(draw) -> dict:
     return {name: draw(FIELD_VALUES[name]) for name in names}
 
 
-def encode(record: dict, ascii_only: bool) -> bytes:
+def encode(record: dict, ascii_only: bool, pretty: bool = False) -> bytes:
+    indent = 1 if pretty else None  # newlines inside the message
     try:
-        return json.dumps(record, ensure_ascii=ascii_only).encode()
+        return json.dumps(record, ensure_ascii=ascii_only, indent=indent).encode()
     except UnicodeEncodeError:  # a lone surrogate has no UTF-8: write it as an escape
-        return json.dumps(record).encode()
+        return json.dumps(record, indent=indent).encode()
+
+
+@st.composite
+def one_producers_poll(draw) -> list[bytes]:
+    """Good events whose fields keep one JSON type each, as one producer writes them: the
+    fast path reads such a poll whole, and learns its column types."""
+    records = draw(st.lists(good_record(draw(st.sampled_from([STRING_IDS, INTEGER_IDS]))), min_size=1, max_size=10))
+    ascii_only, pretty = draw(st.booleans()), draw(st.booleans())
+    return [encode(record, ascii_only, pretty) for record in records]
 
 
 RAW_BAD = [
@@ -97,10 +109,13 @@ RAW_BAD = [
     b'{"label": 0, "extra": -NaN}', b'{"label": 0, "h": "\\ud800"}', b'{"label": 0}\n', b'{"label": 0} {"label": 1}',
     b'{"label": 0, "h": "\xff"}', b'{"label": 0, "d1": 1' + b"0" * 400 + b"}", b'{"label": 1,\n "h": "a"}',
     b'{"label": 0, "x": {"k": 1, "k": 2}}', b'{"label": 0, "h": 1e2}', b'{"label": 0, "d1": -Infinity}',
+    b' {"label": 0}', b'{"label": 0, "extra":', b'{"k": 1}}', b'{"label": 0, "h": "a\tb"}',
+    # Good, but never written by json.dumps: signed zeros.
+    b'{"label": -0, "d1": -0, "d2": -0.0}',
 ]
 json_message = st.one_of(
-    st.builds(encode, good_record(), st.booleans()),
-    st.builds(encode, any_record(), st.booleans()),
+    st.builds(encode, good_record(), st.booleans(), st.booleans()),
+    st.builds(encode, any_record(), st.booleans(), st.booleans()),
     st.sampled_from(RAW_BAD),
 )
 
@@ -140,21 +155,57 @@ def assert_same_verdict(fast: tuple, alone: tuple, where) -> None:
     assert json.dumps(fast[1], sort_keys=True) == json.dumps(alone[1], sort_keys=True), where  # NaN-safe
 
 
-@pytest.mark.parametrize("options", list(DECODERS))
+@pytest.mark.parametrize("options", list(OPTIONS))
+@pytest.mark.parametrize("types", ["inferred", "learned"])
 @PROPERTY
-@given(values=st.lists(json_message, min_size=1, max_size=25))
-def test_json_fast_path_gives_each_message_its_own_verdict(options, values):
-    decoder = DECODERS[options]
+@given(earlier=one_producers_poll(), values=st.lists(json_message, min_size=1, max_size=25))
+def test_json_fast_path_gives_each_message_its_own_verdict(options, types, earlier, values):
+    """With the column types inferred from the poll itself, and with the types learned
+    from an earlier poll given to Arrow's reader."""
+    decoder = RecordDecoder(SPEC, OPTIONS[options])
+    if types == "learned":
+        decode_messages(decoder, "json", poll(earlier))
+        assert learned_types(decoder) is not None
     fast = verdicts_of_poll(decoder, "json", values)
     for offset, value in zip(range(100, 100 + len(values)), values):
         assert_same_verdict(fast[offset], json_verdict_alone(decoder, value), (offset, value))
 
 
+class WithoutPerMessagePath(RecordDecoder):
+    def decode_json(self, *args, **kwargs):
+        raise AssertionError("the per-message path was taken")
+
+
 @PROPERTY
-@given(good=st.lists(st.builds(encode, good_record(), st.booleans()), min_size=1, max_size=20))
-def test_a_poll_of_good_json_takes_the_fast_path_and_keeps_every_message(good):
-    decoded = decode_messages(DECODERS["ignore-unknown"], "json", poll(good))
-    assert decoded.table.num_rows == len(good) and not decoded.dead_letters
+@given(polls=st.lists(one_producers_poll(), min_size=1, max_size=3))
+def test_polls_of_good_json_take_the_fast_path_and_keep_every_message(polls):
+    """Pretty-printed events too; a later poll whose types differ from the learned ones
+    (another producer) is read again with its own."""
+    decoder = WithoutPerMessagePath(SPEC)
+    for values in polls:
+        decoded = decode_messages(decoder, "json", poll(values))
+        assert decoded.table.num_rows == len(values) and not decoded.dead_letters
+
+
+def test_messages_that_run_into_each_other_are_each_refused():
+    """Arrow's reader sees the poll as one sequence of JSON values: two broken messages
+    can read as one object, and a message of two objects makes up the count of rows."""
+    good = json.dumps({"label": 1, "h": "a"}).encode()
+    decoded = decode_messages(RecordDecoder(SPEC), "json",
+                              poll([good, b'{"label": 0, "extra":', b'{"k": 1}}', b'{"label": 1}{"label": 0}', good]))
+    assert decoded.table.num_rows == 2
+    assert [letter.offset for letter in decoded.dead_letters] == [101, 102, 103]
+
+
+def test_minus_zero_is_zero_on_both_paths():
+    """json.loads reads `-0` as the integer 0; Arrow's reader, in a column of doubles, as
+    -0.0. Both paths keep +0.0."""
+    values = [b'{"label": 0.5, "d1": 2.5, "d2": 0.5}', b'{"label": -0, "d1": -0, "d2": -0.0}']
+    decoder = RecordDecoder(SPEC)
+    fast = verdicts_of_poll(decoder, "json", values)
+    assert_same_verdict(fast[101], json_verdict_alone(decoder, values[1]), values[1])
+    row = fast[101][1][0]
+    assert [math.copysign(1.0, row[name]) for name in ("label", "d1", "d2")] == [1.0, 1.0, 1.0]
 
 
 def test_one_bad_message_of_each_kind_leaves_the_rest_of_its_poll_alone():
