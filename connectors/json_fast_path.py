@@ -49,8 +49,8 @@ _learned: weakref.WeakKeyDictionary[RecordDecoder, tuple[pa.Schema, frozenset[st
 
 def read_poll(decoder: RecordDecoder, values: Sequence[bytes]) -> pa.Table | None:
     """The poll as one table with a row per value, or None where the per-message path
-    must decide. Values are non-empty."""
-    if not values or not all(value[0] == _OPEN and value[-1] == _CLOSE for value in values):
+    must decide."""
+    if not values or not all(value and value[0] == _OPEN and value[-1] == _CLOSE for value in values):
         return None
     data = b"\n".join(values)
     # ASCII, the usual case, is checked at memory speed.

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.json_fast_path import learned_types
-from picasso.connectors.message_formats import decode_messages, read_ipc_stream
+from picasso.connectors.message_formats import decode_json_values, decode_messages, read_ipc_stream
 
 SPEC = small_spec()
 OPTIONS = {"ignore-unknown": DecodeOptions(), "reject-unknown": DecodeOptions(unknown_fields="reject")}
@@ -195,6 +195,15 @@ def test_messages_that_run_into_each_other_are_each_refused():
                               poll([good, b'{"label": 0, "extra":', b'{"k": 1}}', b'{"label": 1}{"label": 0}', good]))
     assert decoded.table.num_rows == 2
     assert [letter.offset for letter in decoded.dead_letters] == [101, 102, 103]
+
+
+def test_an_empty_value_given_straight_to_the_json_decoder_is_a_blank_line():
+    """decode_messages refuses empty messages before decoding; a direct caller's empty
+    value must not break the poll either."""
+    good = json.dumps({"label": 1, "h": "a"}).encode()
+    result = decode_json_values(RecordDecoder(SPEC), [b"", good], "events/0", [0, 1])
+    assert [(letter.position, letter.reason) for letter in result.dead_letters] == [(0, "blank line (no JSON object)")]
+    assert result.table.num_rows == 1
 
 
 def test_minus_zero_is_zero_on_both_paths():
