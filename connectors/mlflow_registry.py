@@ -6,7 +6,8 @@ publish() makes, for one checkpoint:
   the spec, the packing plan, the positions, plots of the metrics over versions, and the
   delta against the previous version (the embedding rows that changed);
 - a pyfunc model (connectors/pyfunc_model.py, logged as models-from-code with the picasso
-  modules it imports, pinned pip requirements and a signature from the spec);
+  modules it imports and pinned pip requirements; its signature states the output and the
+  on_bad_row param, its metadata the spec's input fields);
 - a registered version tagged with the checkpoint id, the source positions and the data
   counts, under the alias `candidate`, and promoted to `champion` by the PublishPolicy.
 
@@ -44,7 +45,7 @@ from picasso.connectors import registry_tags as tags
 from picasso.connectors.delta_store import DeltaStore
 from picasso.connectors.local_store import ensure_sqlite_store
 from picasso.connectors.metric_plots import metrics_svg
-from picasso.connectors.model_signature import signature_for
+from picasso.connectors.model_signature import input_fields, serving_signature
 from picasso.connectors.publish_policy import CANDIDATE, CHAMPION, PublishPolicy, decide_promotion
 from picasso.connectors.retry import with_retries
 from picasso.connectors.serving_weights import save_weights, serving_state
@@ -346,7 +347,7 @@ class _Publication:
         with _active_run(run_id), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*type hints to the `predict` method")
             # An input example would make MLflow run the model at logging time (seconds);
-            # the signature comes from the spec instead.
+            # the inputs are stated from the spec instead (connectors/model_signature.py).
             warnings.filterwarnings("ignore", message=".*input example was not provided")
             info = mlflow.pyfunc.log_model(
                 name="model",
@@ -358,7 +359,8 @@ class _Publication:
                 },
                 code_paths=[str(_stage_code(tmp / "code"))],
                 pip_requirements=serving_requirements(),
-                signature=signature_for(checkpoint.spec),
+                signature=serving_signature(),
+                metadata={"input_fields": input_fields(checkpoint.spec)},
             )
         client.set_tag(run_id, tags.MODEL_ID, info.model_id)
         self.on_stage("model_logged")

@@ -1,29 +1,38 @@
 """The pyfunc's MLflow signature, derived from the FeatureSpec.
 
-Inputs are the spec's dense and sparse fields (never the label), each optional: the
-decoder gives a missing dense value 0 and a missing sparse field an empty bag. The
-output is one click probability per row.
+The signature has no input schema, on purpose. MLflow enforces an input schema before
+the model sees a request, and its enforcement loses rows: a request whose rows carry no
+column of the schema (only unknown fields, or `{}`) reaches the model as a frame of no
+rows, and the answer has fewer predictions than the request had rows. Typed columns
+would also refuse what raw events legitimately carry (int64 counts in a double column,
+integer ids in a hashed field declared string). The decoder checks every value, with
+training's rules, and answers every row (connectors/serving_rows.py).
 
-Column types are AnyType, or an Array of AnyType for multi-hot fields, on purpose.
-MLflow's schema enforcement runs before the model sees a row, and it refuses what raw
-events legitimately carry: int64 counts in a dense column declared double ("can not
-safely convert int64 to float64"), integer ids in a hashed field declared string, a
-vocabulary id column turned float64 by one missing value. The decoder already checks
-every value and scores a bad row NaN instead of failing the request, so the signature
-states names, optionality and shape, and leaves the value checks to the decoder.
+What the model reads is stated in its metadata instead (input_fields): each dense and
+sparse field, never the label, with its kind. The output is one click probability per
+row; the `on_bad_row` param (error|default) says what a refused row gets.
 """
 
 from __future__ import annotations
 
 from mlflow.models.signature import ModelSignature
-from mlflow.types.schema import AnyType, Array, ColSpec, Schema
+from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
 
 from picasso.spec import FeatureSpec
 
 
-def signature_for(spec: FeatureSpec) -> ModelSignature:
-    columns = [ColSpec(AnyType(), f.name, required=False) for f in spec.dense]
+def serving_signature() -> ModelSignature:
+    return ModelSignature(
+        inputs=None,
+        outputs=Schema([ColSpec("double", "probability")]),
+        params=ParamSchema([ParamSpec("on_bad_row", "string", "error")]),
+    )
+
+
+def input_fields(spec: FeatureSpec) -> dict[str, str]:
+    """Field name -> what it takes, for the model's metadata: every field is optional."""
+    fields = {f.name: "number" for f in spec.dense}
     for f in spec.sparse:
-        kind = Array(AnyType()) if f.max_len > 1 else AnyType()
-        columns.append(ColSpec(kind, f.name, required=False))
-    return ModelSignature(inputs=Schema(columns), outputs=Schema([ColSpec("double", "probability")]))
+        ids = "integer or string ids" if f.hashed else f"integer ids in [0, {f.vocab_size})"
+        fields[f.name] = f"{ids}, a list of at most {f.max_len}" if f.max_len > 1 else ids
+    return fields

@@ -1,24 +1,29 @@
-"""The MLflow pyfunc model: raw feature columns in, click probabilities out.
+"""The MLflow pyfunc model: raw feature columns in, one click probability per row out.
 
 It carries the spec and decodes with the same decoder and hash as training, so serving
 needs no other preprocessing. Ids never seen in training still hash to a row; missing
-fields take their defaults; a row that cannot be decoded (a wrong type, say) scores NaN
-rather than failing the whole request.
+fields take their defaults. A row the decoder refuses fails the request with the reason
+(HTTP 400), or with `params: {"on_bad_row": "default"}` is scored on its good fields:
+see connectors/serving_rows.py. A request of more than PICASSO_SERVING_MAX_ROWS rows
+(default 100,000) is refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import mlflow.models
 import mlflow.pyfunc
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import torch
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from picasso.batch import pack
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.serving_rows import ON_BAD_ROW, BadRows, decode_request
 from picasso.connectors.serving_weights import is_optimizer_slot
 from picasso.models import build_model
 from picasso.packing import PackingPlan
@@ -27,6 +32,8 @@ from picasso.spec import load_spec
 ARTIFACT_WEIGHTS = "weights"
 ARTIFACT_SPEC = "spec"
 ARTIFACT_CONFIG = "model_config"
+MAX_ROWS_VARIABLE = "PICASSO_SERVING_MAX_ROWS"
+DEFAULT_MAX_ROWS = 100_000
 
 
 class CtrModel(mlflow.pyfunc.PythonModel):
@@ -45,36 +52,47 @@ class CtrModel(mlflow.pyfunc.PythonModel):
             raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {result.unexpected_keys}")
         self.model.eval()
         self.decoder = RecordDecoder(self.spec, DecodeOptions(require_label=False))
+        self.max_rows = int(os.environ.get(MAX_ROWS_VARIABLE, DEFAULT_MAX_ROWS))
+        # Warm at start: the first scoring loads the kernels (and builds them where this
+        # environment has not), which would otherwise land on the first request. The row
+        # has every field, so every decoding and hashing path runs once too.
+        self.predict(context, _row_of_every_field(self.spec))
 
     def predict(self, context, model_input, params=None):
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
-        columns = {str(name): _column(frame[name]) for name in frame.columns}
-        decoded = self.decoder.decode_columns(columns, len(frame), source="serving")
-        probabilities = np.full(len(frame), np.nan, dtype=np.float64)
-        if decoded.table.num_rows:
-            with torch.no_grad():
-                logits = self.model(pack(decoded.table, self.spec, self.plan).to_torch())
-            probabilities[decoded.valid_mask] = torch.sigmoid(logits).numpy()
+        on_bad_row = (params or {}).get("on_bad_row", "error")
+        if on_bad_row not in ON_BAD_ROW:
+            raise MlflowException(f"on_bad_row must be one of {', '.join(ON_BAD_ROW)}, got {on_bad_row!r}",
+                                  error_code=INVALID_PARAMETER_VALUE)
+        if len(frame) > self.max_rows:
+            raise MlflowException(f"a request of {len(frame)} rows is over this server's limit of {self.max_rows} "
+                                  f"({MAX_ROWS_VARIABLE})", error_code=INVALID_PARAMETER_VALUE)
+        try:
+            decoded = decode_request(self.decoder, frame, on_bad_row)
+        except BadRows as bad:
+            raise MlflowException(str(bad), error_code=INVALID_PARAMETER_VALUE,
+                                  refused_rows=[{"row": r.row, "reason": r.reason} for r in bad.refused]) from None
+        probabilities = self._probabilities(decoded.table)
+        if on_bad_row == "default":
+            # object, not pandas' string dtype, which turns None into NaN (and JSON into NaN)
+            refused = pd.Series([decoded.refused.get(i) for i in range(len(frame))], dtype=object)
+            return pd.DataFrame({"probability": probabilities, "refused": refused})
         return probabilities
 
-
-def _column(series: pd.Series) -> pa.Array | list:
-    """An Arrow array, or for a column of mixed values a list the decoder checks one by
-    one (so one bad value fails one row, not the request)."""
-    if series.dtype.kind == "f" and series.hasnans:
-        # pandas (and JSON parsed into a DataFrame) turns an integer column with a missing
-        # value into floats with NaN: give integer ids back their type, missing as null.
-        present = series.dropna()
-        if ((present == np.floor(present)) & (present.abs() < 2**53)).all():
-            series = series.astype("Int64")
-    try:
-        return pa.array(series, from_pandas=True)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        return [None if _missing(value) else value for value in series.tolist()]
+    def _probabilities(self, table) -> np.ndarray:
+        if not table.num_rows:
+            return np.zeros(0, dtype=np.float64)
+        with torch.no_grad():
+            logits = self.model(pack(table, self.spec, self.plan).to_torch())
+        return torch.sigmoid(logits).double().numpy()
 
 
-def _missing(value) -> bool:
-    return value is None or (isinstance(value, float) and np.isnan(value))
+def _row_of_every_field(spec) -> pd.DataFrame:
+    row = {f.name: 0.0 for f in spec.dense}
+    for f in spec.sparse:
+        one = "warm-up" if f.hashed else 0
+        row[f.name] = [one] if f.max_len > 1 else one
+    return pd.DataFrame([row])
 
 
 # Models from code: MLflow loads this file and takes the model set here, instead of

@@ -23,7 +23,6 @@ from picasso.connectors.delta_store import download_delta, download_weights, reb
 from picasso.connectors.local_broker import free_port
 from picasso.connectors.mlflow_registry import MLflowTarget, publish, serving_requirements
 from picasso.connectors.model_delta import DeltaMismatch, apply_delta, changed_rows, compute_delta
-from picasso.connectors.model_signature import signature_for
 from picasso.connectors.publish_outbox import PENDING, PUBLISHED, PublishOutbox
 from picasso.connectors.publish_policy import PublishPolicy, decide_promotion
 from picasso.connectors.retry import RetryPolicy
@@ -47,15 +46,18 @@ def published(mlflow_server, tmp_path_factory):
     return target, checkpoints, versions, root
 
 
-def test_signature_names_every_feature_as_optional_and_never_the_label():
-    signature = signature_for(SPEC)
-    names = signature.inputs.input_names()
-    assert names == [*SPEC.dense_names, *(f.name for f in SPEC.sparse)]
-    assert SPEC.label not in names
-    assert all(not column.required for column in signature.inputs.inputs)
-    assert signature.outputs.input_names() == ["probability"]
-    kinds = {c.name: c.type for c in signature.inputs.inputs}
-    assert "Array" in repr(kinds["bag"]) and "Array" not in repr(kinds["h"])  # multi-hot vs one-hot
+def test_the_model_states_every_feature_in_its_metadata_and_no_input_schema_mlflow_would_enforce(published, mlflow_server):
+    """An input schema would make MLflow drop the rows of a request that carry no column
+    of it (connectors/model_signature.py)."""
+    target, _, _, _ = published
+    mlflow.set_tracking_uri(mlflow_server)
+    info = mlflow.models.get_model_info(f"models:/{target.model_name}/1")
+    assert info.signature.inputs is None
+    assert info.signature.outputs.input_names() == ["probability"]
+    assert [(p.name, p.default) for p in info.signature.params.params] == [("on_bad_row", "error")]
+    fields = info.metadata["input_fields"]
+    assert set(fields) == {*SPEC.dense_names, *(f.name for f in SPEC.sparse)} and SPEC.label not in fields
+    assert fields["bag"] == "integer or string ids, a list of at most 3" and fields["v"] == "integer ids in [0, 10)"
 
 
 def test_a_version_carries_tags_metrics_params_and_artifacts(published, mlflow_server):
