@@ -234,13 +234,17 @@ class StreamRunner:
         for source, position in model.trainer.positions.items():
             topic, partition = source.rsplit("/", 1)
             offsets[TopicPartition(topic, int(partition))] = OffsetAndMetadata(position, "", -1)
-        consumer = self.config.connection.consumer(group_id=self.config.group_id)
+        consumer = None
         try:
+            # Making the consumer bootstraps, and the broker may have gone since the cycle:
+            # inside the try, or a broker outage at this moment would end the stream.
+            consumer = self.config.connection.consumer(group_id=self.config.group_id)
             consumer.commit(offsets)
         except Exception as err:  # noqa: BLE001 - monitoring only; never fails a cycle
             log.warning("could not commit offsets to group %s: %s", self.config.group_id, err)
         finally:
-            consumer.close()
+            if consumer is not None:
+                consumer.close()
 
     def publish_version(self, model: StreamModel) -> str | None:
         """Publish the last checkpoint through the outbox, with the progressive-validation

@@ -144,3 +144,22 @@ def test_a_cycle_that_fails_the_same_way_every_time_stops_the_stream(monkeypatch
     assert summary.stopped is not None and "a training bug" in summary.stopped
     assert f"{kafka_topic}/0 at 0" in summary.stopped  # the cycle's start, which no attempt got past
     assert summary.cycles == 0
+
+
+def test_a_broker_gone_when_offsets_are_committed_does_not_end_the_stream(monkeypatch, kafka_bootstrap, kafka_topic,
+                                                                           tmp_path):
+    """Committing the checkpoint's positions to the consumer group comes after a cycle, and
+    only serves lag tools: the broker gone at that moment (the group consumer cannot
+    bootstrap) is logged, and the stream trains on."""
+    fill_topic(kafka_bootstrap, kafka_topic, json_messages(40, stream=10), partitions=1)
+    make_consumer = KafkaConnection.consumer
+
+    def unreachable_for_the_group(self, **overrides):
+        if "group_id" in overrides:
+            raise KafkaTimeoutError("Unable to bootstrap from the broker")
+        return make_consumer(self, **overrides)
+
+    monkeypatch.setattr(KafkaConnection, "consumer", unreachable_for_the_group)
+    summary = StreamRunner(_config(kafka_bootstrap, kafka_topic, tmp_path, f"{kafka_topic}.dead")).run()
+    assert summary.stopped is None and summary.failures == 0
+    assert summary.messages == 40 and summary.cycles >= 1
