@@ -22,8 +22,6 @@ warm-up), tenth_request_s the median of its requests 2 to 10.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,8 +37,7 @@ import pandas as pd
 from benchmarks.harness import parse_args, report
 from benchmarks.publish import Cycles
 from picasso.builtin_specs import criteo_spec
-from picasso.connectors.local_broker import free_port
-from picasso.connectors.local_mlflow import wait_http
+from picasso.connectors.local_mlflow import served_model
 from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, publish
 from picasso.synthetic import PlantedModel
 
@@ -62,27 +59,15 @@ def publish_model(work: Path, train_events: int) -> tuple[MLflowTarget, str]:
 
 @contextmanager
 def model_server(target: MLflowTarget, uri: str, work: Path) -> Iterator[str]:
-    """`mlflow models serve` on a free port, as a deployment runs it; yields its base URL
-    once /ping answers, and kills its whole process group (the server and its workers) on the way out."""
-    port = free_port()
+    """The served model's base URL; on a failure, the server's last words on stderr."""
     log_path = work / "serve.log"
-    with open(log_path, "wb") as server_log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local", "--host",
-             "127.0.0.1", "--port", str(port), "--workers", "1"],
-            env={**os.environ, "MLFLOW_TRACKING_URI": target.tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true"},
-            stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_http(f"{url}/ping", server, timeout=300, what="mlflow models serve")
-        yield url
+        with served_model(uri, target.tracking_uri, log_path) as (url, _):
+            yield url
     except BaseException:
         # The server's own words are the only clue to why it did not start or answer.
         print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
         raise
-    finally:
-        os.killpg(server.pid, 9)
-        server.wait(timeout=30)
 
 
 def request_rows(rows: int) -> pd.DataFrame:

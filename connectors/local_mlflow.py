@@ -1,4 +1,5 @@
-"""A local `mlflow server` on loopback with a SQLite store, for tests and benchmarks.
+"""A local `mlflow server` on loopback with a SQLite store, and `mlflow models serve` of a
+model, for tests and benchmarks.
 
 It can be stopped (killed, as a crash would) and started again on the same port and
 store. One worker and no job execution: it starts in about 10 s instead of 24 s.
@@ -6,11 +7,13 @@ store. One worker and no job execution: it starts in about 10 s instead of 24 s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 from picasso.connectors.local_broker import free_port
@@ -68,3 +71,25 @@ class MlflowServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def served_model(model_uri: str, tracking_uri: str, log_path: Path, env: dict[str, str] | None = None,
+                 timeout: float = 300) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`mlflow models serve` of a model on a free loopback port, as a deployment runs it
+    (one worker, --env-manager local); yields its base URL once /ping answers, and the
+    process. Its output goes to log_path; its whole process group is killed on the way out."""
+    port = free_port()
+    with open(log_path, "wb") as server_log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local", "--host",
+             "127.0.0.1", "--port", str(port), "--workers", "1"],
+            env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})},
+            stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_http(f"{url}/ping", server, timeout=timeout, what="mlflow models serve")
+        yield url, server
+    finally:
+        os.killpg(server.pid, 9)
+        server.wait(timeout=30)

@@ -23,7 +23,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from picasso.batch import pack
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
-from picasso.connectors.serving_rows import ON_BAD_ROW, BadRows, decode_request
+from picasso.connectors.serving_rows import BadRows, decode_request, on_bad_row_problem
 from picasso.connectors.serving_weights import is_optimizer_slot
 from picasso.models import build_model
 from picasso.packing import PackingPlan
@@ -61,9 +61,8 @@ class CtrModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input, params=None):
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         on_bad_row = (params or {}).get("on_bad_row", "error")
-        if on_bad_row not in ON_BAD_ROW:
-            raise MlflowException(f"on_bad_row must be one of {', '.join(ON_BAD_ROW)}, got {on_bad_row!r}",
-                                  error_code=INVALID_PARAMETER_VALUE)
+        if problem := on_bad_row_problem(on_bad_row):
+            raise MlflowException(problem, error_code=INVALID_PARAMETER_VALUE)
         if len(frame) > self.max_rows:
             raise MlflowException(f"a request of {len(frame)} rows is over this server's limit of {self.max_rows} "
                                   f"({MAX_ROWS_VARIABLE})", error_code=INVALID_PARAMETER_VALUE)

@@ -26,6 +26,12 @@ ON_BAD_ROW = ("error", "default")
 SOURCE = "serving"
 
 
+def on_bad_row_problem(on_bad_row: str) -> str | None:
+    if on_bad_row not in ON_BAD_ROW:
+        return f"on_bad_row must be one of {', '.join(ON_BAD_ROW)}, got {on_bad_row!r}"
+    return None
+
+
 @dataclass(frozen=True)
 class RefusedRow:
     row: int  # index of the row in the request, from 0
@@ -53,8 +59,8 @@ class DecodedRequest:
 
 def decode_request(decoder: RecordDecoder, frame: pd.DataFrame, on_bad_row: str) -> DecodedRequest:
     """Every row of the frame decoded, or BadRows."""
-    if on_bad_row not in ON_BAD_ROW:
-        raise ValueError(f"on_bad_row must be one of {', '.join(ON_BAD_ROW)}, got {on_bad_row!r}")
+    if problem := on_bad_row_problem(on_bad_row):
+        raise ValueError(problem)
     n = len(frame)
     columns = {str(name): _column(frame[name]) for name in frame.columns}
     decoded = decoder.decode_columns(columns, n, source=SOURCE)

@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,8 +19,7 @@ import pandas as pd
 import pytest
 from publish_helpers import CheckpointMaker, fresh_target, request
 
-from picasso.connectors.local_broker import free_port
-from picasso.connectors.local_mlflow import wait_http
+from picasso.connectors.local_mlflow import served_model
 from picasso.connectors.mlflow_registry import publish
 
 log = logging.getLogger(__name__)
@@ -82,20 +79,8 @@ def served(mlflow_server, tmp_path_factory):
     uri = f"models:/{target.model_name}@champion"
     mlflow.set_tracking_uri(mlflow_server)
     in_process = mlflow.pyfunc.load_model(uri)
-    port = free_port()
-    with open(root / "serve.log", "wb") as server_log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "models", "serve", "-m", uri, "--env-manager", "local", "--host",
-             "127.0.0.1", "--port", str(port), "--workers", "1"],
-            env={**os.environ, "MLFLOW_TRACKING_URI": mlflow_server, "MLFLOW_DISABLE_TELEMETRY": "true",
-                 "PICASSO_SERVING_MAX_ROWS": str(MAX_ROWS)},
-            stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/ping", server, timeout=300, what="mlflow models serve")
-        yield Served(f"http://127.0.0.1:{port}", target.model_name, in_process, server)
-    finally:
-        os.killpg(server.pid, 9)
-        server.wait(timeout=30)
+    with served_model(uri, mlflow_server, root / "serve.log", {"PICASSO_SERVING_MAX_ROWS": str(MAX_ROWS)}) as (url, server):
+        yield Served(url, target.model_name, in_process, server)
 
 
 def test_the_first_request_is_answered_like_the_tenth(served):
