@@ -84,13 +84,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from benchmarks.gba_inprocess import HOLDOUT_STREAM, WARM_STREAM_BASE, warm_up
-from benchmarks.harness import parse_args, report
+from benchmarks.harness import parse_args, print_table, report
 from picasso import kernels
 from picasso.checkpoint import latest_checkpoint
 from picasso.pipelines.distributed_cli import planted_batches
@@ -153,6 +154,8 @@ def _extra(parser) -> None:
     parser.add_argument("--row-cache", default=None, metavar="CAPACITY",
                         help="also run gba+cache: gba with each worker's hot-row cache of this size in front of "
                         "the server (gba-worker --row-cache), reporting the share of row pulls it served")
+    parser.add_argument("--no-churn", dest="churn", action="store_false",
+                        help="leave out the churn run (a gba worker killed halfway and replaced)")
     parser.set_defaults(repeat=3)  # a run is minutes; medians of 3
 
 
@@ -190,11 +193,11 @@ def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
 def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: int, trained_before: int) -> Run:
     """trained_before: samples in the model the server resumes (its count includes them)."""
     port, total = _free_port(), args.workers * args.rows
-    group = ["--port", str(port), "--shards", str(args.shards), "--workers", str(args.workers), "--json"]
+    group = ["--port", str(port), "--json"]
     cached = mode == "gba+cache"
     server = subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir),
-                               "--mode", "gba" if cached else mode,
-                               "--samples", str(total), *_model_flags(args), *group],
+                               "--mode", "gba" if cached else mode, "--shards", str(args.shards),
+                               "--workers", str(args.workers), "--samples", str(total), *_model_flags(args), *group],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env())
     # Each worker has rows enough for half the job: more than any one takes (a fast worker
     # takes about a third under the straggler), and the server's budget stops them.
@@ -219,6 +222,105 @@ def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: 
     return Run(_json_lines(out)[-1]["samples"] - trained_before, _span(stats), staleness, served_share=served)
 
 
+@dataclass(frozen=True)
+class Churn:
+    """A gba run in which one worker is killed (SIGKILL) halfway and a new process replaces it."""
+
+    before: float  # samples/s from the start to the kill
+    during: float  # from the kill until the replacement trains
+    after: float  # from then to the end
+    seconds_to_train: float  # from the replacement's process start to its first batch
+    trained: int  # samples in the model
+    covered: int  # samples the checkpoint's positions cover: each trained once, or dropped as too stale
+    dropped_stale: int  # samples dropped as too stale (counted, on purpose untrained)
+    duplicates: int  # pushes acknowledged as already trained (the dead one's, replayed)
+    holes: int  # positions inside the covered span the ledger does not hold: lost samples
+
+    @property
+    def exactly_once(self) -> bool:
+        return self.trained + self.dropped_stale == self.covered and self.holes == 0
+
+
+def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
+    """gba without a straggler; the last worker is killed once half the job is trained, and
+    a replacement with its rank joins the running job and reads its source on from the
+    server's positions. The server is polled for its sample count (its `status` call)."""
+    from picasso.checkpoint import read_applied
+    from picasso.distributed.param_server import ServerAddress
+
+    port, total, doomed = _free_port(), args.workers * args.rows, args.workers - 1
+    if args.rows % args.batch_size:
+        raise ValueError("the churn run counts stale drops in whole batches: --rows must be a multiple of --batch-size")
+    server = subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir), "--mode", "gba",
+                               "--shards", str(args.shards), "--workers", str(args.workers), "--samples", str(total),
+                               *_model_flags(args), "--port", str(port), "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env())
+
+    def worker(rank: int) -> subprocess.Popen:
+        return subprocess.Popen([*CLI, "gba-worker", "--rank", str(rank), "--rows", str(total // 2), "--batch-size",
+                                 str(args.batch_size), "--stream-base", str(streams), "--port", str(port), "--json"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+
+    workers = [worker(rank) for rank in range(args.workers)]
+    status = ServerAddress("127.0.0.1", port, timeout_s=60).connect(0)
+    if not status.wait_ready(60):
+        raise RuntimeError("the churn run's server did not come up")
+    trained, polls = 0, []
+    while trained < total // 2:
+        time.sleep(0.2)
+        trained = status.call("status")["samples"] - trained_before
+        polls.append((time.time(), trained))
+    workers[doomed].kill()
+    killed = time.time()
+    workers[doomed].communicate()
+    replacement, started = worker(doomed), time.time()
+    first_batch = _wait_for_line(replacement, "training from step")
+    trains = time.time()
+    while server.poll() is None:
+        try:
+            polls.append((time.time(), status.call("status")["samples"] - trained_before))
+        except Exception:  # the server ended between the poll and the call
+            break
+        time.sleep(0.2)
+    status.close()
+    stats = []
+    for process in [*workers[:doomed], *workers[doomed + 1:], replacement]:
+        out, err = process.communicate()
+        if process.returncode:
+            raise RuntimeError(f"churn worker failed:\n{err[-3000:]}")
+        stats.extend(_json_lines(out))
+    out, _ = server.communicate()
+    if server.returncode or first_batch is None:
+        raise RuntimeError("churn server failed" if server.returncode else "the replacement never trained")
+    summary = _json_lines(out)[-1]
+    began, ended = min(s["began"] for s in stats), max(s["ended"] for s in stats)
+    sources = [f"planted-{streams + rank}" for rank in range(args.workers)]
+    positions = summary["positions"]
+    applied = read_applied(summary["checkpoint"]) or {}
+    holes = sum(positions[s] - sum(b - a for a, b in applied.get(s, []) if b <= positions[s]) for s in sources)
+    return Churn(
+        before=_rate(polls, began, killed), during=_rate(polls, killed, trains), after=_rate(polls, trains, ended),
+        seconds_to_train=trains - started, trained=summary["samples"] - trained_before,
+        covered=sum(positions[s] for s in sources), dropped_stale=summary["counts"]["dropped_stale"] * args.batch_size,
+        duplicates=summary["counts"]["duplicate"], holes=holes)
+
+
+def _wait_for_line(process: subprocess.Popen, text: str) -> str | None:
+    for line in process.stderr:
+        if text in line:
+            return line
+    return None
+
+
+def _rate(polls: list[tuple[float, int]], start: float, end: float) -> float:
+    """Samples/s between two wall-clock times, from the polls nearest them."""
+    def at(t: float) -> tuple[float, int]:
+        return min(polls, key=lambda poll: abs(poll[0] - t))
+
+    (t0, n0), (t1, n1) = at(start), at(end)
+    return (n1 - n0) / (t1 - t0) if t1 > t0 else float("nan")
+
+
 def _span(runs: list[dict]) -> float:
     """From the first worker's start to the last one's end (wall clock, one machine)."""
     return max(r["ended"] for r in runs) - min(r["began"] for r in runs)
@@ -240,6 +342,7 @@ def main() -> None:
     args = parse_args(__doc__.splitlines()[0], _extra)
     kernels.backend_for(torch.device("cpu"))  # build (or load) the C++ kernels once, before any timed run
     runs: dict[tuple[str, str], list[Run]] = {}
+    churns: list[Churn] = []
     # Repeats go round every setting in turn, so a change of load on the machine falls on
     # every mode alike rather than on one mode's runs.
     for repeat in range(args.repeat):
@@ -258,6 +361,13 @@ def main() -> None:
                         run = replace(run, auc=held_out_auc(args, workdir))
                     runs.setdefault((mode, straggler or "none"), []).append(run)
                     print(f"{mode:5} straggler {straggler or 'none':5} {run}", flush=True)
+            if args.churn:
+                with tempfile.TemporaryDirectory(prefix="gba-bench-churn-") as tmp:
+                    workdir = Path(tmp)
+                    if base is not None:
+                        shutil.copytree(base, workdir / "checkpoints" / base.name)
+                    churns.append(run_churn(args, workdir, streams, args.workers * args.warm_rows))
+                print(f"churn {churns[-1]}", flush=True)
     results = [ModeResult(mode, straggler, tuple(r)) for (mode, straggler), r in runs.items()]
     by = {(r.mode, r.straggler): r for r in results}
     slow = args.straggler
@@ -271,6 +381,18 @@ def main() -> None:
                                              "staleness": r.staleness, "row_cache_served_share": r.served_share,
                                              "runs": [asdict(run) for run in r.runs]}
                for r in results}
+    if churns:
+        median = lambda field: statistics.median(getattr(c, field) for c in churns)  # noqa: E731
+        metrics["churn"] = {"before_samples_per_s": median("before"), "during_samples_per_s": median("during"),
+                            "after_samples_per_s": median("after"), "seconds_to_train": median("seconds_to_train"),
+                            "exactly_once": all(c.exactly_once for c in churns),
+                            "runs": [asdict(c) | {"exactly_once": c.exactly_once} for c in churns]}
+        ratios["churn_after_over_before"] = median("after") / median("before")
+        print_table("gba churn: worker killed halfway, a new process replaces it",
+                    ["run", "before samples/s", "during", "after", "s to train", "trained", "dropped stale",
+                     "duplicates", "holes", "exactly once"],
+                    [[i, c.before, c.during, c.after, f"{c.seconds_to_train:.2f}", c.trained, c.dropped_stale,
+                      c.duplicates, c.holes, c.exactly_once] for i, c in enumerate(churns)])
     rows = [[r.mode, r.straggler, r.samples, r.samples_per_s, f"{r.auc:.4f}", f"{r.staleness:.2f}",
              "" if r.served_share != r.served_share else f"{r.served_share:.1%}"] for r in results]
     report("gba", ["mode", "straggler", "samples", "samples/s", "auc", "staleness", "pulls served by row cache"],

@@ -37,8 +37,7 @@ def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> fl
     return statistics.median(times)
 
 
-def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, float], metrics: dict, as_json: bool,
-           caption: str | None = None) -> None:
+def print_table(name: str, columns: list[str], rows: list[list], caption: str | None = None) -> Console:
     console = Console()
     table = Table(title=name, caption=caption)
     for column in columns:
@@ -46,6 +45,12 @@ def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, fl
     for row in rows:
         table.add_row(*(f"{v:,.1f}" if isinstance(v, float) else str(v) for v in row))
     console.print(table)
+    return console
+
+
+def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, float], metrics: dict, as_json: bool,
+           caption: str | None = None) -> None:
+    console = print_table(name, columns, rows, caption)
     for key, value in ratios.items():
         console.print(f"{key}: {value:.4g}")  # AUC deltas are thousandths
     if as_json:

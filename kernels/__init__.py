@@ -1,9 +1,11 @@
 """Fused embedding ops behind one dispatch.
 
-Two ops over a packed table (see reference.py for their exact definition):
+Three ops over a packed table (see reference.py for their exact definition):
 - `lookup`: pool every (sample, field) bag in one call;
-- `fused_update`: the backward pass of lookup fused with a sparse optimizer step.
-Two for the hot-row cache's bookkeeping, which lives on the host:
+- `fused_update`: the backward pass of lookup fused with a sparse optimizer step;
+- `row_gradients`: that backward pass returning each row's gradient instead of stepping,
+  for a compact table of the rows a batch touches (a GBA worker's pulled rows).
+Four for the hot-row cache's bookkeeping, which lives on the host:
 - `map_to_slots`: de-duplicate a batch's ids and map them to fast-tier indices;
 - `positions_in`: which of a batch's rows are among others (rows still in flight);
 - `copy_rows`: move rows between tiers;
@@ -72,6 +74,13 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step,
     )
 
 
+def row_gradients(num_rows, dim, ids, offsets, grad, num_fields, mean_pooled=None, max_len=None, field_rows=None,
+                  disjoint_fields=False):
+    return backend_for(grad.device).row_gradients(
+        num_rows, dim, ids, offsets, grad, num_fields, mean_pooled, max_len, field_rows, disjoint_fields,
+    )
+
+
 def _host_op(name: str):
     """The cache ops run on host tensors: the CPU backend's, else the reference."""
     backend = _try("cpu") if os.environ.get("PICASSO_KERNELS", "cpu") == "cpu" else load_backend("reference")
@@ -98,4 +107,4 @@ def sketch_add(counters, rows, counts, multipliers, bits):
 
 
 __all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "fused_update", "load_backend",
-           "lookup", "map_to_slots", "positions_in", "sketch_add"]
+           "lookup", "map_to_slots", "positions_in", "row_gradients", "sketch_add"]

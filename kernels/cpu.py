@@ -1,4 +1,5 @@
-"""The C++ CPU backend: kernels/csrc/packed_embedding.cpp (lookup, fused update) and
+"""The C++ CPU backend: kernels/csrc/packed_embedding.cpp (lookup, fused update, and row
+gradients as a fused update: see reference.row_gradients_by_sgd_step) and
 kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping), built on first use.
 
 torch.utils.cpp_extension compiles it against the torch already installed (no build
@@ -23,7 +24,7 @@ import torch
 from torch.utils import cpp_extension
 
 from picasso.kernels.build_lock import build_lock
-from picasso.kernels.reference import SparseOptimizer
+from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
 
 _SOURCES = Path(__file__).with_name("csrc")
 _SOURCE_FILES = ("packed_embedding.cpp", "hot_cache.cpp")
@@ -99,17 +100,19 @@ def _build(name: str, source: str):
 _ops = _build("picasso_packed_embedding", "packed_embedding.cpp")
 _cache_ops = _build("picasso_hot_cache", "hot_cache.cpp")
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
-# (when no field_rows are given) and of the cache ops, kept per table size so that no call
-# pays for filling it. Per thread: a step computing in one thread and the next batch being
-# prepared in another must not share one.
+# (when no field_rows are given) and of the cache ops, kept so that no call pays for filling
+# it. One buffer, as long as the largest table yet, whose first `rows` entries serve any
+# table: a GBA worker's compact tables change size every batch, and one buffer per size
+# would grow without bound. Per thread: a step computing in one thread and the next batch
+# being prepared in another must not share one.
 _scratch = threading.local()
 
 
 def _scratch_for(rows: int) -> torch.Tensor:
-    tables = _scratch.__dict__.setdefault("by_rows", {})
-    if rows not in tables:
-        tables[rows] = torch.full((rows,), -1, dtype=torch.int32)
-    return tables[rows]
+    held = getattr(_scratch, "buffer", None)
+    if held is None or held.numel() < rows:
+        held = _scratch.buffer = torch.full((rows,), -1, dtype=torch.int32)
+    return held[:rows]
 
 
 def _flags(mean_pooled):
@@ -159,6 +162,9 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: Spars
         optimizer.name, optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, int(step),
         _flags(mean_pooled), _limits(max_len), bounds, scratch, disjoint_fields,
     )
+
+
+row_gradients = row_gradients_by_sgd_step(fused_update)
 
 
 def map_to_slots(ids, slot_of_row, capacity):

@@ -9,6 +9,8 @@ kernels do not check them (PackedBatch and PackedEmbedding hold to them by const
 
 The backward pass is fused with the optimizer: the gradient of each touched row is summed
 over its occurrences and applied at once, so no dense gradient of the table ever exists.
+`row_gradients` is that backward pass without the step, for a table of just the rows a
+batch touches (a GBA worker's pulled rows), whose gradients are what the worker sends.
 The hot-row cache's bookkeeping is here too (see picasso/cache.py): `map_to_slots` turns a
 batch's ids into fast-tier indices, `copy_rows` moves rows between tiers, `sketch_add`
 counts rows in a count-min sketch.
@@ -89,6 +91,17 @@ def lookup(
     return pooled.view(-1, num_fields, weight.shape[1])
 
 
+def _summed_row_gradients(ids, offsets, grad, dim, num_fields, mean_pooled, max_len):
+    """The distinct rows the kept ids touch (sorted), and each one's float32 gradient: the
+    gradients of its bags, scaled by their pooling, summed over its occurrences."""
+    rows, bags, scale = _occurrences(ids, offsets, num_fields, mean_pooled, max_len)
+    unique, inverse = torch.unique(rows, return_inverse=True)
+    grad_bags = grad.reshape(-1, dim)
+    g = torch.zeros(unique.numel(), dim, dtype=torch.float32, device=grad.device)
+    g.index_add_(0, inverse, grad_bags[bags].float() * scale[bags].unsqueeze(1))
+    return unique, g
+
+
 def fused_update(
     weight: torch.Tensor,
     slots: list[torch.Tensor],
@@ -112,13 +125,9 @@ def fused_update(
     disjoint_fields: the weaker promise that no id occurs in two fields (true of a hot-row
     cache's fast tier); it too changes no result, and lets fast kernels split by field.
     """
-    rows, bags, scale = _occurrences(ids, offsets, num_fields, mean_pooled, max_len)
-    if rows.numel() == 0:
+    unique, g = _summed_row_gradients(ids, offsets, grad, weight.shape[1], num_fields, mean_pooled, max_len)
+    if unique.numel() == 0:
         return
-    unique, inverse = torch.unique(rows, return_inverse=True)
-    grad_bags = grad.reshape(-1, weight.shape[1])
-    g = torch.zeros(unique.numel(), weight.shape[1], dtype=torch.float32, device=weight.device)
-    g.index_add_(0, inverse, grad_bags[bags].float() * scale[bags].unsqueeze(1))
     w = weight[unique].float()
     if optimizer.name == "sgd":
         w -= optimizer.lr * g
@@ -141,6 +150,52 @@ def fused_update(
         v_hat = v / (1 - optimizer.beta2**step)
         w -= optimizer.lr * m_hat / (v_hat.sqrt() + optimizer.eps)
     weight[unique] = w.to(weight.dtype)
+
+
+def row_gradients(
+    num_rows: int,
+    dim: int,
+    ids: torch.Tensor,
+    offsets: torch.Tensor,
+    grad: torch.Tensor,
+    num_fields: int,
+    mean_pooled: torch.Tensor | None = None,
+    max_len: torch.Tensor | None = None,
+    field_rows: torch.Tensor | None = None,
+    disjoint_fields: bool = False,
+) -> torch.Tensor:
+    """Backward of `lookup` alone: the (num_rows, dim) float32 gradient of a table of
+    num_rows rows, each row's summed over its occurrences, zero where no kept id falls.
+
+    Arguments as fused_update's; the table is typically compact (ids index the distinct
+    rows a batch touches), so this dense gradient is the size of the batch, not the table.
+    """
+    out = torch.zeros(num_rows, dim, dtype=torch.float32, device=grad.device)
+    unique, g = _summed_row_gradients(ids, offsets, grad, dim, num_fields, mean_pooled, max_len)
+    out[unique] = g
+    return out
+
+
+# A fast backend's row_gradients is its own fused_update, stepping plain SGD at lr = -1 on a
+# zero table: w -= lr * g then leaves exactly g (negating is exact, and so is 0 + g, fused
+# or not). So a GBA worker's row gradients come out of the very kernel that steps the
+# tables in local training, with its truncation, pooling and split of the work, and no
+# second kernel has to be kept in step with it.
+_ADD_GRADIENT = SparseOptimizer("sgd", lr=-1.0)
+
+
+def row_gradients_by_sgd_step(fused_update):
+    """row_gradients for a backend, from that backend's fused_update."""
+
+    def row_gradients(num_rows, dim, ids, offsets, grad, num_fields, mean_pooled=None, max_len=None,
+                      field_rows=None, disjoint_fields=False):
+        """See reference.row_gradients."""
+        out = torch.zeros(num_rows, dim, dtype=torch.float32, device=grad.device)
+        fused_update(out, [], ids, offsets, grad, num_fields, _ADD_GRADIENT, 1, mean_pooled, max_len, field_rows,
+                     disjoint_fields)
+        return out
+
+    return row_gradients
 
 
 def map_to_slots(ids: torch.Tensor, slot_of_row: torch.Tensor, capacity: int):

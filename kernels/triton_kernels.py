@@ -7,6 +7,8 @@
   every kept occurrence; one stable sort on the device groups the occurrences by row (CSR);
   then one program per unique row sums that row's bag gradients and applies the optimizer
   to the row and its slots. No dense (rows, dim) gradient ever exists.
+- `row_gradients`: fused_update itself, as plain SGD at lr = -1 on a zero table (see
+  reference.row_gradients_by_sgd_step).
 
 A whole row lives in one program (BLOCK_D = dim rounded up to a power of two, masked):
 row-wise Adagrad needs the mean of g² over the full row before it can move any of it.
@@ -18,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from picasso.kernels.reference import SparseOptimizer
+from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
 
 # Sorts after every real id, so truncated positions (and ids before the first bag) form the
 # last group after sorting, where they are cut off.
@@ -298,3 +300,6 @@ def fused_update(
         optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, *_bias_corrections(optimizer, step),
         OPTIMIZER=optimizer.name, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=_num_warps(block_l, block_d),
     )
+
+
+row_gradients = row_gradients_by_sgd_step(fused_update)

@@ -9,7 +9,9 @@ Columns (all N rows long):
   - `g.offsets`: fixed_size_list<int32>[fields of g]; where each (sample, field) bag starts
     in the flat ids. Flattened, it is the CSR offsets over samples × fields.
 Source positions travel in the schema metadata, so the batch alone (an Arrow IPC message,
-say) says which part of its source it covers.
+say) says which part of its source it covers: per source the next position after it and,
+where the reader knows it, its first one, which makes the batch's [start, end) range (a
+parameter server trains a range at most once).
 
 Packing is vectorised (Arrow and numpy over whole columns; no loop over rows), and the
 batch crosses into torch without copying.
@@ -33,6 +35,7 @@ from picasso.spec import FeatureSpec
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 POSITIONS_KEY = b"picasso.positions"
+STARTS_KEY = b"picasso.starts"
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,13 @@ class PackedBatch:
     def positions(self) -> dict[str, int]:
         metadata = self.data.schema.metadata or {}
         return json.loads(metadata.get(POSITIONS_KEY, b"{}"))
+
+    @property
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        """Per source whose start the batch knows, [start, end) of the positions it covers."""
+        metadata = self.data.schema.metadata or {}
+        starts, ends = json.loads(metadata.get(STARTS_KEY, b"{}")), self.positions
+        return {source: (start, ends[source]) for source, start in starts.items() if source in ends}
 
     def to_torch(self) -> TorchBatch:
         """Views of the Arrow buffers as tensors: nothing is copied."""
@@ -140,8 +150,10 @@ def _pack_group(table: pa.Table, group: PackedGroup) -> tuple[pa.Array, pa.Array
     return ids_column, offsets_column
 
 
-def pack(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, positions: dict[str, int] | None = None) -> PackedBatch:
-    """Pack a canonical table (see connectors.decoders) into one PackedBatch."""
+def pack(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, positions: dict[str, int] | None = None,
+         starts: dict[str, int] | None = None) -> PackedBatch:
+    """Pack a canonical table (see connectors.decoders) into one PackedBatch; positions:
+    per source, the next position after it; starts: its first."""
     dense_names = spec.dense_names
     columns = {"label": pa.array(table.column("label").to_numpy().astype(np.float32, copy=False))}
     if dense_names:
@@ -150,4 +162,6 @@ def pack(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, positions: dict[
     for group in plan.groups:
         columns[f"{group.name}.ids"], columns[f"{group.name}.offsets"] = _pack_group(table, group)
     metadata = {POSITIONS_KEY: json.dumps(positions or {}, sort_keys=True).encode()}
+    if starts:
+        metadata[STARTS_KEY] = json.dumps(starts, sort_keys=True).encode()
     return PackedBatch(pa.RecordBatch.from_pydict(columns, metadata=metadata))

@@ -9,7 +9,9 @@ still gets a directory of its own. It holds:
   all taken at the same step, plus the step, the sample count and the RNG state;
 - positions.json: how far into each source the training went;
 - spec.yaml: the FeatureSpec;
-- metrics.json: whatever the trainer measured.
+- metrics.json: whatever the trainer measured;
+- applied.json (a parameter server's only): per source, the ranges trained, which make
+  its pushes idempotent across restarts (picasso.distributed.ledger).
 Loading uses torch.load(weights_only=True): a checkpoint never runs code.
 """
 
@@ -36,6 +38,7 @@ class Checkpoint:
     positions: dict[str, int]
     spec: FeatureSpec
     metrics: dict
+    applied: dict[str, list[list[int]]] | None = None  # applied.json, when written
 
     @property
     def step(self) -> int:
@@ -68,7 +71,8 @@ def _checkpoints(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
 
 
-def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions: dict[str, int], metrics: dict) -> Path:
+def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions: dict[str, int], metrics: dict,
+                    applied: dict[str, list[list[int]]] | None = None) -> Path:
     """Write a new checkpoint of state (at state["step"]) atomically; returns its directory."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -83,6 +87,8 @@ def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions:
         _write(tmp / "positions.json", json.dumps(positions, sort_keys=True, indent=1).encode())
         _write(tmp / "spec.yaml", spec.to_yaml().encode())
         _write(tmp / "metrics.json", json.dumps(metrics, sort_keys=True, indent=1).encode())
+        if applied is not None:
+            _write(tmp / "applied.json", json.dumps(applied, sort_keys=True).encode())
         _fsync_dir(tmp)
         os.rename(tmp, final)
         _fsync_dir(root)
@@ -120,4 +126,11 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         positions=json.loads((path / "positions.json").read_text()),
         spec=load_spec(path / "spec.yaml"),
         metrics=json.loads((path / "metrics.json").read_text()),
+        applied=read_applied(path),
     )
+
+
+def read_applied(path: str | Path) -> dict[str, list[list[int]]] | None:
+    """A checkpoint's applied.json (None when it has none), without loading its state."""
+    applied = Path(path) / "applied.json"
+    return json.loads(applied.read_text()) if applied.exists() else None

@@ -5,7 +5,8 @@ The tables and their optimizer slots are buffers, not parameters: autograd never
 gradient for them. The backward pass of the lookup applies the sparse optimizer directly
 to the rows the batch touched (kernels.fused_update), the way FBGEMM's table-batched
 embeddings do. So a training step is: forward, loss.backward() (which also steps every
-embedding table), then the dense optimizer's step.
+embedding table), then the dense optimizer's step. A GBA worker, which steps nothing, takes
+the rows' gradients from the same backward instead (lookup_with_row_gradients).
 """
 
 from __future__ import annotations
@@ -15,25 +16,48 @@ from torch import nn
 
 from picasso import kernels
 from picasso.kernels import SparseOptimizer
-from picasso.packing import PackedGroup, PackingPlan
+from picasso.packing import PackingPlan
 
 
 class _FusedLookup(torch.autograd.Function):
-    """lookup forward; backward = fused gradient + optimizer step on the table, in place."""
+    """kernels.lookup forward; backward: the lookup's fused backward, in one of two modes.
+
+    - With an optimizer (local training): that optimizer's step on the table, in place; the
+      table is a buffer and gets no gradient.
+    - Without one (a GBA worker, whose table is a compact leaf of the rows it pulled): the
+      table's gradient, each row's, from kernels.row_gradients, which is the same fused
+      backward. So every update mode takes its step's arithmetic from the same kernels.
+    """
 
     @staticmethod
-    def forward(ctx, anchor, weight, slots, ids, offsets, group: PackedGroup, mean, max_len, field_rows, optimizer, step):
-        # Without row bounds (a fast tier), ids are still each field's own: rows are.
-        ctx.update = (weight, slots, ids, offsets, group.num_fields, optimizer, step, mean, max_len, field_rows,
-                      field_rows is None)
-        return kernels.lookup(weight, ids, offsets, group.num_fields, mean, max_len)
+    def forward(ctx, anchor, weight, slots, ids, offsets, num_fields, mean, max_len, field_rows, disjoint_fields,
+                optimizer, step):
+        ctx.bags = (ids, offsets, num_fields, mean, max_len, field_rows, disjoint_fields)
+        ctx.table_shape = weight.shape
+        ctx.update = None if optimizer is None else (weight, slots, optimizer, step)
+        return kernels.lookup(weight, ids, offsets, num_fields, mean, max_len)
 
     @staticmethod
     def backward(ctx, grad):
-        weight, slots, ids, offsets, num_fields, optimizer, step, mean, max_len, field_rows, disjoint = ctx.update
+        ids, offsets, num_fields, mean, max_len, field_rows, disjoint_fields = ctx.bags
+        if ctx.update is None:
+            weight_grad = kernels.row_gradients(*ctx.table_shape, ids, offsets, grad, num_fields, mean, max_len,
+                                                field_rows, disjoint_fields)
+            return None, weight_grad, *(None,) * 10
+        weight, slots, optimizer, step = ctx.update
         kernels.fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean, max_len, field_rows,
-                             disjoint)
-        return (None,) * 11
+                             disjoint_fields)
+        return (None,) * 12
+
+
+def lookup_with_row_gradients(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, num_fields: int,
+                              mean_pooled: torch.Tensor, max_len: torch.Tensor,
+                              field_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Pooled bags of `weight`, a leaf that requires grad, as (N, num_fields, dim): the
+    backward pass leaves each row's gradient in weight.grad, summed by the fused kernels.
+    field_rows: as kernels.fused_update's, row bounds of each field's ids in `weight`."""
+    return _FusedLookup.apply(None, weight, [], ids, offsets, num_fields, mean_pooled, max_len, field_rows, False,
+                              None, 0)
 
 
 class PackedEmbedding(nn.Module):
@@ -124,8 +148,11 @@ class PackedEmbedding(nn.Module):
             if training:
                 # A zero-size input that requires grad makes autograd call backward.
                 anchor = torch.empty(0, requires_grad=True)
-                pooled.append(_FusedLookup.apply(anchor, weight, slots, ids[g.name], offsets[g.name], g,
-                                                 mean, max_len, field_rows, self.optimizers[g.name], int(self.steps)))
+                # Without row bounds (a fast tier), ids are still each field's own: rows are.
+                disjoint_fields = field_rows is None
+                pooled.append(_FusedLookup.apply(anchor, weight, slots, ids[g.name], offsets[g.name], g.num_fields,
+                                                 mean, max_len, field_rows, disjoint_fields, self.optimizers[g.name],
+                                                 int(self.steps)))
             else:
                 pooled.append(kernels.lookup(weight, ids[g.name], offsets[g.name], g.num_fields, mean, max_len))
         return pooled

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import apache_beam as beam
@@ -23,6 +23,7 @@ TRAIN, HOLDOUT, DEAD_LETTERS = "train", "holdout", "dead_letters"
 class DecodedChunk:
     table: pa.Table  # canonical rows (see connectors.decoders)
     positions: dict[str, int]  # source -> next row/offset after this chunk
+    starts: dict[str, int] = field(default_factory=dict)  # source -> its first row/offset
 
 
 def holdout_mask(source: str, first_row: int, num_rows: int, fraction: float) -> np.ndarray:
@@ -80,7 +81,7 @@ class _DecodeDoFn(beam.DoFn):
             self.dead.inc(len(result.dead_letters))
             for letter in result.dead_letters:
                 yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
-            yield beam.pvalue.TaggedOutput(tag, DecodedChunk(result.table, positions))
+            yield beam.pvalue.TaggedOutput(tag, DecodedChunk(result.table, positions, {chunk.source: chunk.first_row}))
 
 
 class DecodeRecords(beam.PTransform):

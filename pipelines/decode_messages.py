@@ -118,7 +118,8 @@ class PackMessages(PackFeatures):
 
     def pack_chunk(self, chunk: DecodedMessageChunk) -> PackedMessages:
         span = chunk.span
-        return PackedMessages(pack(chunk.table, self.spec, self.plan, {span.source: span.next_position}), span)
+        return PackedMessages(pack(chunk.table, self.spec, self.plan, {span.source: span.next_position},
+                                   {span.source: span.start}), span)
 
     def expand(self, chunks):
         return chunks | "Pack" >> beam.Map(self.pack_chunk).with_output_types(PackedMessages)

@@ -20,11 +20,9 @@ import faulthandler
 import json
 import logging
 import signal
-import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
@@ -34,12 +32,24 @@ MODES = ("gba", "async")
 COMMANDS = ("ps", "gba-worker", "sync-worker")  # each sets args.run
 
 
-def _add_group_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1", help="where shard 0 listens for the group to meet")
+def _add_group_args(parser: argparse.ArgumentParser, server: bool) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="where shard 0 listens (shard s on PORT + s); a host "
+                        "other than loopback needs --tls-cert, --tls-key and $PICASSO_PS_TOKEN" if server else
+                        "where shard 0 listens")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--shards", type=int, default=1, help="parameter-server shards")
-    parser.add_argument("--workers", type=int, required=True, help="workers in the group")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to meet the group, and per call")
+    if server:
+        parser.add_argument("--shards", type=int, default=1, help="parameter-server shards")
+        parser.add_argument("--workers", type=int, required=True,
+                            help="the job's workers: it ends when worker0..worker{N-1} (and any extra) are done")
+        parser.add_argument("--tls-cert", default=None, help="PEM certificate the server presents")
+        parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    else:
+        parser.add_argument("--tls-ca", default=None, help="PEM certificate (or its CA) to trust: the server's TLS")
+        parser.add_argument("--tls-server-name", default=None, help="the name in the server's certificate, when "
+                            "it is not --host")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds per call, and to find the server" + (" (and for an expected worker to join)"
+                                                                          if server else ""))
     parser.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
 
 
@@ -61,11 +71,12 @@ def add_ps_commands(commands) -> None:
                     help="serve only this shard (one process per shard, e.g. across hosts); "
                     "default: this process serves shard 0 and starts the others")
     _add_model_args(ps)
-    _add_group_args(ps)
+    _add_group_args(ps, server=True)
     ps.set_defaults(run=run_ps)
 
     worker = commands.add_parser("gba-worker", help="train as one worker against `picasso ps` on planted data")
-    worker.add_argument("--rank", type=int, required=True, help="0..workers-1")
+    worker.add_argument("--rank", type=int, required=True, help="joins as worker<RANK> (a replacement takes the "
+                        "rank of the one it replaces); it reads planted stream STREAM_BASE + RANK")
     _add_data_args(worker)
     worker.add_argument("--max-in-flight", type=int, default=2, help="pushes per shard not yet answered "
                         "before the worker waits (0: wait for each: deterministic runs)")
@@ -74,7 +85,7 @@ def add_ps_commands(commands) -> None:
                         "(50000), bytes (64MiB) or a share of the table (10%%); off (default): pull every row")
     worker.add_argument("--row-cache-staleness", type=int, default=2, metavar="STEPS",
                         help="global steps a row served from the row cache may lag the server")
-    _add_group_args(worker)
+    _add_group_args(worker, server=False)
     worker.set_defaults(run=run_worker)
 
     sync = commands.add_parser("sync-worker", help="one rank of sync training; launch N with "
@@ -129,7 +140,8 @@ def _slowdown(args, rank: int) -> float:
 
 
 def _trainer(args):
-    """A Trainer of the flags' model, resumed from WORKDIR/checkpoints when it has one."""
+    """A Trainer of the flags' model, resumed from WORKDIR/checkpoints when it has one;
+    returns (it, the checkpoints' root, the checkpoint resumed or None)."""
     from picasso.trainer import TrainConfig, Trainer
 
     try:
@@ -142,18 +154,23 @@ def _trainer(args):
     trainer = Trainer(spec, config)
     root = Path(args.workdir) / "checkpoints"
     try:
-        trainer.warm_start(root)
+        resumed = trainer.warm_start(root)
     except (RuntimeError, ValueError) as err:  # another spec, or a model of other shapes
         raise SystemExit(f"error: cannot resume from {root}: {err}") from None
-    return trainer, root
+    return trainer, root, resumed
 
 
-def _group(args):
-    from picasso.distributed.param_server import Group
+def _address(args, server: bool):
+    """Where shard 0 is, and the credentials: TLS files from the flags, the token from
+    $PICASSO_PS_TOKEN (never a flag: command lines are visible to every local user)."""
+    from picasso.distributed.param_server import ServerAddress
+    from picasso.distributed.transport import Security
 
-    if args.shards < 1 or args.workers < 1:
+    if server and (args.shards < 1 or args.workers < 1):
         raise SystemExit(f"error: --shards and --workers must be >= 1 (got {args.shards}, {args.workers})")
-    return Group(f"tcp://{args.host}:{args.port}", args.shards, args.workers, args.timeout)
+    tls = dict(tls_cert=args.tls_cert, tls_key=args.tls_key) if server else \
+        dict(tls_cert=args.tls_ca, tls_server_name=args.tls_server_name)
+    return ServerAddress(args.host, args.port, args.timeout, Security.from_env(**tls))
 
 
 def _gba_config(args):
@@ -170,20 +187,25 @@ def _gba_config(args):
 
 
 def run_ps(args) -> int:
-    from picasso.distributed.param_server import serve_shard
+    from picasso.distributed.param_server import JobDescription, ParameterServerError, serve_shard
     from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
 
-    group, gba = _group(args), _gba_config(args)
+    address, gba = _address(args, server=True), _gba_config(args)
     index = args.shard_index or 0
     if not 0 <= index < args.shards:
         raise SystemExit(f"error: --shard-index {index} outside [0, {args.shards})")
-    trainer, root = _trainer(args)
+    from picasso.checkpoint import read_applied
+
+    trainer, root, resumed = _trainer(args)
     spec, config = trainer.spec, trainer.config
     children = []
     if args.shard_index is None and args.shards > 1:
         children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.distributed_cli", *_shard_argv(args, s)])
                     for s in range(1, args.shards)]
-    shard, layout = build_shard(trainer, index, args.shards, gba, args.samples, args.checkpoint_every)
+    # The ledger of source ranges trained goes on with the weights: a batch replayed after
+    # the restart is acknowledged, not trained twice.
+    applied = read_applied(resumed) if resumed is not None else None
+    shard, layout = build_shard(trainer, index, args.shards, gba, args.samples, args.checkpoint_every, applied)
     summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
 
     def write_checkpoint(snapshots, lost_workers) -> None:
@@ -192,9 +214,16 @@ def run_ps(args) -> int:
                        contributed=snapshots[0].contributed, positions=snapshots[0].positions, checkpoint=str(path),
                        dropped_workers=sorted(shard.control.dropped), lost_workers=lost_workers)
 
-    description = (spec, config, layout)
-    serve_shard(shard, group, args.lease, description=description, on_stop=write_checkpoint,
-                on_checkpoint=lambda snapshots: save_ps_checkpoint(root, layout, snapshots, trainer, {"mode": args.mode}))
+    description = JobDescription(spec, config, layout, args.lease)
+    try:
+        serve_shard(shard, address, args.workers, args.lease, description=description, on_stop=write_checkpoint,
+                    on_checkpoint=lambda snapshots: save_ps_checkpoint(root, layout, snapshots, trainer,
+                                                                       {"mode": args.mode}),
+                    num_shards=args.shards)
+    except (ValueError, OSError, ParameterServerError) as err:  # a bad address or credentials, a shard that never came
+        for child in children:
+            child.terminate()
+        raise SystemExit(f"error: {err}") from None
     failed = [c.args for c in children if c.wait() != 0]
     if failed:
         raise SystemExit(f"error: {len(failed)} shard process(es) failed")
@@ -208,7 +237,7 @@ def _shard_argv(args, index: int) -> list[str]:
     argv = ["ps", "--shard-index", str(index)]
     for flag in ("spec", "workdir", "mode", "global_batches", "decay", "samples", "lease", "model", "hidden", "lr_dense",
                  "lr_sparse", "sparse_optimizer", "seed", "host", "port", "shards", "workers", "timeout",
-                 "checkpoint_every"):
+                 "checkpoint_every", "tls_cert", "tls_key"):
         value = getattr(args, flag)
         if value is not None:
             argv += ["--" + flag.replace("_", "-"), str(value)]
@@ -216,52 +245,32 @@ def _shard_argv(args, index: int) -> list[str]:
 
 
 def run_worker(args) -> int:
-    import torch.distributed.rpc as rpc
-
-    from picasso.distributed.gba import worker_id
-    from picasso.distributed.local_gradient import GradientComputer
     from picasso.cache import parse_capacity
-    from picasso.distributed.param_server import (PSClient, ParameterServerError, _describe, _positions, _start_line,
-                                                  shard_name)
-    from picasso.distributed.row_cache import CachedPSClient, RowCacheConfig
-    from picasso.distributed.worker import GBAWorker
-    from picasso.models import build_model
-    from picasso.packing import PackingPlan
+    from picasso.distributed.join import JoinSettings, join_job
+    from picasso.distributed.param_server import ParameterServerError
+    from picasso.distributed.row_cache import RowCacheConfig
 
-    group = _group(args)
-    if not 0 <= args.rank < args.workers:
-        raise SystemExit(f"error: --rank {args.rank} outside [0, {args.workers})")
-    name = f"worker{args.rank}"
-    try:  # a bad setting fails here, before the worker joins the group
+    address = _address(args, server=False)
+    if args.rank < 0:
+        raise SystemExit(f"error: --rank must be >= 0, got {args.rank}")
+    try:  # a bad setting fails here, before the worker joins
         row_cache = None if args.row_cache == "off" else RowCacheConfig(capacity=args.row_cache,
                                                                           max_staleness=args.row_cache_staleness)
         if row_cache is not None:
             parse_capacity(row_cache.capacity, num_rows=1, row_bytes=1)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
-    # Wait for shard 0's rendezvous port first: a worker that knocks before it exists is
-    # put off by the store client's growing back-off (a minute, measured), and a server
-    # that never comes must be a clear error, not a hang.
-    if not _port_open(args.host, args.port, args.timeout):
-        raise SystemExit(f"error: no parameter server at {args.host}:{args.port} after {args.timeout:g} s "
-                         "(start `picasso ps` first, with the same --port)")
+    settings = JoinSettings(name=f"worker{args.rank}", max_in_flight=args.max_in_flight, row_cache=row_cache,
+                            slowdown=_slowdown(args, args.rank), seed=args.rank)
     try:
-        rpc.init_rpc(name, rank=args.shards + args.rank, world_size=group.world_size, rpc_backend_options=group.options())
-    except RuntimeError as err:
-        raise SystemExit(f"error: could not join the parameter server's group at {group.init_method}: {err}") from None
+        joined = join_job(address, settings)
+    except (ParameterServerError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
     try:
-        try:
-            spec, config, layout = rpc.rpc_sync(shard_name(0), _describe)
-        except RuntimeError as err:
-            raise ParameterServerError(f"shard 0 did not answer: {err}") from err
-        model = build_model(config.model, spec, PackingPlan.from_spec(spec), config.hidden)
-        client = PSClient(layout, worker_id(name, uuid.uuid4().hex[:8]), args.max_in_flight)
-        if row_cache is not None:
-            client = CachedPSClient(client, row_cache, seed=args.rank)
-        worker = GBAWorker(client, GradientComputer(model), _slowdown(args, args.rank))
+        spec = joined.description.spec
         stream = args.stream_base + args.rank if args.stream is None else args.stream
         source = _planted_source(stream)
-        start = rpc.rpc_sync(shard_name(0), _positions).get(source, 0)  # resume where trained
+        start = joined.positions().get(source, 0)  # resume where trained: a replacement reads on from there
         end = start + args.rows
         batches = planted_batches(spec, args.rows, args.batch_size, stream, start)
 
@@ -269,18 +278,20 @@ def run_worker(args) -> int:
             at = positions.get(source, start)
             return planted_batches(spec, end - at, args.batch_size, stream, at)
 
-        rpc.rpc_sync(shard_name(0), _start_line, args=(client.worker,))
+        joined.start_line()
         began = time.time()  # wall clock: the benchmark spans every worker's run with it
-        stats = worker.train(batches, reread)
+        stats = joined.worker.train(batches, reread)
     except ParameterServerError as err:
         raise SystemExit(f"error: {err}") from None
     finally:
-        rpc.shutdown(graceful=False)
+        joined.close()
     if args.json:
+        client = joined.client
         saved = {f"row_cache_{k}": v for k, v in client.stats.as_metrics().items()} if row_cache else {}
-        print(json.dumps({"worker": name, "batches": stats.batches, "samples": stats.samples,
-                          "mean_loss": stats.mean_loss, "refused": stats.refused, "rejoined": stats.rejoined,
-                          "mean_staleness": stats.mean_staleness, "seconds": stats.seconds,
+        print(json.dumps({"worker": joined.name, "batches": stats.batches, "samples": stats.samples,
+                          "mean_loss": stats.mean_loss, "refused": stats.refused, "duplicates": stats.duplicates,
+                          "rejoined": stats.rejoined,
+                          "mean_staleness": stats.mean_staleness, "seconds": stats.seconds, "start": start,
                           "began": began, "ended": began + stats.seconds, **saved}))
     return 0
 
@@ -295,7 +306,7 @@ def run_sync(args) -> int:
 
     if "RANK" not in os.environ:
         raise SystemExit("error: sync-worker runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR unset)")
-    trainer, root = _trainer(args)
+    trainer, root, _ = _trainer(args)
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -341,18 +352,6 @@ def _state_hash(model_state: dict) -> str:
     return digest.hexdigest()[:16]
 
 
-def _port_open(host: str, port: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=1.0):
-                return True
-        except OSError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-
-
 def _planted_source(stream: int) -> str:
     return f"planted-{stream}"
 
@@ -376,7 +375,7 @@ def planted_batches(spec, rows: int, batch_size: int, stream: int, start: int = 
     source = _planted_source(stream)
     decoded = RecordDecoder(spec).decode_table(table, source).table
     end = start + rows
-    return (pack(decoded.slice(at, batch_size), spec, plan, {source: min(at + batch_size, end)})
+    return (pack(decoded.slice(at, batch_size), spec, plan, {source: min(at + batch_size, end)}, {source: at})
             for at in range(start, end, batch_size))
 
 

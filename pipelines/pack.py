@@ -23,7 +23,7 @@ class PackFeatures(beam.PTransform):
         self.plan = PackingPlan.from_spec(spec)
 
     def pack_chunk(self, chunk: DecodedChunk):
-        return pack(chunk.table, self.spec, self.plan, chunk.positions)
+        return pack(chunk.table, self.spec, self.plan, chunk.positions, chunk.starts)
 
     def expand(self, chunks):
         return chunks | "Pack" >> beam.Map(self.pack_chunk)

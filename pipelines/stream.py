@@ -15,8 +15,9 @@ restores the last checkpoint and re-reads the same offsets, after a backoff. Rea
 points are a function of the start positions only, so a re-run cycle trains the very same
 batches in the same order.
 
-The trainer lives across cycles in this process (apache_beam.utils.shared.Shared, like
-PicassoTrain), so a healthy stream never reloads its checkpoint.
+A cycle trains through PicassoTrain with a StreamHandler, and the trainer lives across
+cycles in this process (held under the runner's apache_beam.utils.shared.Shared), so a
+healthy stream never reloads its checkpoint.
 """
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
 from picasso.pipelines.counters import picasso_counters
 from picasso.pipelines.cycle_failures import FailureTracker
-from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages, PackedMessages
+from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages
 from picasso.pipelines.stream_state import ModelLoader, StreamModel
+from picasso.pipelines.train import PicassoTrain
+from picasso.pipelines.train_handlers import StreamHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig
 
@@ -124,23 +127,6 @@ class StreamSummary:
     stopped: str | None = None
 
 
-class _TrainDoFn(beam.DoFn):
-    """Trains the stream's shared model, one PackedMessages at a time."""
-
-    def __init__(self, shared: Shared, key: str, load: Callable[[], StreamModel]):
-        self.shared = shared
-        self.key = key
-        self.load = load
-
-    def setup(self):
-        self.model = self.shared.acquire(self.load, tag=self.key)
-        self.trained = beam.metrics.Metrics.counter("picasso", "messages_trained")
-
-    def process(self, packed: PackedMessages):
-        self.model.train(packed)
-        self.trained.inc(packed.span.messages)
-
-
 class Backoff:
     def __init__(self, first_s: float, max_s: float):
         self.first_s, self.max_s = first_s, max_s
@@ -207,7 +193,7 @@ class StreamRunner:
         (
             decoded.chunks
             | "PackMessages" >> PackMessages(config.spec)
-            | "Train" >> beam.ParDo(_TrainDoFn(self.shared, self.key, self.load))
+            | "Train" >> PicassoTrain(handler=StreamHandler(self.load, self.key), shared=self.shared)
         )
         result = pipeline.run()
         result.wait_until_finish()

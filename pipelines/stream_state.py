@@ -19,8 +19,7 @@ import numpy as np
 from picasso.pipelines.decode_messages import MessageSpan, PackedMessages
 from picasso.spec import FeatureSpec
 from picasso.checkpoint import prune_checkpoints
-from picasso.trainer import TrainConfig, Trainer, evaluation_metrics
-
+from picasso.trainer import StepResult, TrainConfig, Trainer, evaluation_metrics
 
 
 class SpanMismatch(RuntimeError):
@@ -100,14 +99,16 @@ class StreamModel:
         ledger = Ledger.from_dict(json.loads((path / "metrics.json").read_text()).get("ledger", {})) if path else Ledger()
         return cls(trainer, ledger, path)
 
-    def train(self, packed: PackedMessages) -> None:
+    def train(self, packed: PackedMessages) -> StepResult:
         span, batch = packed.span, packed.batch
         self.ledger.check(span, self.trainer.positions.get(span.source))
         if batch.num_samples:
             self.labels.append(batch.data.column("label").to_numpy())
             self.scores.append(self.trainer.predict(batch))
-        self.loss_sum += self.trainer.train_step(batch)
+        loss_sum = self.trainer.train_step(batch)
+        self.loss_sum += loss_sum
         self.ledger.record(span, batch.num_samples)
+        return StepResult(self.trainer.step, batch.num_samples, loss_sum, batch.positions)
 
     def window_metrics(self) -> dict[str, float]:
         """Prequential metrics since the last call; the window then starts afresh."""

@@ -1,16 +1,17 @@
-"""PicassoTrain and EvaluateCheckpoint: thin Beam wrappers around picasso.Trainer.
+"""PicassoTrain and EvaluateCheckpoint: thin Beam wrappers around picasso's engines.
 
-Like Beam's RunInference, the heavy object (the Trainer, with its tables) is built by a
-small handler and shared by every DoFn instance in a process through
-apache_beam.utils.shared.Shared, so the training step and the checkpoint step see the same
-model. Training is a sink in Beam terms; its one output is a reference to the checkpoint
-written once every batch has been trained on.
+PicassoTrain is the one training transform of every run: daily (a picasso.Trainer, local
+mode), stream (the stream's model and ledger) and gba (a worker of a parameter server).
+Like Beam's RunInference, the heavy object is built by a small handler
+(train_handlers.py) and shared by every DoFn instance in a process, so that the training
+step and what follows it see the same model. Training is a sink in Beam terms; its one
+output is what the handler makes of the merged statistics: a reference to the checkpoint
+written once every batch has been trained on (local), or those statistics (stream, gba).
 """
 
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import apache_beam as beam
@@ -21,56 +22,29 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.batch import PackedBatch
+from picasso.pipelines.train_handlers import CheckpointRef, GBAHandler, TrainerHandler, TrainHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, StepResult, TrainConfig, Trainer, TrainStats, evaluation_metrics
 
 
-@dataclass(frozen=True)
-class TrainerHandler:
-    """How to build the trainer a pipeline run trains: warm-started from the latest
-    checkpoint under checkpoint_dir (start_from="latest", the default), from a given
-    checkpoint directory, or from scratch (start_from=None)."""
-
-    spec: FeatureSpec
-    config: TrainConfig
-    checkpoint_dir: str
-    run_id: str  # one trainer per pipeline run, even when runs share a process
-    start_from: str | None = "latest"
-
-    def load(self) -> Trainer:
-        trainer = Trainer(self.spec, self.config)
-        if self.start_from == "latest":
-            trainer.warm_start(self.checkpoint_dir)
-        elif self.start_from is not None:
-            trainer.restore(self.start_from)
-        return trainer
-
-
-@dataclass(frozen=True)
-class CheckpointRef:
-    path: str
-    step: int
-    stats: TrainStats
-
-
 class _TrainDoFn(beam.DoFn):
-    """Trains on each batch through the trainer's step pipeline: with interleaving on, a
-    step computes in a worker thread while the runner decodes and packs the next batch
-    (the fused upstream stages) and the trainer prepares it. The bundle's last step is
-    waited for in finish_bundle, so a bundle commits only what it trained."""
+    """Pushes each element through the handler's steps, one TrainStats out per finished
+    step. The bundle's last steps are waited for in finish_bundle, so a bundle commits only
+    what it trained."""
 
-    def __init__(self, handler: TrainerHandler, shared: Shared):
+    def __init__(self, handler: TrainHandler, shared: Shared):
         self.handler = handler
         self.shared = shared
+        self.engine = None
 
     def setup(self):
-        self.trainer = self.shared.acquire(self.handler.load, tag=self.handler.run_id)
+        self.engine = self.handler.acquire(self.shared)
 
     def start_bundle(self):
-        self.steps = self.trainer.pipeline()
+        self.steps = self.handler.open_steps(self.engine)
 
-    def process(self, batch: PackedBatch):
-        yield from map(_stats_of, self.steps.push(batch))
+    def process(self, element):
+        yield from map(_stats_of, self.steps.push(element))
 
     def finish_bundle(self):
         try:
@@ -78,6 +52,11 @@ class _TrainDoFn(beam.DoFn):
                 yield WindowedValue(_stats_of(result), MIN_TIMESTAMP, [GlobalWindow()])
         finally:
             self.steps.close()
+
+    def teardown(self):
+        if self.engine is not None:
+            engine, self.engine = self.engine, None
+            self.handler.release(engine)
 
 
 def _stats_of(result: StepResult) -> TrainStats:
@@ -102,53 +81,45 @@ class _MergeStats(beam.CombineFn):
         return accumulator
 
 
-class _CheckpointDoFn(beam.DoFn):
-    def __init__(self, handler: TrainerHandler, shared: Shared):
-        self.handler = handler
-        self.shared = shared
-
-    def process(self, stats: TrainStats):
-        trainer = self.shared.acquire(self.handler.load, tag=self.handler.run_id)
-        if trainer.step != trainer.start_step + stats.steps:
-            # The trainer was rebuilt between stages (its process changed, say): saving it
-            # would silently drop the training this run did.
-            raise RuntimeError(
-                f"trainer holds {trainer.step - trainer.start_step} steps of this run, but {stats.steps} were trained"
-            )
-        # Stage times and cache counts go with the checkpoint; publishing logs them to the
-        # MLflow run, the per-step series as charts.
-        metrics = {"train_loss": stats.mean_loss, **trainer.performance_metrics(), "step_metrics": trainer.step_metrics_so_far()}
-        path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics=metrics)
-        yield CheckpointRef(path=str(path), step=trainer.step, stats=stats)
-
-
 class PicassoTrain(beam.PTransform):
     """PackedBatches in; one CheckpointRef out, once all of them are trained on.
 
     mode="gba" (with ps, a gba_train.PSAddress): every worker process of the runner trains
-    as one GBA worker of that parameter server instead; the output is then the workers'
-    merged TrainStats and the checkpoint is the server's (gba_train.py)."""
+    as one GBA worker of that parameter server instead; the output is then the merged
+    TrainStats and the checkpoint is the server's (gba_train.py).
 
-    def __init__(self, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path,
-                 start_from: str | None = "latest", mode: str = "local", ps=None):
+    handler= (with no other settings) trains with a handler of one's own, such as the
+    stream's train_handlers.StreamHandler; shared= is the Shared its engine lives in, for a
+    caller that holds the engine too (the stream keeps its model across cycles)."""
+
+    def __init__(self, spec: FeatureSpec | None = None, config: TrainConfig | None = None,
+                 checkpoint_dir: str | Path | None = None, start_from: str | None = "latest", mode: str = "local",
+                 ps=None, *, handler: TrainHandler | None = None, shared: Shared | None = None):
         super().__init__()
-        if mode not in ("local", "gba") or (mode == "gba") != (ps is not None):
-            raise ValueError(f"mode must be 'local', or 'gba' with ps= the parameter server's address; got {mode!r}")
-        self.handler = TrainerHandler(spec, config, str(checkpoint_dir), run_id=uuid.uuid4().hex, start_from=start_from)
-        self.shared = Shared()
-        self.mode, self.ps = mode, ps
+        if handler is None:
+            handler = _handler_for(spec, config, checkpoint_dir, start_from, mode, ps)
+        elif any(setting is not None for setting in (spec, config, checkpoint_dir, ps)) or mode != "local":
+            raise ValueError("PicassoTrain takes a handler or the settings to build one, not both")
+        self.handler = handler
+        self.shared = Shared() if shared is None else shared
 
     def expand(self, batches):
-        if self.mode == "gba":
-            from picasso.pipelines.gba_train import GBATrain
-
-            return batches | GBATrain(self.ps, self.handler.spec)
-        return (
+        stats = (
             batches
             | "TrainStep" >> beam.ParDo(_TrainDoFn(self.handler, self.shared))
             | "MergeStats" >> beam.CombineGlobally(_MergeStats())
-            | "Checkpoint" >> beam.ParDo(_CheckpointDoFn(self.handler, self.shared))
         )
+        return self.handler.finish(stats, self.shared)
+
+
+def _handler_for(spec, config, checkpoint_dir, start_from, mode, ps) -> TrainHandler:
+    if mode not in ("local", "gba") or (mode == "gba") != (ps is not None):
+        raise ValueError(f"mode must be 'local', or 'gba' with ps= the parameter server's address; got {mode!r}")
+    if spec is None or config is None or (mode == "local" and checkpoint_dir is None):
+        raise ValueError("PicassoTrain needs a spec, a train config and (in local mode) a checkpoint directory")
+    if mode == "gba":
+        return GBAHandler(ps, spec)
+    return TrainerHandler(spec, config, str(checkpoint_dir), key=uuid.uuid4().hex, start_from=start_from)
 
 
 class _ScoreDoFn(beam.DoFn):

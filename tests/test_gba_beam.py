@@ -83,7 +83,7 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
                 # Hot rows come from each worker's cache in front of the server, at most
                 # two global steps old.
                 | PicassoTrain(SPEC, TRAIN, tmp_path / "unused", mode="gba",
-                               ps=PSAddress("127.0.0.1", port, SHARDS, WORKERS, timeout_s=30,
+                               ps=PSAddress("127.0.0.1", port, timeout_s=30,
                                             row_cache=RowCacheConfig(capacity="20%", max_staleness=2)))
                 | beam.Map(lambda stats: out.write_text(json.dumps(
                     {"steps": stats.steps, "samples": stats.samples, "positions": stats.positions})))
@@ -139,7 +139,7 @@ def test_a_pipeline_of_another_spec_is_refused_by_name(tmp_path, monkeypatch):
             with beam.Pipeline(options=options) as p:
                 _ = (p | beam.Create([(0, (STREAMS[0],))]) | beam.FlatMap(_planted)
                      | PicassoTrain(other, CONFIG, tmp_path / "unused", mode="gba",
-                                    ps=PSAddress("127.0.0.1", port, 1, 1, timeout_s=30)))
+                                    ps=PSAddress("127.0.0.1", port, timeout_s=30)))
         code, summary, err = _finish(server)
     finally:
         _stop(server)

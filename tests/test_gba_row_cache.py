@@ -36,7 +36,7 @@ def _train(client, batches) -> None:
 def _counting(call, asked: list[int]):
     """The in-process call, counting the embedding rows each pull asks the shards for."""
     def counted(index, fn, args, asynchronous):
-        if fn.__name__ == "_pull":
+        if fn == "pull":
             asked.append(sum(rows.numel() for rows in args[1].values()))
         return call(index, fn, args, asynchronous)
     return counted
@@ -122,7 +122,7 @@ def test_gba_workers_with_the_row_cache_against_a_real_server(tiny_spec, tmp_pat
     its cache served, and the job trains every sample."""
     port = _free_port()
     server = _ps(tiny_spec, tmp_path, port, 2, 2, "--mode", "gba")
-    workers = [_worker(port, 2, 2, rank, 1000, "--row-cache", "30%", "--row-cache-staleness", "2")
+    workers = [_worker(port, rank, 1000, "--row-cache", "30%", "--row-cache-staleness", "2")
                for rank in range(2)]
     results = [_finish(w) for w in workers]
     code, summary, err = _finish(server)
@@ -136,6 +136,6 @@ def test_gba_workers_with_the_row_cache_against_a_real_server(tiny_spec, tmp_pat
 
 
 def test_a_bad_row_cache_setting_fails_before_joining():
-    code, _, err = _finish(_start("gba-worker", "--port", str(_free_port()), "--workers", "1", "--rank", "0",
-                                  "--row-cache", "lots"))
+    code, _, err = _finish(_start("gba-worker", "--port", str(_free_port()), "--rank", "0", "--row-cache",
+                                  "lots"))
     assert code != 0 and "cache capacity 'lots'" in err

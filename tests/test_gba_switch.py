@@ -50,7 +50,7 @@ def _sync(spec_path, workdir) -> None:
 def _gba(spec_path, workdir) -> dict:
     port = _free_port()
     server = _ps(str(spec_path), workdir, port, 2, WORKERS, "--mode", "gba", "--checkpoint-every", str(EVERY))
-    workers = [_worker(port, 2, WORKERS, rank, ROWS, "--stream-base", str(STREAM_BASE)) for rank in range(WORKERS)]
+    workers = [_worker(port, rank, ROWS, "--stream-base", str(STREAM_BASE)) for rank in range(WORKERS)]
     for code, stats, err in [_finish(w) for w in workers]:
         assert code == 0, err
         assert stats["batches"] == ROWS // BATCH and stats["refused"] == 0

@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
+import os
+
 import pytest
 import torch
+
+ON_GPU = torch.cuda.is_available()
+if not ON_GPU:
+    # The Triton row-gradient tests then run under Triton's interpreter, which has to be on
+    # when triton is first imported (its own library kernels are decorated then), as in
+    # test_kernels_triton.py: set at collection, before any test can import it.
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from picasso import kernels
 from picasso.kernels import SparseOptimizer, load_backend
@@ -152,6 +162,112 @@ def test_lookup_reuses_its_output_only_once_nothing_holds_it():
     reused = cpu.lookup(weight, ids, offsets, 4)
     assert reused.data_ptr() == address
     torch.testing.assert_close(reused, expected, atol=1e-5, rtol=1e-5)
+
+
+# -- row gradients: the fused backward without the optimizer step ----------------------------
+
+
+@pytest.fixture(params=["reference", "cpu", "triton"])
+def backend(request):
+    """(a backend's module, the device its tensors go on); without a GPU, Triton's kernels
+    run under its interpreter on CPU tensors."""
+    if request.param != "triton":
+        return load_backend(request.param), torch.device("cpu")
+    pytest.importorskip("triton", reason="triton is missing: it comes with the `test` extra")
+    module = load_backend("triton")
+    if ON_GPU:
+        return module, torch.device("cuda")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(module._lookup_kernel, InterpretedFunction):  # imported before the variable was set
+        module = importlib.reload(module)
+    return module, torch.device("cpu")
+
+
+def row_gradients_by_autograd(num_rows, dim, ids, offsets, grad, fields, mean_pooled, max_len):
+    """The oracle: autograd through the reference lookup (linear in the table, so the
+    table's values do not matter)."""
+    table = torch.zeros(num_rows, dim, requires_grad=True)
+    reference.lookup(table, ids, offsets, fields, mean_pooled, max_len).backward(grad)
+    return table.grad
+
+
+def test_row_gradients_of_a_small_batch_by_hand(backend):
+    """Two samples, two fields: a mean-pooled field cut to 2 ids with a repeated id and an
+    empty bag, a summed field cut to 3 ids with a repeated id; rows shared across bags."""
+    module, device = backend
+    ids = torch.tensor([1, 1, 3,  0, 2, 2,  2, 3, 0, 1])  # bags [1 1 3] [0 2 2] [] [2 3 0 1]
+    offsets = torch.tensor([0, 3, 6, 6], dtype=torch.int32)
+    mean_pooled, max_len = torch.tensor([True, False]), torch.tensor([2, 3])
+    grad = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
+    got = module.row_gradients(5, 2, *(t.to(device) for t in (ids, offsets)), grad.to(device), 2,
+                               mean_pooled.to(device), max_len.to(device))
+    expected = torch.tensor([
+        [3.0 + 7.0, 4.0 + 8.0],  # once in each summed bag
+        [1.0, 2.0],  # twice in a bag of 2 (mean): 2 x 1/2; its id past max_len counts nothing
+        [2 * 3.0 + 7.0, 2 * 4.0 + 8.0],  # twice in one summed bag, once in the other
+        [7.0, 8.0],  # its id in the mean bag is past max_len
+        [0.0, 0.0],  # untouched; so is the empty bag's gradient, (5, 6)
+    ])
+    assert got.dtype == torch.float32 and got.shape == (5, 2)
+    torch.testing.assert_close(got.cpu(), expected, atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("truncate", [False, True])
+@pytest.mark.parametrize("split", ["by owner", "by field rows", "by disjoint fields"])
+def test_row_gradients_are_the_lookups_gradient(backend, seed, truncate, split):
+    """Random multi-hot bags (empty ones, ids repeated within and across bags, mixed sum and
+    mean pooling) over a compact table, under each split of the work fused_update knows."""
+    module, device = backend
+    rows, fields, dim = 60, 4, (1, 5, 16)[seed]
+    g, ids, offsets, mean_pooled = random_bags(seed, samples=32, fields=fields, rows=rows, max_bag=5)
+    max_len = torch.randint(1, 5, (fields,), generator=g) if truncate else None
+    field_rows = field_rows_of(ids, offsets, fields, rows) if split != "by owner" else None
+    if split == "by disjoint fields":  # each field its own rows, scattered over the table
+        ids.copy_(torch.randperm(rows, generator=g)[ids])
+        field_rows = None
+    grad = torch.randn(32, fields, dim, generator=g)
+    expected = row_gradients_by_autograd(rows, dim, ids, offsets, grad, fields, mean_pooled, max_len)
+    on_device = lambda t: None if t is None else t.to(device)  # noqa: E731
+    got = module.row_gradients(rows, dim, on_device(ids), on_device(offsets), on_device(grad), fields,
+                               on_device(mean_pooled), on_device(max_len), on_device(field_rows),
+                               disjoint_fields=split == "by disjoint fields")
+    torch.testing.assert_close(got.cpu(), expected, atol=1e-6, rtol=1e-6)
+
+
+def test_row_gradients_of_no_ids_are_zeros(backend):
+    module, device = backend
+    offsets = torch.zeros(6, dtype=torch.int32, device=device)
+    got = module.row_gradients(3, 4, torch.zeros(0, dtype=torch.int64, device=device), offsets,
+                               torch.ones(2, 3, 4, device=device), 3)
+    assert torch.equal(got.cpu(), torch.zeros(3, 4))
+
+
+def test_row_gradients_dispatch_to_the_cpu_kernels(monkeypatch):
+    """On CPU the dispatch runs the C++ fused backward; its scratch, sized by the first
+    table, serves the smaller compact tables after it."""
+    monkeypatch.delenv("PICASSO_KERNELS", raising=False)
+    calls = []
+    monkeypatch.setattr(cpu, "_ops", _Recording(cpu._ops, calls))
+    for rows in (200, 120, 60):
+        g, ids, offsets, mean_pooled = random_bags(rows, rows=rows)
+        grad = torch.randn(64, 4, 3, generator=g)
+        got = kernels.row_gradients(rows, 3, ids, offsets, grad, 4, mean_pooled)
+        expected = row_gradients_by_autograd(rows, 3, ids, offsets, grad, 4, mean_pooled, None)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    assert calls == ["fused_update"] * 3
+
+
+class _Recording:
+    """The C++ ops, recording the name of each one called."""
+
+    def __init__(self, ops, calls):
+        self._ops, self._calls = ops, calls
+
+    def __getattr__(self, name):
+        self._calls.append(name)
+        return getattr(self._ops, name)
 
 
 # -- the hot-row cache's bookkeeping ------------------------------------------------------------

@@ -58,6 +58,9 @@ class Contribution:
     # The worker's count of its pushes before this one (-1: not numbered). Pushes of one
     # worker may reach a shard out of order; shard 0 records positions in this order.
     sequence: int = -1
+    # Per source, the batch's [start, end): every shard trains a range at most once
+    # (ledger.py). Empty: the batch's sources say no starts, and it is trained as it comes.
+    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __post_init__(self):
         if self.samples <= 0:

@@ -10,6 +10,8 @@ One `TokenControl` runs per parameter-server shard, over that shard's parameters
   optimizer step and advances the step. A push never waits for other workers.
 - `drop_worker(worker)` forgets a failed worker: its buffered contributions leave the
   global batch and its tokens become invalid, so a push it sent before dying is refused.
+- a push whose source ranges were trained already (a retried bundle, a replay after a
+  restart) is acknowledged as a duplicate and not trained again (ledger.py).
   The worker rejoins by pulling again under a new incarnation id (see `WorkerId`). Workers
   silent for longer than a lease are dropped the same way (`drop_silent`).
 
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate
+from picasso.distributed.ledger import Ledger
 from picasso.distributed.staleness import NO_DECAY, StalenessDecay
 from picasso.trainer import merge_positions
 
@@ -54,6 +57,7 @@ class PushOutcome:
     weight: float  # the dense staleness weight (0 when refused)
     step: int  # the global step after this push
     stepped: bool  # this push completed a global batch
+    duplicate: bool = False  # its source ranges were trained already: acknowledged, not trained
 
 
 class WorkerDropped(ValueError):
@@ -70,10 +74,14 @@ def worker_id(name: str, incarnation: str) -> str:
 
 
 class TokenControl:
-    def __init__(self, config: GBAConfig, step: int = 0, clock=time.monotonic, positions: dict[str, int] | None = None):
-        """positions: the sources' positions the model has trained up to (its checkpoint's)."""
+    def __init__(self, config: GBAConfig, step: int = 0, clock=time.monotonic, positions: dict[str, int] | None = None,
+                 ledger: Ledger | None = None):
+        """positions: the sources' positions the model has trained up to (its checkpoint's);
+        ledger: the source ranges it holds (its checkpoint's too)."""
         self.config = config
         self.step = step
+        # Claimed: in the model, or buffered for the next step (given back if dropped).
+        self.ledger = ledger.copy() if ledger is not None else Ledger()
         # Advanced only when a batch leaves the buffer (stepped, or dropped as too stale): a
         # batch still buffered is not in the model, so a checkpoint's positions exclude it.
         self.positions = dict(positions or {})
@@ -88,7 +96,7 @@ class TokenControl:
         self._buffer: list[Weighted] = []
         self.counts = {"accepted": 0, "accepted_samples": 0, "dropped_stale": 0, "refused_dropped_worker": 0,
                        "refused_unknown_worker": 0, "discarded_failed_worker": 0, "refused_budget_spent": 0,
-                       "steps": 0}
+                       "duplicate": 0, "refused_partly_trained": 0, "steps": 0}
 
     @property
     def buffered(self) -> int:
@@ -119,6 +127,18 @@ class TokenControl:
         if not 0 <= contribution.token <= self.step:
             raise ValueError(f"worker {worker!r} pushed token {contribution.token}, outside [0, {self.step}]")
         self._last_seen[worker] = self._clock()
+        verdict = self.ledger.verdict(contribution.ranges)
+        if verdict != "new":
+            # Its positions are recorded all the same: they are no further than the trained
+            # ones, and the worker's later pushes wait for this sequence number.
+            self._record_positions(contribution)
+            if verdict == "held":
+                self.counts["duplicate"] += 1
+                return PushOutcome(False, f"already trained: {_describe(contribution.ranges)}", -1, 0.0, self.step,
+                                   False, duplicate=True), None
+            return self.refuse("refused_partly_trained", f"partly trained already: {_describe(contribution.ranges)} "
+                               "(re-read a source from its checkpoint's positions, in the same batches)"), None
+        self.ledger.add_all(contribution.ranges)
         staleness = self.step - contribution.token
         decay = self.config.decay
         if decay.dropped(staleness):
@@ -172,6 +192,9 @@ class TokenControl:
         self._landed.pop(worker, None)
         self._next_sequence.pop(worker, None)
         kept = [w for w in self._buffer if w.contribution.worker != worker]
+        for weighted in self._buffer:
+            if weighted.contribution.worker == worker:  # not trained: a re-read trains it
+                self.ledger.remove_all(weighted.contribution.ranges)
         discarded = len(self._buffer) - len(kept)
         self._buffer = kept
         self.counts["discarded_failed_worker"] += discarded
@@ -191,10 +214,21 @@ class TokenControl:
             self.drop_worker(worker)
         return silent
 
+    def applied(self) -> Ledger:
+        """The ranges in the model: the claimed ones less those still buffered."""
+        applied = self.ledger.copy()
+        for weighted in self._buffer:
+            applied.remove_all(weighted.contribution.ranges)
+        return applied
+
     def refuse(self, count: str, reason: str) -> PushOutcome:
         """A push not counted, for `reason`, tallied under counts[count]."""
         self.counts[count] += 1
         return PushOutcome(False, reason, -1, 0.0, self.step, False)
+
+
+def _describe(ranges: dict[str, tuple[int, int]]) -> str:
+    return ", ".join(f"{source} [{a}, {b})" for source, (a, b) in sorted(ranges.items()))
 
 
 def _row_weights(decay: StalenessDecay, staleness: torch.Tensor) -> torch.Tensor:

@@ -2,15 +2,17 @@
 
 A worker holds no tables. For each batch it asks the parameter server for the distinct
 rows the batch touches (per table) and the dense parameters, then:
-- looks the bags up in a compact table of just those rows, which requires grad, so
-  autograd sums each row's gradient over its occurrences (the plain-torch reference
-  lookup is differentiable; the fused kernels step a table instead of returning a gradient);
+- looks the bags up in a compact table of just those rows, a leaf that requires grad,
+  through the fused kernels local training runs (embedding.lookup_with_row_gradients):
+  kernels.lookup forward, and the fused backward, which here fills the table's gradient
+  with each row's instead of stepping an optimizer;
 - runs the model's dense part and takes the gradient of the batch's mean log loss, as the
   Trainer does;
 and returns the dense gradients and, per table, the gradients of the rows it pulled.
 
 The rows of a bag are all looked up: the decoders refuse bags longer than max_len, so no
-id of a PackedBatch is cut by truncation.
+id of a PackedBatch is cut by truncation (an id that were cut would still be pulled, and
+add nothing to its row's gradient, as in a Trainer's step).
 """
 
 from __future__ import annotations
@@ -21,10 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from picasso.batch import TorchBatch
-from picasso.kernels import load_backend
+from picasso.embedding import lookup_with_row_gradients
 from picasso.models.common import PackedModel
-
-_reference = load_backend("reference")
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,19 @@ class GradientComputer:
         with torch.no_grad():
             for name, value in dense.items():
                 self.params[name].copy_(value)
-        compact = {key: values[key].detach().clone().requires_grad_(True) for key in rows}
+        compact = {key: values[key].detach().contiguous().requires_grad_(True) for key in rows}
         pooled = []
         for lookup in self.lookups:
             embedding = getattr(self.model, lookup.prefix)
-            local_ids = torch.searchsorted(rows[lookup.key], batch.ids[lookup.group])
-            pooled.append(_reference.lookup(
-                compact[lookup.key], local_ids, batch.offsets[lookup.group], lookup.num_fields, getattr(embedding, f"mean_{lookup.group}"), getattr(embedding, f"max_len_{lookup.group}")))
+            pulled_rows = rows[lookup.key]
+            # An id's index in the compact table is its place among the sorted pulled rows.
+            # Packing keeps each field's ids in a run of rows of its own, so a field's compact
+            # ids form a run too, and the kernels may split their work by field as in a Trainer.
+            local_ids = torch.searchsorted(pulled_rows, batch.ids[lookup.group])
+            field_rows = torch.searchsorted(pulled_rows, getattr(embedding, f"field_rows_{lookup.group}"))
+            pooled.append(lookup_with_row_gradients(
+                compact[lookup.key], local_ids, batch.offsets[lookup.group], lookup.num_fields,
+                getattr(embedding, f"mean_{lookup.group}"), getattr(embedding, f"max_len_{lookup.group}"), field_rows))
         self.model.train()
         self.model.zero_grad(set_to_none=True)
         logits = self.model.dense_part(batch.dense, pooled)

@@ -1,39 +1,41 @@
-"""The parameter server over torch.distributed.rpc (TensorPipe), and the worker's client.
+"""The parameter server: shards served over gRPC (transport.py), and the worker's client.
 
-Processes and names: one RPC group of `num_shards + num_workers` processes, shards at
-ranks 0..S-1 named ps0, ps1, ..., workers after them named worker0, worker1, ... Each
-shard process serves one `Shard` (shard.py) through the module-level functions below;
-RPC runs them on its thread pool, and the shard's lock makes each atomic.
+Processes: one per shard, shard s listening on PORT + s (the `picasso ps` process serves
+shard 0 and starts the others). Workers are clients: they connect, train and leave at any
+time, and no shard ever calls a worker, so a dead one cannot hold up anything.
+
+Membership is a lease. A worker joins at shard 0 (`join`), which names it: the name the
+worker asks for (`gba-worker --rank`), or, for a Beam worker process that does not know
+its rank, the first expected name (worker0..worker{N-1}, N = --workers) that has no live
+holder, so a replacement process takes the slot of the one it replaces; past those, an
+extra worker gets a new name. Its id is that name and a fresh incarnation, so the
+pushes of a process that died are told apart from its successor's. Every call renews the
+lease; a worker silent for `lease_s` is dropped on every shard: its buffered batches leave
+the global batch, and its later calls are refused. A dropped worker that is still alive
+(it stalled) finds out at its next pull, rejoins under a new incarnation
+(`PSClient.rejoin`) and reads its source on from the server's positions.
+
+The global batch stays M local batches (--global-batches, default --workers) whatever the
+number of workers at the moment: M is sync's batch, which is what keeps the learning rate
+right across modes. With fewer workers a global step takes longer; with more, gradients
+are staler, and the staleness decay weighs them.
+
+The job ends when every expected name (and every extra name that joined) is done: its
+holder finished, or it was dropped (or never joined within `join_timeout_s` of the
+server's start, or joined and never pulled within a lease) and nobody holds it since.
+Then shard 0 gathers every shard's snapshot for the checkpoint and releases the others.
+
+Workers meet at a start line on shard 0 (`start_line`) after loading their data, so a
+job's training is timed from a common start; a worker that joins later crosses at once.
 
 The client (`PSClient`) splits a worker's requests by owner (layout.py): a pull asks each
 shard for its rows (and shard 0 for the dense parameters) and reassembles them in the
-order asked; a push sends every shard its part with rpc_async and returns at once, so
-the worker computes its next batch while the shards aggregate. Every shard receives every
-push, even one with none of its rows: each shard counts the same local batches towards
-its global batches. At most `max_in_flight` pushes per shard are outstanding; a worker
-further ahead waits for the oldest (a bound on memory, not a barrier between workers;
-0 makes every push complete before the next pull, for runs that must be deterministic).
-
-A shard stops when every worker has said it is done or has been dropped. Workers that go
-silent for `lease_s` are dropped: their buffered batches leave the global batch. A dropped
-worker that is still alive (it stalled past its lease: a long pause, a partition) finds
-out at its next pull, rejoins under a new incarnation (`PSClient.rejoin`) and reads its
-source on from the server's positions, so the batches it lost are trained after all.
-
-Workers meet at a start line on shard 0 (`_start_line`) after loading their data and
-before training, so a job's training is timed from a common start.
-
-Limitation (torch 2.13): the group is static. A worker that dies is dropped (its buffered
-batches leave the global batch, its token is refused) and the others train on, but a
-replacement process cannot join the running group. Checked with real processes (a server
-and a worker in a dynamic group, `world_size=None`, TCP transport; the worker killed with
-SIGKILL; a second worker joining under a new name): the join handshake calls every member
-listed in the rendezvous store, the dead one included, inside the store's membership
-critical section; that call fails after the RPC timeout, the join raises, and the
-membership token it held is never released, so every later join waits on it too. A
-static group cannot take a new process at a dead rank either (its rendezvous is a
-one-time barrier). A live member rejoins under a new incarnation (above); a new process
-would need a transport whose membership tolerates dead peers.
+order asked; a push sends every shard its part without waiting, so the worker computes its
+next batch while the shards aggregate. Every shard receives every push, even one with none
+of its rows: each shard counts the same local batches towards its global batches. At most
+`max_in_flight` pushes per shard are outstanding; a worker further ahead waits for the
+oldest (a bound on memory, not a barrier between workers; 0 makes every push complete
+before the next pull, for runs that must be deterministic).
 """
 
 from __future__ import annotations
@@ -42,17 +44,22 @@ import logging
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import torch.distributed.rpc as rpc
 
 from picasso import kernels
+from picasso.distributed import transport, wire
 from picasso.distributed.aggregation import Contribution, RowGradient
+from picasso.distributed.gba import PushOutcome, WorkerDropped, worker_id
 from picasso.distributed.layout import ShardLayout
 from picasso.distributed.local_gradient import LocalGradient
+from picasso.distributed.layout import TableLayout
 from picasso.distributed.shard import Pulled, Shard, ShardSnapshot
-from picasso.distributed.gba import PushOutcome, WorkerDropped, worker_id
+from picasso.cache import CacheConfig
+from picasso.kernels import SparseOptimizer
+from picasso.spec import DenseField, FeatureSpec, SparseField
+from picasso.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,195 +69,209 @@ class ParameterServerError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Group:
-    """Where the RPC group meets and who is in it."""
+class ServerAddress:
+    """Where shard 0 listens; shard s listens on port + s of the same host."""
 
-    init_method: str  # tcp://127.0.0.1:PORT
-    num_shards: int
-    num_workers: int
-    timeout_s: float = 60.0  # for joining and for each call
+    host: str = "127.0.0.1"
+    port: int = 29500
+    timeout_s: float = 60.0  # per call, and for a shard to come up
+    security: transport.Security = field(default_factory=transport.Security)
 
-    @property
-    def world_size(self) -> int:
-        return self.num_shards + self.num_workers
+    def shard(self, index: int) -> "ServerAddress":
+        return ServerAddress(self.host, self.port + index, self.timeout_s, self.security)
 
-    def options(self) -> rpc.TensorPipeRpcBackendOptions:
-        # One thread per worker and two spare: a shard never makes a worker's call wait
-        # for a thread while another worker's push aggregates.
-        # TCP (libuv) only: TensorPipe's default shared-memory transport busy-polls its
-        # rings, one spinning thread per process. With more processes than cores (4
-        # workers and a server on 2 cores here) the spinning takes the CPU from the
-        # gradients: measured on the benchmark, libuv gave up to 2x the samples/s.
-        return rpc.TensorPipeRpcBackendOptions(init_method=self.init_method, rpc_timeout=self.timeout_s,
-                                               num_worker_threads=self.num_workers + 2, _transports=["uv"])
+    def connect(self, index: int = 0) -> transport.Connection:
+        return transport.Connection(self.host, self.port + index, self.security, self.timeout_s, shard_name(index))
+
+
+@dataclass(frozen=True)
+class JobDescription:
+    """What a joining worker needs to build the same model, from shard 0, so that workers
+    and servers cannot disagree."""
+
+    spec: FeatureSpec
+    config: TrainConfig
+    layout: ShardLayout
+    lease_s: float  # a worker silent this long is dropped
 
 
 def shard_name(index: int) -> str:
-    return f"ps{index}"
+    return f"parameter-server shard ps{index}"
 
 
 # -- the server side: one shard per process --------------------------------------------------
 
-class _Served:
-    def __init__(self, shard: Shard, num_workers: int, lease_s: float):
+class ShardService:
+    """One shard and, on shard 0, the job's membership: what `serve_shard` serves."""
+
+    def __init__(self, shard: Shard, num_workers: int, lease_s: float, join_timeout_s: float,
+                 description: JobDescription | None = None):
         self.shard = shard
-        self.finished: set[str] = set()
         self.expected = {f"worker{r}" for r in range(num_workers)}
-        self.lease_s = lease_s
-        self.met_at: float | None = None  # when the group met
-        self.lost: set[str] = set()  # workers that met the group but never called within a lease
-        self.stopped = threading.Event()
-        self.description = None
-        self.at_start: dict[str, float] = {}  # workers that reached the start line, and when
+        self.lease_s, self.join_timeout_s = lease_s, join_timeout_s
+        self.description = description
+        self.started = time.monotonic()
+        self.finished: set[str] = set()
+        self.joined: dict[str, tuple[str, float]] = {}  # name -> (its latest id, when it joined)
+        self.lost: set[str] = set()  # names nobody brought to training
+        self.at_start: dict[str, float] = {}  # names that reached the start line, and when
         self.all_at_start = threading.Event()
+        self.stopped = threading.Event()
+        self._lock = threading.Lock()  # membership; the shard has its own lock
+
+    def methods(self) -> dict:
+        shard = self.shard
+        return {"describe": self.describe, "join": self.join, "start_line": self.start_line, "pull": shard.pull,
+                "push": shard.push, "positions": shard.positions, "forget": shard.drop_worker, "finish": self.finish,
+                "stashed": self.stashed, "snapshot": shard.snapshot, "release": self.stopped.set, "status": self.status}
+
+    def status(self) -> dict:
+        """Where the job stands, for monitoring: the step, samples trained, who trains."""
+        control = self.shard.control
+        with self._lock:
+            return {"step": control.step, "samples": self.shard.samples, "live": sorted(self._live()),
+                    "finished": sorted(self.finished), "lost": sorted(self.lost), "counts": dict(control.counts)}
+
+    def describe(self) -> JobDescription:
+        if self.description is None:
+            raise RuntimeError(f"shard {self.shard.index} does not describe the job: ask shard 0")
+        return self.description
+
+    def join(self, name: str | None, incarnation: str) -> tuple[str, str | None]:
+        """(this worker's id, the id it replaces or None). The id is `name` (None: the
+        first expected name nobody holds, else a new one) and the incarnation. A name
+        still held by an earlier incarnation (a replacement that came before the dead
+        one's lease ran out) is taken over: the caller drops the earlier one on every shard."""
+        with self._lock:
+            dropped = self.shard.control.dropped
+            held = {n for n, (w, _) in self.joined.items() if w not in dropped and n not in self.finished}
+            if name is None:
+                free = sorted(self.expected - held - self.finished, key=lambda n: int(n.removeprefix("worker")))
+                name = free[0] if free else f"worker{len(self.expected | set(self.joined))}"
+            previous = self.joined[name][0] if name in held else None
+            self.expected.add(name)
+            self.finished.discard(name)
+            self.lost.discard(name)
+            worker = worker_id(name, incarnation)
+            self.joined[name] = (worker, time.monotonic())
+        log.info("shard %d: %s joined%s", self.shard.index, worker, f", replacing {previous}" if previous else "")
+        return worker, previous
+
+    def start_line(self, worker: str) -> None:
+        """Wait until every expected worker has reached its start line or is lost, for at
+        most half a lease (so the waiting worker pulls well within its own): workers plant
+        or load their data at different speeds, and a job timed from its first worker's
+        start would otherwise count the others' loading as training time."""
+        with self._lock:
+            self.at_start[worker.split("/", 1)[0]] = time.monotonic()
+        self.settle()
+        self.all_at_start.wait(self.lease_s / 2)
+
+    def finish(self, worker: str) -> None:
+        self.shard.retire(worker)
+        with self._lock:
+            self.finished.add(worker.split("/", 1)[0])
+        self.settle()
+
+    def stashed(self, step: int, take: bool):
+        """This shard's snapshot stashed at `step`: take=False only says whether there is one."""
+        found = self.shard.stashed(step, take)
+        return found if take else found is not None
+
+    def _live(self) -> set[str]:
+        return {w.split("/", 1)[0] for w in self.shard.control.workers}
 
     def settle(self) -> None:
-        """Shard 0 stops once every worker has finished or been dropped; the others stop
-        when shard 0 releases them, after it has read their state for the checkpoint."""
-        control = self.shard.control
-        heard = {w.split("/", 1)[0] for w in (*control.workers, *control.dropped)} | self.finished
+        """Mark the names nobody brought to training as lost; stop shard 0 once every name
+        is done. The other shards stop when shard 0 releases them."""
         now = time.monotonic()
-        if self.met_at is not None:
-            # A worker that died between meeting the group and its first pull has no
-            # incarnation to drop; without this the server would wait for it forever.
-            # Its lease runs from the meeting, or from its start line when it reached it.
-            for name in sorted(self.expected - heard - self.lost):
-                if now - max(self.met_at, self.at_start.get(name, self.met_at)) > self.lease_s:
-                    log.warning("shard %d: worker %s never pulled within %.1f s; counted as lost",
-                                self.shard.index, name, self.lease_s)
+        with self._lock:
+            live = self._live()
+            for name in sorted(self.expected - live - self.finished - self.lost):
+                joined = self.joined.get(name)
+                if joined is None:
+                    waited, limit = now - self.started, self.join_timeout_s
+                else:  # joined, never pulled: its lease runs from the join, or from its start line
+                    waited, limit = now - max(joined[1], self.at_start.get(name, joined[1])), self.lease_s
+                if joined is not None and joined[0] in self.shard.control.dropped:
+                    continue  # trained, then dropped: done, unless a successor joins
+                if waited > limit:
+                    log.warning("shard %d: %s %s within %.1f s; counted as lost", self.shard.index, name,
+                                "never joined" if joined is None else "never pulled", limit)
                     self.lost.add(name)
-        if self.expected <= set(self.at_start) | self.lost:
-            self.all_at_start.set()
-        # A dropped worker is gone unless it has rejoined under a new incarnation.
-        live = {w.split("/", 1)[0] for w in control.workers}
-        gone = self.finished | ({w.split("/", 1)[0] for w in control.dropped} - live) | self.lost
-        if self.shard.index == 0 and self.expected <= gone:
-            self.stopped.set()
+            if self.expected <= set(self.at_start) | self.lost:
+                self.all_at_start.set()
+            dropped = {w.split("/", 1)[0] for w in self.shard.control.dropped}
+            done = self.finished | (dropped - live) | self.lost
+            if self.shard.index == 0 and self.expected <= done:
+                self.stopped.set()
 
 
-_served: _Served | None = None
-
-
-def _here() -> _Served:
-    if _served is None:
-        raise RuntimeError("this process serves no parameter-server shard")
-    return _served
-
-
-def _pull(worker: str, rows: dict[str, torch.Tensor], dense: bool) -> Pulled:
-    return _here().shard.pull(worker, rows, dense)
-
-
-def _push(contribution: Contribution) -> PushOutcome:
-    return _here().shard.push(contribution)
-
-
-def _snapshot() -> ShardSnapshot:
-    return _here().shard.snapshot()
-
-
-def _forget(worker: str) -> int:
-    """Drop an incarnation that has rejoined under a new one (every shard at once, rather
-    than each when its lease runs out)."""
-    return _here().shard.drop_worker(worker)
-
-
-def _finish(worker: str) -> None:
-    served = _here()
-    served.shard.retire(worker)
-    served.finished.add(worker.split("/", 1)[0])
-    served.settle()
-
-
-def _release() -> None:
-    _here().stopped.set()
-
-
-def _stashed(step: int, take: bool):
-    """This shard's snapshot stashed at `step`: take=False only says whether there is one."""
-    found = _here().shard.stashed(step, take)
-    return found if take else found is not None
-
-
-def _positions() -> dict[str, int]:
-    """How far the model is trained into each source: where a joining worker reads on from."""
-    return _here().shard.positions()
-
-
-def _start_line(worker: str) -> None:
-    """Wait until every expected worker has reached its start line or is lost, for at
-    most half a lease (so the waiting worker pulls well within its own): workers plant or
-    load their data at different speeds, and a job timed from its first worker's start
-    would otherwise count the others' loading as training time. A worker that rejoins
-    later finds the line crossed and goes on at once."""
-    served = _here()
-    served.at_start[worker.split("/", 1)[0]] = time.monotonic()
-    served.settle()
-    served.all_at_start.wait(served.lease_s / 2)
-
-
-def _describe():
-    """What a joining worker needs to build the same model: (spec YAML, TrainConfig as a
-    dict, layout), from shard 0, so workers and servers cannot disagree."""
-    return _here().description
-
-
-def serve_shard(shard: Shard, group: Group, lease_s: float, description=None, on_stop=None,
-                on_checkpoint=None) -> None:
-    """Serve `shard` until every worker is done or dropped; then shard 0 calls
-    on_stop(snapshots of every shard) (to write the checkpoint), releases the other shards
-    and everyone leaves the group."""
-    global _served
+def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s: float,
+                description: JobDescription | None = None, on_stop=None, on_checkpoint=None, num_shards: int = 1,
+                join_timeout_s: float | None = None, bind_host: str | None = None) -> None:
+    """Serve `shard` on address.port + shard.index until the job ends: shard 0 then calls
+    on_stop(snapshots of every shard, lost worker names) (to write the checkpoint) and
+    releases the other shards. on_checkpoint(snapshots): shard 0, for every step all
+    shards stashed (Shard.checkpoint_every)."""
     kernels.backend_for(torch.device("cpu"))  # load (or build) the kernels before the first push needs them
-    _served = _Served(shard, group.num_workers, lease_s)
-    _served.description = description
-    rpc.init_rpc(shard_name(shard.index), rank=shard.index, world_size=group.world_size,
-                 rpc_backend_options=group.options())
-    _served.met_at = time.monotonic()
-    log.info("shard %d: serving %d workers in a group of %d", shard.index, group.num_workers, group.world_size)
+    service = ShardService(shard, num_workers, lease_s, address.timeout_s if join_timeout_s is None else join_timeout_s,
+                           description)
+    host = bind_host or address.host
+    # A thread per worker and spares: a pull never waits for a thread while pushes aggregate.
+    server = transport.serve(service.methods(), host, address.port + shard.index, address.security,
+                             threads=num_workers + 4)
+    peers = [address.connect(s) for s in range(1, num_shards)] if shard.index == 0 else []
+    log.info("shard %d: serving on %s:%d for %d workers", shard.index, host, address.port + shard.index, num_workers)
     try:
-        while not _served.stopped.wait(timeout=min(lease_s / 4, 1.0)):
+        for peer in peers:
+            if not peer.wait_ready(address.timeout_s):
+                raise ParameterServerError(f"{peer.name} did not come up at {peer.address} within "
+                                           f"{address.timeout_s:g} s")
+        while not service.stopped.wait(timeout=min(lease_s / 4, 1.0)):
             for worker in shard.drop_silent(lease_s):
                 log.warning("shard %d: dropped worker %s (silent for %.1f s)", shard.index, worker, lease_s)
-            _served.settle()
+            service.settle()
             if shard.index == 0 and on_checkpoint is not None:
-                write_stashed(shard, group.num_shards, on_checkpoint)
+                write_stashed(shard, peers, on_checkpoint)
         log.info("shard %d: stopping at step %d", shard.index, shard.control.step)
-        if shard.index == 0 and on_checkpoint is not None:
-            # Steps stashed since the last poll (a short job may take them all in one) are
-            # still written, before the final checkpoint.
-            write_stashed(shard, group.num_shards, on_checkpoint)
         if shard.index == 0:
-            snapshots = gather_snapshots(group.num_shards)
+            if on_checkpoint is not None:
+                # Steps stashed since the last poll (a short job may take them all in one)
+                # are still written, before the final checkpoint.
+                write_stashed(shard, peers, on_checkpoint)
+            snapshots = [shard.snapshot()] + [_ask(peer, "snapshot") for peer in peers]
             if on_stop is not None:
-                on_stop(snapshots, sorted(_served.lost))
-            for s in range(1, group.num_shards):
-                try:
-                    rpc.rpc_sync(shard_name(s), _release)
-                except RuntimeError:  # it may leave the group before its answer is sent
-                    log.debug("shard %d left while being released", s)
+                on_stop(snapshots, sorted(service.lost))
+            for peer in peers:
+                _ask(peer, "release")
     finally:
-        # Not graceful: a graceful shutdown waits for every member, and a dead worker never comes.
-        rpc.shutdown(graceful=False)
-        _served = None
-        log.info("shard %d: left the group", shard.index)
+        server.stop(grace=1.0)
+        for peer in peers:
+            peer.close()
+        log.info("shard %d: stopped", shard.index)
 
 
-def write_stashed(shard: Shard, num_shards: int, on_checkpoint) -> None:
+def write_stashed(shard: Shard, peers: list[transport.Connection], on_checkpoint) -> None:
     """Shard 0, during training: on_checkpoint(snapshots) for each step every shard has
-    stashed (Shard.checkpoint_every), oldest first. A step some shard has not reached yet
-    is tried again on the next call; one left behind by a newer complete step is skipped."""
+    stashed, oldest first. A step some shard has not reached yet is tried again on the
+    next call; one left behind by a newer complete step is skipped."""
     for step in shard.stashed_steps():
-        if not all(rpc.rpc_sync(shard_name(s), _stashed, args=(step, False)) for s in range(1, num_shards)):
+        if not all(_ask(peer, "stashed", step, False) for peer in peers):
             continue
-        snapshots = [shard.stashed(step, take=True)]
-        snapshots += [rpc.rpc_sync(shard_name(s), _stashed, args=(step, True)) for s in range(1, num_shards)]
+        snapshots = [shard.stashed(step, take=True)] + [_ask(peer, "stashed", step, True) for peer in peers]
         on_checkpoint(snapshots)
 
 
-def gather_snapshots(num_shards: int) -> list[ShardSnapshot]:
-    """Every shard's state, asked from any member of the group."""
-    return [rpc.rpc_sync(shard_name(s), _snapshot) for s in range(num_shards)]
+def _ask(peer: transport.Connection, method: str, *args):
+    try:
+        return peer.call(method, *args)
+    except transport.TransportError as err:
+        raise ParameterServerError(str(err)) from None
+
+
+wire.register(Contribution, RowGradient, PushOutcome, Pulled, ShardSnapshot, JobDescription, FeatureSpec, DenseField,
+              SparseField, TrainConfig, CacheConfig, ShardLayout, TableLayout, SparseOptimizer)
 
 
 # -- the worker side ----------------------------------------------------------------------------
@@ -267,18 +288,23 @@ class PulledBatch:
 
 class PSClient:
     def __init__(self, layout: ShardLayout, worker: str, max_in_flight: int = 2, call=None):
-        """call(shard, fn, args, asynchronous) -> a value or a torch Future; the default
-        goes over RPC, tests may pass one that calls Shard objects in process."""
+        """call(shard, method, args, asynchronous) -> the answer, or (asynchronous) a Call
+        with done() and result(); `over_grpc(connections)` reaches real shards, `in_process`
+        Shard objects in this process (tests and one-process runs)."""
+        if call is None:
+            raise ValueError("PSClient needs a call: over_grpc(connections) or in_process(shards)")
         self.layout, self.worker, self.max_in_flight = layout, worker, max_in_flight
-        self._call = call or _rpc_call
-        self._in_flight: list[list[torch.futures.Future]] = [[] for _ in range(layout.num_shards)]
+        self._call = call
+        self._in_flight: list[list] = [[] for _ in range(layout.num_shards)]
         self.outcomes: list[PushOutcome] = []  # shard 0's answers to this worker's pushes
         self._pushed = 0  # pushes so far: the next push's sequence number
 
     def pull(self, rows: dict[str, torch.Tensor]) -> PulledBatch:
         owners = {key: self.layout.owner(r) for key, r in rows.items()}
-        answers = [self._call(s, _pull, (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0), False)
-                   for s in range(self.layout.num_shards)]
+        # Every shard's part is asked at once: the shards look their rows up in parallel.
+        calls = [self._call(s, "pull", (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0), True)
+                 for s in range(self.layout.num_shards)]
+        answers = [self._settled(s, "pull", call) for s, call in enumerate(calls)]
         dropped = [shard_name(s) for s, answer in enumerate(answers) if answer.dropped]
         if dropped:
             raise WorkerDropped(f"{self.worker} was dropped by {', '.join(dropped)} (silent past its lease?)")
@@ -292,9 +318,11 @@ class PSClient:
                 values[key][mine], versions[key][mine] = answer.rows[key], answer.versions[key]
         return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions, answers[0].stop)
 
-    def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None) -> None:
+    def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None,
+             ranges: dict[str, tuple[int, int]] | None = None) -> None:
         """Send every shard its part; returns without waiting for the shards' answers.
-        positions: where the batch ends in its sources (shard 0 records them for checkpoints)."""
+        positions: where the batch ends in its sources (shard 0 records them for checkpoints);
+        ranges: the batch's [start, end) per source, which every shard trains at most once."""
         self.collect()
         for s in range(self.layout.num_shards):
             sparse = {}
@@ -303,10 +331,10 @@ class PSClient:
                 sparse[key] = RowGradient(rows[mine], gradient.row_grads[key][mine], pulled.versions[key][mine])
             contribution = Contribution(self.worker, pulled.tokens[s], gradient.samples,
                                         gradient.dense if s == 0 else {}, sparse, (positions or {}) if s == 0 else {},
-                                        sequence=self._pushed)
+                                        sequence=self._pushed, ranges=ranges or {})
             while len(self._in_flight[s]) > self.max_in_flight - 1 and self._in_flight[s]:
                 self._settle(s, self._in_flight[s].pop(0))
-            future = self._call(s, _push, (contribution,), True)
+            future = self._call(s, "push", (contribution,), True)
             if self.max_in_flight == 0:
                 self._settle(s, future)
             else:
@@ -319,14 +347,14 @@ class PSClient:
         self.drain()
         old, name = self.worker, self.worker.split("/", 1)[0]
         for s in range(self.layout.num_shards):  # the shards that have not dropped it yet do so now
-            self._call(s, _forget, (old,), False)
+            self._call(s, "forget", (old,), False)
         self.worker = worker_id(name, uuid.uuid4().hex[:8])
         self._pushed = 0
         log.info("%s rejoined as %s", old, self.worker)
 
     def positions(self) -> dict[str, int]:
         """How far the model is trained into each source: where a rejoining worker reads on."""
-        return self._call(0, _positions, (), False)
+        return self._call(0, "positions", (), False)
 
     def collect(self) -> None:
         """Take the answers of finished pushes (raising a shard's error, if one came back)."""
@@ -342,40 +370,57 @@ class PSClient:
     def finish(self) -> None:
         self.drain()
         for s in range(self.layout.num_shards):
-            self._call(s, _finish, (self.worker,), False)
+            self._call(s, "finish", (self.worker,), False)
 
-    def _settle(self, shard: int, future: torch.futures.Future) -> None:
-        try:
-            outcome = future.wait()
-        except Exception as err:
-            raise ParameterServerError(f"shard {shard_name(shard)} failed a push from {self.worker}: {err}") from err
+    def _settle(self, shard: int, future) -> None:
+        outcome = self._settled(shard, "push", future)
         if shard == 0:
             self.outcomes.append(outcome)
+
+    def _settled(self, shard: int, method: str, call):
+        try:
+            return call.result()
+        except ParameterServerError:
+            raise
+        except Exception as err:
+            raise ParameterServerError(f"{shard_name(shard)} failed a {method} from {self.worker}: {err}") from err
+
+
+class _Answered:
+    """An in-process call's answer, shaped like a call in flight."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def done(self) -> bool:
+        return True
+
+    def result(self):
+        return self.value
 
 
 def in_process(shards: list[Shard]):
     """A `call` for PSClient that reaches Shard objects in this process instead of over
-    RPC: the same client, for tests and one-process runs."""
-    methods = {_pull: "pull", _push: "push", _positions: "positions", _forget: "drop_worker"}
+    the network: the same client, for tests and one-process runs."""
+    methods = {"pull": "pull", "push": "push", "positions": "positions", "forget": "drop_worker", "finish": "retire"}
 
-    def call(index: int, fn, args: tuple, asynchronous: bool):
-        if fn is _finish:
-            return None
-        result = getattr(shards[index], methods[fn])(*args)
-        if not asynchronous:
-            return result
-        future = torch.futures.Future()
-        future.set_result(result)
-        return future
+    def call(index: int, method: str, args: tuple, asynchronous: bool):
+        result = getattr(shards[index], methods[method])(*args)
+        return _Answered(result) if asynchronous else result
 
     return call
 
 
-def _rpc_call(shard: int, fn, args: tuple, asynchronous: bool):
-    name = shard_name(shard)
-    if asynchronous:
-        return rpc.rpc_async(name, fn, args=args)
-    try:
-        return rpc.rpc_sync(name, fn, args=args)
-    except (RuntimeError, ValueError) as err:  # unreachable, or a refusal raised over there
-        raise ParameterServerError(f"parameter-server shard {name} failed {fn.__name__[1:]}: {err}") from err
+def over_grpc(connections: list[transport.Connection]):
+    """A `call` for PSClient over one connection per shard."""
+
+    def call(index: int, method: str, args: tuple, asynchronous: bool):
+        connection = connections[index]
+        if asynchronous:
+            return connection.call_async(method, *args)
+        try:
+            return connection.call(method, *args)
+        except transport.TransportError as err:  # unreachable, or a refusal raised over there
+            raise ParameterServerError(str(err)) from None
+
+    return call

@@ -29,21 +29,26 @@ import torch
 from picasso.checkpoint import save_checkpoint
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.layout import ShardLayout
+from picasso.distributed.ledger import Ledger
 from picasso.distributed.shard import Shard, ShardSnapshot
 from picasso.trainer import Trainer
 
 
 def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
-                sample_budget: int | None = None, checkpoint_every: int = 0) -> tuple[Shard, ShardLayout]:
+                sample_budget: int | None = None, checkpoint_every: int = 0,
+                applied: dict[str, list[list[int]]] | None = None) -> tuple[Shard, ShardLayout]:
     """Shard `index` of a Trainer's model, at the Trainer's step (and, on shard 0, its
-    positions); checkpoint_every: stash a snapshot every that many global steps (0: never)."""
+    positions); checkpoint_every: stash a snapshot every that many global steps (0: never);
+    applied: the source ranges the model holds (the checkpoint's applied.json), which every
+    shard refuses to train again."""
     layout = ShardLayout.from_model(trainer.model, num_shards)
     state = trainer.state()
     part = layout.split(state["model"])[index]
     shard = Shard(index, layout, part, gba, trainer.config.lr_dense,
                   dense_optimizer=state["dense_optimizer"] if index == 0 else None,
                   step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget,
-                  positions=dict(trainer.positions) if index == 0 else None, checkpoint_every=checkpoint_every)
+                  positions=dict(trainer.positions) if index == 0 else None, checkpoint_every=checkpoint_every,
+                  ledger=Ledger.from_checkpoint(applied, trainer.positions))
     return shard, layout
 
 
@@ -72,4 +77,4 @@ def save_ps_checkpoint(root: str | Path, layout: ShardLayout, snapshots: list[Sh
     state = trainer_state(layout, snapshots, trainer)
     first = min(snapshots, key=lambda s: s.index)
     metrics = {"ps": first.counts, "contributed": first.contributed, **metrics}
-    return save_checkpoint(root, state, trainer.spec, first.positions, metrics), state
+    return save_checkpoint(root, state, trainer.spec, first.positions, metrics, first.applied), state

@@ -174,8 +174,9 @@ class CachedPSClient:
                     if table.directory is directory:
                         table.pulled_at[admitted] = -1
 
-    def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None) -> None:
-        self.client.push(pulled, gradient, positions)
+    def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None,
+             ranges: dict[str, tuple[int, int]] | None = None) -> None:
+        self.client.push(pulled, gradient, positions, ranges)
 
     def rejoin(self) -> None:
         # Cached rows stay: each carries the version it was pulled at, which the shards judge.

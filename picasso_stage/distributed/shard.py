@@ -26,6 +26,7 @@ from picasso import kernels
 from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGradient
 from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl, WorkerDropped
 from picasso.distributed.layout import ShardLayout, TableLayout
+from picasso.distributed.ledger import Ledger
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,14 @@ class ShardSnapshot:
     counts: dict[str, int] = field(default_factory=dict)
     positions: dict[str, int] = field(default_factory=dict)  # sources' positions of the batches applied
     contributed: dict[str, int] = field(default_factory=dict)  # worker name -> local batches accepted
+    applied: dict[str, list[list[int]]] = field(default_factory=dict)  # source -> ranges in the model (ledger.py)
 
 
 class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
                  lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
-                 sample_budget: int | None = None, positions: dict[str, int] | None = None, checkpoint_every: int = 0):
+                 sample_budget: int | None = None, positions: dict[str, int] | None = None, checkpoint_every: int = 0,
+                 ledger: Ledger | None = None):
         """sample_budget: pulls answer stop once pushes of this many samples have been
         counted, and pushes after that are refused, so a job trains on a set number of
         samples however its workers share them (fast workers take more batches than a
@@ -72,7 +75,7 @@ class Shard:
         if dense_optimizer is not None and self.dense_optimizer is not None:
             self.dense_optimizer.load_state_dict(dense_optimizer)
         self.versions = {t.key: torch.zeros(layout.local_rows(index, t), dtype=torch.int64) for t in layout.tables}
-        self.control = TokenControl(gba, step, positions=positions)
+        self.control = TokenControl(gba, step, positions=positions, ledger=ledger)
         self.samples = samples
         self.sample_budget = sample_budget
         # A snapshot is stashed at each step that is a multiple of checkpoint_every (0: none),
@@ -119,9 +122,23 @@ class Shard:
             outcome, gradient = self.control.push(local_contribution, staleness)
             if gradient is not None:
                 self._apply(gradient)
-                if self.checkpoint_every and self.control.step % self.checkpoint_every == 0:
-                    self._stashed[self.control.step] = self._snapshot()
+                self._stash_if_due()
             return outcome
+
+    def apply(self, gradient: GlobalGradient) -> int:
+        """One optimizer step with a global batch aggregated elsewhere (sync mode reduces it
+        across its ranks), counted as if its contributions had been pushed and accepted
+        here; returns the new global step. Nothing is token-controlled: the caller vouches
+        that every contribution is fresh."""
+        with self._lock:
+            self._apply(gradient)
+            self.control.step += 1
+            counts = self.control.counts
+            counts["steps"] += 1
+            counts["accepted"] += len(gradient.workers)
+            counts["accepted_samples"] += gradient.samples
+            self._stash_if_due()
+            return self.control.step
 
     def positions(self) -> dict[str, int]:
         """How far the model is trained into each source (shard 0 keeps them)."""
@@ -169,6 +186,7 @@ class Shard:
             counts=dict(self.control.counts),
             positions=dict(self.control.positions),
             contributed=dict(self.control.contributed),
+            applied=self.control.applied().to_json(),
         )
 
     # -- the optimizer step -------------------------------------------------------------------
@@ -194,6 +212,11 @@ class Shard:
             torch.arange(rows.numel(), dtype=torch.int32), grads.view(rows.numel(), 1, table.dim),
             1, table.optimizer, int(self.tensors[table.steps_key]),
         )
+
+    def _stash_if_due(self) -> None:
+        """The caller holds the lock and has just stepped."""
+        if self.checkpoint_every and self.control.step % self.checkpoint_every == 0:
+            self._stashed[self.control.step] = self._snapshot()
 
     def _budget_spent(self) -> bool:
         return self.sample_budget is not None and self.control.counts["accepted_samples"] >= self.sample_budget

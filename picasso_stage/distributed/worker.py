@@ -26,7 +26,8 @@ class WorkerStats:
     batches: int = 0
     samples: int = 0
     loss_sum: float = 0.0  # per-sample log loss of each batch, before its update
-    refused: int = 0  # pushes shard 0 did not count (too stale, the worker dropped, the budget spent)
+    refused: int = 0  # pushes shard 0 did not count (too stale, the worker dropped, the budget spent, duplicates)
+    duplicates: int = 0  # of those, batches the model held already (a replay): acknowledged, not trained
     rejoined: int = 0  # times the shards had dropped this worker and it came back under a new incarnation
     mean_staleness: float = 0.0  # over the pushes shard 0 counted: global steps between pull and push
     seconds: float = 0.0
@@ -94,6 +95,7 @@ class GBAWorker:
                 source = iter(reread(self.client.positions()))
         self.client.finish()
         stats.refused = sum(not outcome.accepted for outcome in self.client.outcomes)
+        stats.duplicates = sum(outcome.duplicate for outcome in self.client.outcomes)
         counted = [outcome.staleness for outcome in self.client.outcomes if outcome.accepted]
         stats.mean_staleness = sum(counted) / len(counted) if counted else 0.0
         stats.seconds = time.perf_counter() - start
@@ -120,7 +122,7 @@ class GBAWorker:
         with self.straggler.working():
             gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
         self.straggler.end_step()
-        self.client.push(pulled, gradient, batch.positions)
+        self.client.push(pulled, gradient, batch.positions, batch.ranges)
         stats.batches += 1
         stats.samples += gradient.samples
         stats.loss_sum += gradient.loss_sum

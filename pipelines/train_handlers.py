@@ -1,0 +1,222 @@
+"""What PicassoTrain trains with in each mode: one small handler per mode.
+
+PicassoTrain (train.py) is the same Beam transform in every mode; a handler tells it which
+engine to train (the heavy object, built once per process), how a bundle pushes its
+elements through that engine, and what follows the merged statistics:
+
+- `TrainerHandler` (daily, local mode): the engine is a picasso.Trainer; a bundle's steps
+  are Trainer.pipeline() (interleaved); the merged stats are followed by the checkpoint,
+  and the output is a CheckpointRef.
+- `StreamHandler` (one cycle of `picasso stream`): the engine is the stream's StreamModel;
+  a step checks the span against the ledger, scores the batch, trains on it and records
+  it; the stream runner checkpoints after the cycle, so the output is the merged stats.
+- `GBAHandler` (mode="gba"): the engine is this process's worker of a running `picasso ps`
+  (gba_train.py); a step pulls, computes and pushes; the checkpoint is the server's, so
+  the output is the merged stats.
+
+Like the model handlers of Beam's RunInference, a handler is small and picklable: it
+travels in the pipeline's graph, and each worker process builds its engine from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import apache_beam as beam
+from apache_beam.utils.shared import Shared
+
+from picasso.batch import PackedBatch
+from picasso.spec import FeatureSpec
+from picasso.trainer import StepResult, TrainConfig, Trainer, TrainStats
+
+if TYPE_CHECKING:  # gba_train imports the distributed client: only gba runs need it
+    from picasso.pipelines.gba_train import PSAddress
+
+
+class Steps(Protocol):
+    """One bundle's steps. push may return a step that finished earlier than the element
+    it was given (interleaving), drain returns the rest, and close ends the bundle."""
+
+    def push(self, element: Any) -> Iterable[StepResult]: ...
+
+    def drain(self) -> Iterable[StepResult]: ...
+
+    def close(self) -> None: ...
+
+
+class TrainHandler:
+    """The contract between PicassoTrain and a mode. By default the engine is shared by every
+    DoFn instance of the process through Shared, tagged by `key`, and lives while any of
+    them holds it; a handler whose engine must be let go of explicitly overrides acquire
+    and release."""
+
+    key: str  # the Shared tag: a new key builds a new engine
+
+    def load(self) -> Any:
+        raise NotImplementedError
+
+    def acquire(self, shared: Shared) -> Any:
+        return shared.acquire(self.load, tag=self.key)
+
+    def release(self, engine: Any) -> None:
+        """A DoFn instance is done with the engine (its teardown)."""
+
+    def open_steps(self, engine: Any) -> Steps:
+        raise NotImplementedError
+
+    def finish(self, stats: beam.PCollection, shared: Shared) -> beam.PCollection:
+        """What follows the one merged TrainStats: the transform's output."""
+        return stats
+
+
+class _Unbuffered:
+    """Steps that each finish within their push: nothing to drain or close."""
+
+    def drain(self) -> list[StepResult]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+# -- local: the daily run's trainer ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    path: str
+    step: int
+    stats: TrainStats
+
+
+@dataclass(frozen=True)
+class TrainerHandler(TrainHandler):
+    """How to build the trainer a pipeline run trains: warm-started from the latest
+    checkpoint under checkpoint_dir (start_from="latest", the default), from a given
+    checkpoint directory, or from scratch (start_from=None)."""
+
+    spec: FeatureSpec
+    config: TrainConfig
+    checkpoint_dir: str
+    key: str  # one per pipeline run, so that runs sharing a process do not share a trainer
+    start_from: str | None = "latest"
+
+    def load(self) -> Trainer:
+        trainer = Trainer(self.spec, self.config)
+        if self.start_from == "latest":
+            trainer.warm_start(self.checkpoint_dir)
+        elif self.start_from is not None:
+            trainer.restore(self.start_from)
+        return trainer
+
+    def open_steps(self, trainer: Trainer) -> Steps:
+        # With interleaving on, a step computes in a worker thread while the runner decodes
+        # and packs the next batch (the fused upstream stages) and the trainer prepares it.
+        return trainer.pipeline()
+
+    def finish(self, stats: beam.PCollection, shared: Shared) -> beam.PCollection:
+        return stats | "Checkpoint" >> beam.ParDo(_CheckpointDoFn(self, shared))
+
+
+class _CheckpointDoFn(beam.DoFn):
+    def __init__(self, handler: TrainerHandler, shared: Shared):
+        self.handler = handler
+        self.shared = shared
+
+    def process(self, stats: TrainStats):
+        trainer = self.handler.acquire(self.shared)
+        if trainer.step != trainer.start_step + stats.steps:
+            # The trainer was rebuilt between stages (its process changed, say): saving it
+            # would silently drop the training this run did.
+            raise RuntimeError(
+                f"trainer holds {trainer.step - trainer.start_step} steps of this run, but {stats.steps} were trained"
+            )
+        # Stage times and cache counts go with the checkpoint; publishing logs them to the
+        # MLflow run, the per-step series as charts.
+        metrics = {"train_loss": stats.mean_loss, **trainer.performance_metrics(),
+                   "step_metrics": trainer.step_metrics_so_far()}
+        path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics=metrics)
+        yield CheckpointRef(path=str(path), step=trainer.step, stats=stats)
+
+
+# -- stream: one cycle of `picasso stream` ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class StreamHandler(TrainHandler):
+    """The stream's model, kept across cycles: the stream runner holds it under the same
+    Shared and key, and takes a new key to drop it after a failed cycle. Elements are
+    PackedMessages. The checkpoint is the runner's, written after the cycle, once it has
+    checked that the pipeline trained this very model (the messages_trained counter)."""
+
+    loader: Callable[[], Any]  # a picklable stream_state.ModelLoader
+    key: str
+
+    def load(self):
+        return self.loader()
+
+    def open_steps(self, model) -> Steps:
+        return _StreamSteps(model)
+
+
+class _StreamSteps(_Unbuffered):
+    """No interleaving: StreamModel.train scores a batch before it trains on it, and checks
+    its span against the ledger first, so that a mismatch fails before any training."""
+
+    def __init__(self, model):
+        self.model = model
+        self.trained = beam.metrics.Metrics.counter("picasso", "messages_trained")
+
+    def push(self, packed) -> list[StepResult]:
+        result = self.model.train(packed)
+        self.trained.inc(packed.span.messages)
+        return [result]
+
+
+# -- gba: a worker of a running `picasso ps` -------------------------------------------
+
+
+@dataclass(frozen=True)
+class GBAHandler(TrainHandler):
+    """Each worker process is one worker of the parameter server at `address`
+    (gba_train.py). The model and its checkpoint are the server's."""
+
+    address: PSAddress
+    spec: FeatureSpec
+
+    # Not through Shared: the member must leave the job when its last user goes, and Shared
+    # never says when that is. gba_train keeps one counted member per process instead.
+    def acquire(self, shared: Shared):
+        from picasso.pipelines.gba_train import acquire_member
+
+        return acquire_member(self.address, self.spec)
+
+    def release(self, member) -> None:
+        from picasso.pipelines.gba_train import release_member
+
+        release_member()
+
+    def open_steps(self, member) -> Steps:
+        return _GBASteps(member)
+
+
+class _GBASteps(_Unbuffered):
+    def __init__(self, member):
+        from picasso.distributed.worker import WorkerStats
+
+        self.member = member
+        self.stats = WorkerStats()  # the bundle's: the worker logs where its first batch starts
+
+    def push(self, batch: PackedBatch) -> list[StepResult]:
+        member, stats = self.member, self.stats
+        samples, loss_sum = stats.samples, stats.loss_sum
+        with member.lock:  # a PSClient is not thread-safe
+            # After the budget is spent the batch is neither trained nor counted: its positions
+            # stay unconsumed, so a resumed job reads it.
+            if member.stopped or not member.worker.step(batch, stats):
+                member.stopped = True
+                return []
+        # step: the worker's batches in this bundle (the model's step count is the server's)
+        return [StepResult(stats.batches, stats.samples - samples, stats.loss_sum - loss_sum, batch.positions)]
