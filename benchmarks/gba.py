@@ -156,6 +156,7 @@ def _extra(parser) -> None:
                         "the server (gba-worker --row-cache), reporting the share of row pulls it served")
     parser.add_argument("--no-churn", dest="churn", action="store_false",
                         help="leave out the churn run (a gba worker killed halfway and replaced)")
+    parser.add_argument("--churn-rows", type=int, default=327_680, help="samples per worker in the churn run")
     parser.set_defaults(repeat=3)  # a run is minutes; medians of 3
 
 
@@ -248,20 +249,22 @@ def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
     from picasso.checkpoint import read_applied
     from picasso.distributed.param_server import ServerAddress
 
-    port, total, doomed = _free_port(), args.workers * args.rows, args.workers - 1
-    if args.rows % args.batch_size:
+    # Longer than the other runs: the kill comes halfway, and the replacement must have time
+    # to start (a Python process, the kernels, its planted data) and train before the end.
+    port, total, doomed = _free_port(), args.workers * args.churn_rows, args.workers - 1
+    if args.churn_rows % args.batch_size:
         raise ValueError("the churn run counts stale drops in whole batches: --rows must be a multiple of --batch-size")
     server = subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir), "--mode", "gba",
                                "--shards", str(args.shards), "--workers", str(args.workers), "--samples", str(total),
                                *_model_flags(args), "--port", str(port), "--json"],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env())
 
-    def worker(rank: int) -> subprocess.Popen:
-        return subprocess.Popen([*CLI, "gba-worker", "--rank", str(rank), "--rows", str(total // 2), "--batch-size",
+    def worker(rank: int, rows: int) -> subprocess.Popen:
+        return subprocess.Popen([*CLI, "gba-worker", "--rank", str(rank), "--rows", str(rows), "--batch-size",
                                  str(args.batch_size), "--stream-base", str(streams), "--port", str(port), "--json"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
 
-    workers = [worker(rank) for rank in range(args.workers)]
+    workers = [worker(rank, total // 2) for rank in range(args.workers)]
     status = ServerAddress("127.0.0.1", port, timeout_s=60).connect(0)
     if not status.wait_ready(60):
         raise RuntimeError("the churn run's server did not come up")
@@ -273,7 +276,12 @@ def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
     workers[doomed].kill()
     killed = time.time()
     workers[doomed].communicate()
-    replacement, started = worker(doomed), time.time()
+    # The replacement reads on from the server's positions for its share of what is left:
+    # planted data is drawn from a stream's start, so asking for more would only make its
+    # start slower (the others take whatever it leaves).
+    remaining = total - status.call("status")["samples"] + trained_before
+    share = -(-remaining // args.workers // args.batch_size) * args.batch_size
+    replacement, started = worker(doomed, share), time.time()
     first_batch = _wait_for_line(replacement, "training from step")
     trains = time.time()
     while server.poll() is None:
@@ -287,7 +295,7 @@ def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
     for process in [*workers[:doomed], *workers[doomed + 1:], replacement]:
         out, err = process.communicate()
         if process.returncode:
-            raise RuntimeError(f"churn worker failed:\n{err[-3000:]}")
+            raise RuntimeError(f"churn worker {process.args[3:6]} failed ({process.returncode}):\n{err[-3000:]}")
         stats.extend(_json_lines(out))
     out, _ = server.communicate()
     if server.returncode or first_batch is None:
@@ -306,9 +314,13 @@ def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
 
 
 def _wait_for_line(process: subprocess.Popen, text: str) -> str | None:
+    """Read a process's log until a line holds `text`; None (and the log echoed) when it ended first."""
+    seen = []
     for line in process.stderr:
         if text in line:
             return line
+        seen.append(line)
+    sys.stderr.write("".join(seen[-30:]))
     return None
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from picasso.batch import PackedBatch, TorchBatch
 from picasso.cache import CacheConfig, HotCache, PreparedBatch
@@ -256,13 +255,9 @@ class Trainer:
             compute.wait_stream(self._copy_stream)
             for tensor in (tensors.label, tensors.dense, *tensors.ids.values(), *tensors.offsets.values()):
                 tensor.record_stream(compute)  # the copy stream must not reuse them while this runs
-        self.model.train()
-        logits = self.model(tensors)
-        loss = F.binary_cross_entropy_with_logits(logits, tensors.label, reduction="mean")
         self.dense_optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # also steps the embedding tables
+        loss_sum = self.model.backward(tensors, self.model.lookup(tensors))  # also steps the embedding tables
         self.dense_optimizer.step()
-        loss_sum = float(loss.detach()) * batch.num_samples
         self.stage_seconds["compute"] += time.perf_counter() - start
         if step.cached is not None:
             start = time.perf_counter()

@@ -145,3 +145,69 @@ def test_a_pipeline_of_another_spec_is_refused_by_name(tmp_path, monkeypatch):
         _stop(server)
     assert code == 0, err
     assert summary["lost_workers"] == ["worker0"] and summary["step"] == 0
+
+
+KILL_AFTER = 12  # batches of the doomed source the first run trains before its process dies
+
+
+def _planted_dying(keyed, marker: str):
+    """The planted sources, except that the process reading source STREAMS[1] kills itself
+    with SIGKILL halfway through its bundle (once: the marker says it has)."""
+    import signal as signals
+
+    _, streams = keyed
+    for stream in streams:
+        for i, batch in enumerate(planted_batches(SPEC, ROWS, BATCH, stream)):
+            if stream == STREAMS[1] and i == KILL_AFTER and not os.path.exists(marker):
+                Path(marker).write_text("killed")
+                os.kill(os.getpid(), signals.SIGKILL)
+            yield batch
+
+
+def _gba_pipeline(port: int, source_fn, **kwargs) -> None:
+    options = PipelineOptions(["--runner", "FnApiRunner", f"--direct_num_workers={WORKERS}",
+                               "--direct_running_mode=multi_processing"])
+    with beam.Pipeline(options=options) as p:
+        _ = (p | beam.Create([(i, stream) for i, stream in enumerate(STREAMS)]) | beam.GroupByKey()
+             | beam.FlatMap(source_fn, **kwargs)
+             | PicassoTrain(SPEC, CONFIG, "unused", mode="gba", ps=PSAddress("127.0.0.1", port, timeout_s=30)))
+
+
+def test_a_beam_worker_killed_mid_bundle_and_the_job_run_again_trains_every_sample_once(tmp_path, monkeypatch):
+    """A Beam worker process dies (SIGKILL) halfway through its bundle, after pushing some
+    of its batches; the pipeline fails, the server drops the dead worker after its lease
+    and checkpoints what it trained (weights, positions, trained ranges). The job is then
+    run again from the start, as an at-least-once runner would, against a server restored
+    from that checkpoint: every batch trained before is acknowledged, not trained again,
+    the rest is trained, and each sample of both sources is in the model exactly once."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    spec_path = tmp_path / "tiny.yaml"
+    SPEC.save(spec_path)
+    flags = ("--mode", "gba", "--lr-sparse", str(LR_SPARSE), "--decay", "exp:limit=none", "--lease", "2")
+    port = _free_port()
+    server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, *flags)
+    try:
+        with pytest.raises(Exception):  # the runner reports its worker's death
+            _gba_pipeline(port, _planted_dying, marker=str(tmp_path / "killed"))
+        code, first, err = _finish(server)
+    finally:
+        _stop(server)
+    assert code == 0, err
+    assert (tmp_path / "killed").exists() and first["dropped_workers"] + first["lost_workers"], first
+    trained_first = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    assert trained_first.state["samples"] < WORKERS * ROWS  # the dead one's tail was never trained
+
+    port = _free_port()
+    server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, *flags)
+    try:
+        _gba_pipeline(port, _planted)  # every source from its start: at least once
+        code, second, err = _finish(server)
+    finally:
+        _stop(server)
+    assert code == 0, err
+    assert second["counts"]["duplicate"] > 0  # the first run's batches came again and were acknowledged
+    final = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
+    sources = {f"planted-{s}": ROWS for s in STREAMS}
+    assert final.positions == sources
+    assert final.applied == {source: [[0, ROWS]] for source in sources}
+    assert final.state["samples"] == WORKERS * ROWS  # each sample once: none lost, none twice

@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from picasso.batch import TorchBatch
 from picasso.embedding import lookup_with_row_gradients
@@ -74,12 +73,8 @@ class GradientComputer:
             pooled.append(lookup_with_row_gradients(
                 compact[lookup.key], local_ids, batch.offsets[lookup.group], lookup.num_fields,
                 getattr(embedding, f"mean_{lookup.group}"), getattr(embedding, f"max_len_{lookup.group}"), field_rows))
-        self.model.train()
         self.model.zero_grad(set_to_none=True)
-        logits = self.model.dense_part(batch.dense, pooled)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")
-        loss.backward()
+        loss_sum = self.model.backward(batch, pooled)  # the Trainer's step, the optimizer's update left to the server
         dense_grads = {name: p.grad.detach().clone() for name, p in self.params.items() if p.grad is not None}
         row_grads = {key: t.grad if t.grad is not None else torch.zeros_like(t) for key, t in compact.items()}
-        return LocalGradient(float(loss.detach()) * batch.num_samples, batch.num_samples, dense_grads, rows,
-                             row_grads)
+        return LocalGradient(loss_sum, batch.num_samples, dense_grads, rows, row_grads)

@@ -49,14 +49,13 @@ from dataclasses import dataclass, field
 import torch
 
 from picasso import kernels
+from picasso.cache import CacheConfig
 from picasso.distributed import transport, wire
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import PushOutcome, WorkerDropped, worker_id
-from picasso.distributed.layout import ShardLayout
+from picasso.distributed.layout import ShardLayout, TableLayout
 from picasso.distributed.local_gradient import LocalGradient
-from picasso.distributed.layout import TableLayout
 from picasso.distributed.shard import Pulled, Shard, ShardSnapshot
-from picasso.cache import CacheConfig
 from picasso.kernels import SparseOptimizer
 from picasso.spec import DenseField, FeatureSpec, SparseField
 from picasso.trainer import TrainConfig
@@ -201,7 +200,10 @@ class ShardService:
                     self.lost.add(name)
             if self.expected <= set(self.at_start) | self.lost:
                 self.all_at_start.set()
-            dropped = {w.split("/", 1)[0] for w in self.shard.control.dropped}
+            # Dropped counts as done only for a name whose latest holder is the dropped one
+            # and that nobody trains under now: a replacement that joined but has not
+            # pulled yet keeps its name open, and so does a worker that rejoined.
+            dropped = {name for name, (worker, _) in self.joined.items() if worker in self.shard.control.dropped}
             done = self.finished | (dropped - live) | self.lost
             if self.shard.index == 0 and self.expected <= done:
                 self.stopped.set()

@@ -98,8 +98,9 @@ class Shard:
             values, versions = {}, {}
             for key, wanted in rows.items():
                 local = self._local(key, wanted)
-                values[key] = self.tensors[key][local].clone()
-                versions[key] = self.versions[key][local].clone()
+                # Indexing gathers into new tensors: later steps cannot change what is sent.
+                values[key] = self.tensors[key][local]
+                versions[key] = self.versions[key][local]
             dense_values = {name: self.tensors[name].clone() for name in self.layout.dense} if dense else {}
             return Pulled(token, dense_values, values, versions, stop=self._budget_spent())
 

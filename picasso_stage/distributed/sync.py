@@ -1,28 +1,58 @@
 """Sync mode: N ranks (torchrun), each a full replica, one global batch per step.
 
 Each rank computes its local batch's gradients exactly as a GBA worker does
-(local_gradient.py), the ranks all-gather them, and every rank pushes all N into a local
-one-shard parameter server (shard.py) with M = N. So a sync step is, by construction,
-GBA's aggregation of N fresh local batches followed by the same optimizer step: the
-arithmetic is shared, which is what lets a job switch between the modes with nothing
-changed but the mode. Every rank applies the same gradients in the same order to the same
-state, so the replicas stay identical without broadcasting parameters.
+(local_gradient.py), the ranks exchange them as flat tensors (below), and every rank
+steps its own one-shard parameter server once (`Shard.apply`) with the gradient that
+GBA's aggregation (aggregation.py) makes of N fresh local batches with M = N. The
+arithmetic is GBA's, which is what lets a job switch between the modes with nothing
+changed but the mode. Every rank applies the same bits to the same state, so the replicas
+stay identical without broadcasting parameters.
 
 The ranks step together: when one runs out of batches, all stop (its tail is not trained,
 as with a DistributedSampler that drops the last uneven batches).
 
-Positions: each rank's batch positions travel in the all-gather, so every replica knows
-how far every rank's sources are trained after each step, and a checkpoint (rank 0's,
-every `checkpoint_every` steps and at the end) carries them: a job resumed from it, in any
-mode, reads each source on from there.
+The exchange: two collectives a step over the default process group (gloo, which
+sync-worker starts). With 4 ranks on 2 cores a gloo collective costs about 4 ms whether it
+carries 12 numbers or 0.8 MB (measured), so a step pays for collectives more than for bytes,
+and everything a step needs rides in these two:
+1. all_reduce (sum) of one float32 tensor: every dense gradient flattened, times its
+   batch's samples n_i; one slot per dense parameter, 1 where the rank has its gradient
+   (aggregation leaves a parameter no batch reached without a gradient, so Adam skips
+   it); and each rank's header in slots of its own, zero in every other rank's tensor, so
+   the sum carries each header exactly: samples, mean loss, whether its sources changed,
+   and its distinct rows per row set. Divided by N = sum n_i, the dense part is
+   aggregation's weighted mean sum n_i g_i / N, rounded in another order (equal to float
+   tolerance; a ring all-reduce hands every rank the same bits). Scaling after the sum
+   rather than by n_i / N before is what lets the header ride along: N is not known until
+   the headers have travelled. A rank out of batches sends samples 0, and every rank stops.
+2. all_gather of one float32 tensor per rank, padded to the longest (the headers gave every
+   rank's length): its sources' positions (raw int64 bits), its distinct rows per row set
+   (raw int32 bits when every table's rows fit, else int64) and every table's row
+   gradients. The tables of one packing group are looked up by the same ids (embedding and
+   wide_embedding alike), so their rows travel once. Every rank then sums duplicate rows
+   with aggregation.aggregate itself: the row part is GBA's bit for bit. A row's gradient
+   is averaged over the ranks whose batch held it, which the gathered ids say; all-reducing
+   over the union of the ranks' rows instead would need the ids gathered first (one more
+   collective) and, with the benchmark's batches (the union is 0.75 of all W ranks' rows),
+   move more: 2(W-1)/W of the union each way against W-1 ranks' rows.
+Per step at the benchmark's settings (criteo:26, MLP 256-128, 4 ranks of 512): the
+all-reduce's tensor is 0.71 MB (a ring moves 1.07 MB each way per rank) and a rank's part
+of the gather 0.76 MB, of which it receives 3, 2.3 MB. The all_gather_object exchange
+before this one pickled 1.7 MB a rank (dense, rows and their versions as int64) and
+received 5.1 MB, then pushed all W contributions through the shard's token control: with
+benchmarks.gba's runs (no straggler, 3 repeats, side by side) sync went from 14.9k to 25.1k
+samples/s, against GBA's 26.4k.
 
-The exchange is `all_gather_object` over the default process group (gloo on CPU, NCCL on
-GPU): simple and exact. An all-reduce of the dense part and an all-gather of row gradients
-as flat tensors would move less; that is an optimisation for later, with the same result.
+Positions: every rank's batch positions are known on every rank after each step, and a
+checkpoint (rank 0's, every `checkpoint_every` steps and at the end) carries them: a job
+resumed from it, in any mode, reads each source on from there. Each rank's source names
+are agreed with one all_gather_object on the first step and whenever a rank's batch names
+other sources than it announced; from then on only the values travel, inside the gather.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -30,14 +60,232 @@ import torch
 import torch.distributed as dist
 
 from picasso.batch import PackedBatch
-from picasso.distributed.aggregation import Contribution, RowGradient
+from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGradient, Weighted, aggregate
 from picasso.distributed.gba import GBAConfig
-from picasso.distributed.local_gradient import GradientComputer
+from picasso.distributed.layout import ShardLayout
+from picasso.distributed.local_gradient import GradientComputer, LocalGradient
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.staleness import NO_DECAY
 from picasso.distributed.worker import Straggler
 from picasso.models import build_model
 from picasso.trainer import Trainer, merge_positions
+
+_EXACT = 2 ** 24  # float32 holds every integer below this: header counts travel as floats
+_HEADER = 3  # a header's slots before its row counts: samples, mean loss, renamed
+
+
+@dataclass(frozen=True)
+class TableSlot:
+    key: str  # the table's state-dict key
+    dim: int
+    row_set: int  # tables looked up by the same ids (one packing group) share a row set
+
+
+@dataclass(frozen=True)
+class ExchangeLayout:
+    """The shape of every rank's gradients, the same on every rank (each builds the same
+    model): it cuts the exchange's flat tensors."""
+
+    dense: tuple[tuple[str, tuple[int, ...]], ...]  # parameter name and shape, in the optimizer's order
+    tables: tuple[TableSlot, ...]
+    id_dtype: torch.dtype = torch.int64  # how row ids travel; int32 halves them where every table fits
+
+    def __post_init__(self):
+        if self.id_dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"row ids travel as int32 or int64, not {self.id_dtype}")
+        sets = sorted({t.row_set for t in self.tables})
+        if sets != list(range(len(sets))):
+            raise ValueError(f"row sets must be numbered 0..n-1, got {sets}")
+
+    @classmethod
+    def of(cls, layout: ShardLayout, tensors: dict[str, torch.Tensor], computer: GradientComputer) -> "ExchangeLayout":
+        """A shard's dense parameters and the computer's lookups (tables of one group share rows)."""
+        groups: dict[str, int] = {}
+        tables = tuple(TableSlot(lookup.key, layout.table(lookup.key).dim, groups.setdefault(lookup.group, len(groups)))
+                       for lookup in computer.lookups)
+        fits = all(table.num_rows <= torch.iinfo(torch.int32).max for table in layout.tables)
+        return cls(tuple((name, tuple(tensors[name].shape)) for name in layout.dense), tables,
+                   torch.int32 if fits else torch.int64)
+
+    @property
+    def row_sets(self) -> int:
+        return 1 + max((t.row_set for t in self.tables), default=-1)
+
+    @property
+    def set_keys(self) -> tuple[str, ...]:
+        """Per row set, the first table's key: its rows speak for the set."""
+        first: dict[int, str] = {}
+        for table in self.tables:
+            first.setdefault(table.row_set, table.key)
+        return tuple(first[s] for s in range(self.row_sets))
+
+    @property
+    def dense_size(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.dense)
+
+    @property
+    def header_size(self) -> int:
+        return _HEADER + self.row_sets
+
+    @property
+    def id_slots(self) -> int:
+        """float32 slots per row id."""
+        return torch.empty((), dtype=self.id_dtype).element_size() // 4
+
+    def payload_size(self, rows: tuple[int, ...], positions: int) -> int:
+        """float32 slots of a rank's part of the gather: `positions` int64 values, its ids per
+        row set, and every table's row gradients."""
+        return 2 * positions + sum(rows) * self.id_slots + sum(rows[t.row_set] * t.dim for t in self.tables)
+
+
+@dataclass(frozen=True)
+class RankHeader:
+    """What one rank announces in the all-reduce."""
+
+    samples: int  # 0: the rank has no batch, and every rank stops
+    loss_sum: float
+    renamed: bool  # its batch's sources differ from the ones it announced before
+    rows: tuple[int, ...]  # its distinct rows per row set
+
+
+@dataclass(frozen=True)
+class _RankPart:
+    """One rank's part of the gather, read back."""
+
+    sparse: dict[str, RowGradient]  # table key -> its rows and row gradients
+    positions: list[int]  # its position values, in the order of its agreed source names
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """One step's gradients, as every rank holds them after the exchange."""
+
+    dense: dict[str, torch.Tensor]  # already reduced: aggregation's weighted mean
+    contributions: tuple[Contribution, ...]  # per rank: its samples and row gradients (no dense)
+    loss_sum: float  # over every rank
+    positions: tuple[dict[str, int], ...]  # per rank: where its batch ends in its sources
+
+    @property
+    def samples(self) -> int:
+        return sum(c.samples for c in self.contributions)
+
+    def gradient(self) -> GlobalGradient:
+        """The step's gradient: the rows summed by aggregation itself, every rank fresh (weight 1)."""
+        fresh = [Weighted(c, 1.0, {key: torch.ones(()).expand(rows.rows.shape[0]) for key, rows in c.sparse.items()})
+                 for c in self.contributions]
+        return GlobalGradient(self.dense, aggregate(fresh).sparse, self.samples,
+                              tuple(c.worker for c in self.contributions))
+
+
+class GradientExchange:
+    """The two collectives of a sync step (see the module docstring), one instance per rank."""
+
+    def __init__(self, layout: ExchangeLayout, rank: int, world_size: int, group=None):
+        self.layout, self.rank, self.world_size, self.group = layout, rank, world_size, group
+        self.sources: list[tuple[str, ...]] = [()] * world_size  # every rank's source names, as last agreed
+
+    def exchange(self, local: LocalGradient | None, positions: dict[str, int], token: int = 0) -> Exchanged | None:
+        """Every rank calls it once a step, with its batch's gradient (None: it has no batch)
+        and positions; None when some rank had no batch: every rank stops. token: the step
+        the gradients were computed at, recorded in the contributions."""
+        if local is not None:
+            self._check(local)
+        renamed = local is not None and tuple(positions) != self.sources[self.rank]
+        headers, dense = self._all_reduce(local, renamed)
+        if not all(h.samples for h in headers):
+            return None
+        if any(h.renamed for h in headers):
+            named: list = [None] * self.world_size
+            dist.all_gather_object(named, dict(positions), group=self.group)
+            self.sources = [tuple(p) for p in named]
+            carried = [0] * self.world_size  # this once the names brought the values too
+        else:
+            named, carried = None, [len(s) for s in self.sources]
+        parts = self._all_gather(local, headers, positions, carried)
+        contributions = tuple(Contribution(f"rank{rank}/sync", token, header.samples, sparse=part.sparse)
+                              for rank, (header, part) in enumerate(zip(headers, parts)))
+        every = tuple(named) if named is not None else \
+            tuple(dict(zip(names, part.positions)) for names, part in zip(self.sources, parts))
+        return Exchanged(dense, contributions, sum(h.loss_sum for h in headers), every)
+
+    def _check(self, local: LocalGradient) -> None:
+        if local.samples >= _EXACT or any(r.numel() >= _EXACT for r in local.rows.values()):
+            raise ValueError(f"a local batch of {local.samples} samples: the exchange's header counts samples and "
+                             f"rows in float32, exact below {_EXACT}")
+        for table, first in ((t, self.layout.set_keys[t.row_set]) for t in self.layout.tables):
+            if table.key != first and not torch.equal(local.rows[table.key], local.rows[first]):
+                raise ValueError(f"tables {first} and {table.key} share a row set but were given different rows")
+
+    def _all_reduce(self, local: LocalGradient | None,
+                    renamed: bool) -> tuple[list[RankHeader], dict[str, torch.Tensor]]:
+        layout, size = self.layout, self.layout.dense_size
+        width = layout.header_size
+        flat = torch.zeros(size + len(layout.dense) + self.world_size * width)
+        if local is not None:
+            at = 0
+            for i, (name, shape) in enumerate(layout.dense):
+                numel = math.prod(shape)
+                grad = local.dense.get(name)
+                if grad is not None:
+                    flat[at:at + numel] = grad.reshape(-1)
+                    flat[size + i] = 1.0
+                at += numel
+            flat[:size] *= local.samples
+            mine = size + len(layout.dense) + self.rank * width
+            # The mean loss is float32 already (a float32 loss times n): it travels exactly.
+            flat[mine:mine + width] = torch.tensor(
+                [local.samples, local.loss_sum / local.samples, float(renamed),
+                 *(local.rows[key].numel() for key in layout.set_keys)])
+        dist.all_reduce(flat, group=self.group)
+        slots = flat[size:].tolist()
+        present, slots = slots[:len(layout.dense)], slots[len(layout.dense):]
+        headers = []
+        for rank in range(self.world_size):
+            samples, mean_loss, renamed_, *rows = slots[rank * width:(rank + 1) * width]
+            headers.append(RankHeader(int(samples), mean_loss * samples, bool(renamed_), tuple(int(r) for r in rows)))
+        total = sum(h.samples for h in headers)
+        dense, at = {}, 0
+        summed = flat[:size] / max(total, 1)
+        for (name, shape), count in zip(layout.dense, present):
+            numel = math.prod(shape)
+            if count:
+                dense[name] = summed[at:at + numel].view(shape)
+            at += numel
+        return headers, dense
+
+    def _all_gather(self, local: LocalGradient, headers: list[RankHeader], positions: dict[str, int],
+                    carried: list[int]) -> list[_RankPart]:
+        """carried: per rank, how many position values its part carries."""
+        layout = self.layout
+        sizes = [layout.payload_size(h.rows, n) for h, n in zip(headers, carried)]
+        # Even, and the int64 parts first: every rank's part of the gather is 8-byte aligned,
+        # so the raw bits are viewed back as int64 in place. Never empty, which gloo refuses.
+        longest = max(2, max(sizes) + max(sizes) % 2)
+        send = torch.zeros(longest)
+        own = [positions[source] for source in self.sources[self.rank]][:carried[self.rank]]
+        mine = [torch.tensor(own, dtype=torch.int64).view(torch.float32)]
+        mine += [local.rows[key].to(layout.id_dtype).view(torch.float32) for key in layout.set_keys]
+        mine += [local.row_grads[t.key].float().reshape(-1) for t in layout.tables]
+        torch.cat(mine, out=send[:sizes[self.rank]])
+        gathered = torch.empty(self.world_size * longest)
+        dist.all_gather_single(gathered, send, group=self.group)
+        parts = []
+        for header, part, values in zip(headers, gathered.split(longest), carried):
+            at, rows = 2 * values, []
+            for count in header.rows:
+                width = count * layout.id_slots
+                rows.append(part[at:at + width].view(layout.id_dtype).to(torch.int64))
+                at += width
+            sparse = {}
+            for table in layout.tables:
+                count = header.rows[table.row_set]
+                grads = part[at:at + count * table.dim].view(count, table.dim)
+                # Every row is fresh at this step: no staleness to tell, so no versions travel.
+                unversioned = torch.zeros((), dtype=torch.int64).expand(count)
+                sparse[table.key] = RowGradient(rows[table.row_set], grads, unversioned)
+                at += count * table.dim
+            parts.append(_RankPart(sparse, part[:2 * values].view(torch.int64).tolist()))
+        return parts
 
 
 @dataclass
@@ -59,10 +307,9 @@ class SyncReplica:
         self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY))
         config = trainer.config
         self.computer = GradientComputer(build_model(config.model, trainer.spec, trainer.plan, config.hidden))
-        self.names = [f"rank{r}/sync" for r in range(world_size)]
+        self.exchange = GradientExchange(ExchangeLayout.of(self.layout, self.shard.tensors, self.computer),
+                                         rank, world_size)
         self.positions = dict(trainer.positions)  # how far every rank's sources are trained
-        for name in self.names:
-            self.shard.pull(name, {}, dense=False)  # every rank's pushes are expected
 
     def train(self, batches: Iterable[PackedBatch], checkpoint_every: int = 0,
               save: Callable[["SyncReplica"], object] | None = None) -> SyncStats:
@@ -71,10 +318,10 @@ class SyncReplica:
         stats = SyncStats()
         batches = iter(batches)
         while True:
-            batch = next(batches, None)
-            if not _all_have(batch is not None and batch.num_samples > 0):
+            stepped = self._step(next(batches, None))
+            if stepped is None:
                 return stats
-            loss_sum, samples = self.step(batch)
+            loss_sum, samples = stepped
             stats.steps += 1
             stats.samples += samples
             stats.loss_sum += loss_sum
@@ -83,32 +330,33 @@ class SyncReplica:
 
     def step(self, batch: PackedBatch) -> tuple[float, int]:
         """One global step; returns (summed loss, samples) over every rank's batch."""
+        stepped = self._step(batch)
+        if stepped is None:
+            raise RuntimeError("no global step: some rank had no batch")
+        return stepped
+
+    def _step(self, batch: PackedBatch | None) -> tuple[float, int] | None:
+        local, token = None, self.shard.control.step
         with self.straggler.working():  # this rank's own work: a straggler's takes longer
-            tensors = batch.to_torch()
-            rows = self.computer.rows_needed(tensors)
-            pulled = self.shard.pull(self.names[self.rank], rows, dense=True)
-            gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.rows)
-        mine = (gradient.samples, gradient.loss_sum, gradient.dense,
-                {key: (rows[key], gradient.row_grads[key], pulled.versions[key]) for key in rows}, batch.positions)
-        everyone: list = [None] * self.world_size
-        dist.all_gather_object(everyone, mine)
+            if batch is not None and batch.num_samples > 0:
+                tensors = batch.to_torch()
+                rows = self.computer.rows_needed(tensors)
+                # Read in place rather than pulled: the shard is this replica's alone, stepped
+                # only by this thread, and every rank is fresh, so a pull's token, versions and
+                # copies (a tenth of a rank's work in a step) buy nothing.
+                values = {key: self.shard.tensors[key][self.layout.local(wanted)] for key, wanted in rows.items()}
+                dense = {name: self.shard.tensors[name] for name in self.layout.dense}
+                local = self.computer.compute(tensors, dense, rows, values)
+        exchanged = self.exchange.exchange(local, batch.positions if local is not None else {}, token)
+        if exchanged is None:
+            return None
         with self.straggler.working():  # stepping its replica is its own work too
-            for name, (samples, _, dense, sparse, positions) in zip(self.names, everyone):
-                outcome = self.shard.push(Contribution(name, pulled.token, samples, dense,
-                                                       {key: RowGradient(*parts) for key, parts in sparse.items()}))
-                if not outcome.accepted:
-                    raise RuntimeError(f"sync step refused {name}'s gradients: {outcome.reason}")
+            self.shard.apply(exchanged.gradient())
+            for positions in exchanged.positions:
                 self.positions = merge_positions(self.positions, positions)
         self.straggler.end_step()
-        return sum(e[1] for e in everyone), sum(e[0] for e in everyone)
+        return exchanged.loss_sum, exchanged.samples
 
     def state(self) -> dict:
         """Trainer.state()'s layout, for a checkpoint any mode resumes from."""
         return trainer_state(self.layout, [self.shard.snapshot()], self.trainer)
-
-
-def _all_have(flag: bool) -> bool:
-    """True when every rank's flag is true."""
-    value = torch.tensor([1 if flag else 0])
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return bool(value.item())

@@ -4,6 +4,7 @@ first-order (linear) term and the projection of mixed embedding dims to one dim.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from picasso.batch import TorchBatch
@@ -38,6 +39,18 @@ class PackedModel(nn.Module):
     def forward(self, batch: TorchBatch) -> torch.Tensor:
         """Logits, shape (N,)."""
         return self.dense_part(batch.dense, self.lookup(batch))
+
+    def backward(self, batch: TorchBatch, pooled: list[torch.Tensor]) -> float:
+        """The local step every mode takes: the batch's mean log loss from `pooled` (this
+        model's lookups, or a GBA worker's of its pulled rows), and its backward pass,
+        which leaves the dense gradients in .grad and sends the pooled embeddings' gradient
+        through the fused kernels (a table stepped, or a worker's row gradients). Returns
+        the loss summed over the batch's samples, before the update."""
+        self.train()
+        logits = self.dense_part(batch.dense, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")
+        loss.backward()
+        return float(loss.detach()) * batch.num_samples
 
 
 def mlp(sizes: list[int], last_relu: bool = False) -> nn.Sequential:
