@@ -13,8 +13,10 @@ W x --rows more samples: continuous training, switching modes with nothing chang
 per worker of streams of its own (in process, benchmarks/gba_inprocess.py; 480 global steps
 by default), with its optimizer state, as a checkpoint in each mode's workdir; --warm-rows 0
 starts every mode from a fresh model instead.
-- sync:  torchrun --nproc-per-node W ... sync-worker: every rank trains --rows; a
-         straggler stalls every step;
+- sync:  torchrun --nproc-per-node W ... sync-worker: every rank trains --rows, the ranks
+         all-reduce dense gradients and gather row gradients as flat tensors (two gloo
+         collectives a step), and each applies the reduced gradient once; a straggler
+         stalls every step;
 - async: `picasso ps --mode async` and W gba-workers: every push steps (M = 1), no
          staleness control;
 - gba:   `picasso ps --mode gba` (M = W, default decay), the same workers.
@@ -54,9 +56,31 @@ Ratios (higher is better for GBA): throughput_vs_sync and the AUC deltas, under 
 straggler. Targets (issue 6): throughput_vs_sync >= 2.4, auc_delta_vs_sync >= -0.001,
 auc_delta_vs_async >= 0, and without the straggler |auc gba - sync| <= 0.001.
 
-Last measured (2 cores, 1 shard, --row-cache 10%, otherwise the defaults: 3 repeats, a
-quiet machine): throughput_vs_sync 3.91 (gba 35.0k samples/s, sync 9.0k under the
-straggler; 36.0k and 20.4k without); auc_delta_vs_sync +0.0006, no straggler +0.0004;
+The churn run (issue 14; --no-churn leaves it out): gba without a straggler on
+--churn-rows per worker (4x --rows: the replacement needs time to start and train); the
+last worker is killed with SIGKILL once half the job is trained, and a new process with its
+rank joins the running job and reads its source on from the server's positions. Reported:
+samples/s before the kill, from the kill until the replacement trains, and after; the
+seconds from the replacement's process start to its first batch; and the ledger of every
+sample (trained plus dropped as too stale equals what the checkpoint's positions cover,
+and the trained ranges have no holes).
+
+Last measured (issue 14: gRPC parameter server, the new sync; 2 cores, 1 shard, the
+defaults, 3 repeats, a quiet machine): throughput_vs_sync 2.43 (gba 25.4k samples/s, sync
+10.5k under the straggler); without the straggler sync ran at 0.96x gba (24.0k against
+25.0k: the straggler's share of the gain is now counted on its own); auc_delta_vs_sync
++0.0004, no straggler +0.0003; auc_delta_vs_async +0.0014. Churn: 24.3k samples/s before
+the kill, 18.7k until the replacement trained, 26.3k after; the replacement trained 7.3-8.7
+s after its process started (most of it Python's imports and planting its data, on cores
+the other four processes share); every sample trained exactly once in all three runs.
+This machine ran slower that day than for the figures below: the pre-issue code, measured
+in the same session alternately with the new one (gba, no straggler, fresh model, 3
+runs each), gave gba 24.5k samples/s (median) against the new code's 29.3k, and its sync
+14.9k against the new sync's 25.1k.
+
+Before issue 14 (torch RPC, all_gather_object sync; --row-cache 10%): throughput_vs_sync
+3.91 (gba 35.0k, sync 9.0k under the straggler; 36.0k and 20.4k without: the old sync
+baseline was itself slow); auc_delta_vs_sync +0.0006, no straggler +0.0004;
 auc_delta_vs_async +0.0020. In every repeat GBA's AUC was within 0.0003 of sync's or above
 it (AUCs 0.827-0.829), and async's below sync's, by 0.0003 to 0.0016: after 480 steps at
 the global batch, async's four times as many steps of a quarter of it, each from a model
@@ -401,8 +425,8 @@ def main() -> None:
                             "runs": [asdict(c) | {"exactly_once": c.exactly_once} for c in churns]}
         ratios["churn_after_over_before"] = median("after") / median("before")
         print_table("gba churn: worker killed halfway, a new process replaces it",
-                    ["run", "before samples/s", "during", "after", "s to train", "trained", "dropped stale",
-                     "duplicates", "holes", "exactly once"],
+                    ["run", "before /s", "during /s", "after /s", "s to train", "trained", "stale", "dups", "holes",
+                     "once"],
                     [[i, c.before, c.during, c.after, f"{c.seconds_to_train:.2f}", c.trained, c.dropped_stale,
                       c.duplicates, c.holes, c.exactly_once] for i, c in enumerate(churns)])
     rows = [[r.mode, r.straggler, r.samples, r.samples_per_s, f"{r.auc:.4f}", f"{r.staleness:.2f}",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -38,7 +39,8 @@ def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> fl
 
 
 def print_table(name: str, columns: list[str], rows: list[list], caption: str | None = None) -> Console:
-    console = Console()
+    # Piped to a file, rich would squeeze a wide table into 80 columns and cut its cells.
+    console = Console(width=None if sys.stdout.isatty() else 160)
     table = Table(title=name, caption=caption)
     for column in columns:
         table.add_column(column)

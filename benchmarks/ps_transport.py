@@ -13,6 +13,15 @@ Reported per size: the median milliseconds of a call on each side, and ms per MB
 issue asks for at least 0.8, i.e. gRPC within 1.25x of torch).
 
     python -m benchmarks.ps_transport [--sizes 65536,1048576,8388608] [--repeat 50] [--json]
+
+Last measured (2 cores, a quiet machine), torch over gRPC per MB (pull / push): 64 KiB
+1.22 / 1.04, 1 MiB 0.72 / 0.78, 8 MiB 0.32 / 0.24. gRPC costs less per call (0.79 against
+0.96 ms for a 64 KiB pull) but more per byte: 1.1 ms per MB past a few MB against torch's
+0.3. grpcio copies a message into its own buffers on the way out and into a new bytes
+object on the way in (bare grpcio moves 8 MiB in 6-8 ms here, with no message of ours),
+where TensorPipe writes tensor storage to the socket and reads into the tensor. The
+benchmark job's pulls and pushes are about 1 MB each (a batch's distinct rows and the
+dense parameters).
 """
 
 from __future__ import annotations
