@@ -233,7 +233,8 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
         while not service.stopped.wait(timeout=min(lease_s / 4, 1.0)):
             for worker in shard.drop_silent(lease_s):
                 log.warning("shard %d: dropped worker %s (silent for %.1f s)", shard.index, worker, lease_s)
-            service.settle()
+            if shard.index == 0:  # membership is shard 0's: workers join there
+                service.settle()
             if shard.index == 0 and on_checkpoint is not None:
                 write_stashed(shard, peers, on_checkpoint)
         log.info("shard %d: stopping at step %d", shard.index, shard.control.step)
