@@ -1,7 +1,7 @@
 """`picasso ps` (a parameter server of one or more shards) and `picasso gba-worker`.
 
     picasso ps --spec criteo --workdir ./gba --shards 2 --workers 4 --port 29500 --mode gba
-    picasso gba-worker --port 29500 --shards 2 --workers 4 --rank 0 --rows 100000
+    picasso gba-worker --port 29500 --rank 0 --rows 100000
 
 The server starts from the latest checkpoint under WORKDIR/checkpoints (any mode's; a
 fresh model when there is none) and, when every worker is done or dropped, writes one in

@@ -3,13 +3,15 @@
 Why gRPC (grpcio, already installed with Beam, whose own control plane runs on it):
 - membership is per call, not per group: a client connects, calls and goes at any time,
   and a server never waits on, or calls, a dead peer. torch.distributed.rpc's group is
-  static, and its dynamic joins call every listed member, the dead ones included (see
-  param_server.py's history), so a runner's restarted worker could never come back;
+  static, and its dynamic joins call every listed member, the dead ones included (measured
+  with real processes; see param_server.py in git history), so a runner's restarted worker
+  could never come back;
 - it is maintained, takes TLS and per-call tokens through its standard credentials, has
   deadlines on every call and futures for calls left in flight;
 - the payload stays our own (wire.py): no protobuf schema to generate, no pickle.
 Its cost per pull and push against torch's RPC over TCP is measured by
-`python -m benchmarks.ps_transport`.
+`python -m benchmarks.ps_transport`: less per call, more per byte (grpcio copies a message
+into its buffers and out again; TensorPipe sends tensor storage as it is).
 
 Security:
 - The server binds to loopback unless told another host. On loopback it may take a token
