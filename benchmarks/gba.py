@@ -215,22 +215,30 @@ def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
     return Run(ranks[0]["samples"], _span(ranks), 0.0)
 
 
+def _start_server(args, workdir: Path, mode: str, port: int, samples: int) -> subprocess.Popen:
+    """`picasso ps` for one run: it stops the workers once `samples` are trained."""
+    return subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir), "--mode", mode,
+                             "--shards", str(args.shards), "--workers", str(args.workers), "--samples", str(samples),
+                             *_model_flags(args), "--port", str(port), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env())
+
+
+def _start_worker(args, rank: int, rows: int, streams: int, port: int, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([*CLI, "gba-worker", "--rank", str(rank), "--rows", str(rows), "--batch-size",
+                             str(args.batch_size), "--stream-base", str(streams), "--port", str(port), "--json", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+
+
 def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: int, trained_before: int) -> Run:
     """trained_before: samples in the model the server resumes (its count includes them)."""
     port, total = _free_port(), args.workers * args.rows
-    group = ["--port", str(port), "--json"]
     cached = mode == "gba+cache"
-    server = subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir),
-                               "--mode", "gba" if cached else mode, "--shards", str(args.shards),
-                               "--workers", str(args.workers), "--samples", str(total), *_model_flags(args), *group],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env())
+    server = _start_server(args, workdir, "gba" if cached else mode, port, total)
     # Each worker has rows enough for half the job: more than any one takes (a fast worker
     # takes about a third under the straggler), and the server's budget stops them.
-    workers = [subprocess.Popen([*CLI, "gba-worker", "--rank", str(rank), "--rows", str(total // 2),
-                                 "--batch-size", str(args.batch_size), "--stream-base", str(streams), *group,
-                                 *(["--straggler", straggler] if straggler else []),
-                                 *(["--row-cache", args.row_cache] if cached else [])],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    workers = [_start_worker(args, rank, total // 2, streams, port,
+                             *(["--straggler", straggler] if straggler else []),
+                             *(["--row-cache", args.row_cache] if cached else []))
                for rank in range(args.workers)]
     stats = []
     for worker in workers:
@@ -278,17 +286,8 @@ def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
     port, total, doomed = _free_port(), args.workers * args.churn_rows, args.workers - 1
     if args.churn_rows % args.batch_size:
         raise ValueError("the churn run counts stale drops in whole batches: --rows must be a multiple of --batch-size")
-    server = subprocess.Popen([*CLI, "ps", "--spec", args.spec, "--workdir", str(workdir), "--mode", "gba",
-                               "--shards", str(args.shards), "--workers", str(args.workers), "--samples", str(total),
-                               *_model_flags(args), "--port", str(port), "--json"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=_env())
-
-    def worker(rank: int, rows: int) -> subprocess.Popen:
-        return subprocess.Popen([*CLI, "gba-worker", "--rank", str(rank), "--rows", str(rows), "--batch-size",
-                                 str(args.batch_size), "--stream-base", str(streams), "--port", str(port), "--json"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-
-    workers = [worker(rank, total // 2) for rank in range(args.workers)]
+    server = _start_server(args, workdir, "gba", port, total)
+    workers = [_start_worker(args, rank, total // 2, streams, port) for rank in range(args.workers)]
     status = ServerAddress("127.0.0.1", port, timeout_s=60).connect(0)
     if not status.wait_ready(60):
         raise RuntimeError("the churn run's server did not come up")
@@ -305,7 +304,7 @@ def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
     # start slower (the others take whatever it leaves).
     remaining = total - status.call("status")["samples"] + trained_before
     share = -(-remaining // args.workers // args.batch_size) * args.batch_size
-    replacement, started = worker(doomed, share), time.time()
+    replacement, started = _start_worker(args, doomed, share, streams, port), time.time()
     first_batch = _wait_for_line(replacement, "training from step")
     trains = time.time()
     while server.poll() is None:

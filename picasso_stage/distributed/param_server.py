@@ -21,7 +21,7 @@ right across modes. With fewer workers a global step takes longer; with more, gr
 are staler, and the staleness decay weighs them.
 
 The job ends when every expected name (and every extra name that joined) is done: its
-holder finished, or it was dropped (or never joined within `join_timeout_s` of the
+holder finished, or it was dropped (or never joined within `--timeout` of the
 server's start, or joined and never pulled within a lease) and nobody holds it since.
 Then shard 0 gathers every shard's snapshot for the checkpoint and releases the others.
 
@@ -75,9 +75,6 @@ class ServerAddress:
     port: int = 29500
     timeout_s: float = 60.0  # per call, and for a shard to come up
     security: transport.Security = field(default_factory=transport.Security)
-
-    def shard(self, index: int) -> "ServerAddress":
-        return ServerAddress(self.host, self.port + index, self.timeout_s, self.security)
 
     def connect(self, index: int = 0) -> transport.Connection:
         return transport.Connection(self.host, self.port + index, self.security, self.timeout_s, shard_name(index))
@@ -210,16 +207,16 @@ class ShardService:
 
 
 def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s: float,
-                description: JobDescription | None = None, on_stop=None, on_checkpoint=None, num_shards: int = 1,
-                join_timeout_s: float | None = None, bind_host: str | None = None) -> None:
+                description: JobDescription | None = None, on_stop=None, on_checkpoint=None,
+                num_shards: int = 1) -> None:
     """Serve `shard` on address.port + shard.index until the job ends: shard 0 then calls
     on_stop(snapshots of every shard, lost worker names) (to write the checkpoint) and
     releases the other shards. on_checkpoint(snapshots): shard 0, for every step all
     shards stashed (Shard.checkpoint_every)."""
     kernels.backend_for(torch.device("cpu"))  # load (or build) the kernels before the first push needs them
-    service = ShardService(shard, num_workers, lease_s, address.timeout_s if join_timeout_s is None else join_timeout_s,
-                           description)
-    host = bind_host or address.host
+    # An expected worker that has not joined within a call's timeout is counted as lost.
+    service = ShardService(shard, num_workers, lease_s, address.timeout_s, description)
+    host = address.host
     # A thread per worker and spares: a pull never waits for a thread while pushes aggregate.
     server = transport.serve(service.methods(), host, address.port + shard.index, address.security,
                              threads=num_workers + 4)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import hmac
 import ipaddress
 import logging
@@ -82,13 +83,14 @@ class Security:
         return self.tls_cert is not None
 
 
+@functools.cache
 def keep_message_memory() -> None:
     """Let glibc keep freed message buffers for the next message instead of handing them
     back to the kernel. Every pull and push allocates buffers of megabytes (the message,
     grpc's copy of it, the receiver's); with glibc's defaults each one is a fresh mmap whose
     pages fault in on first touch, which measured (benchmarks.ps_transport) cost 3-4x the
     transfer itself: 2.5-3.7 ms per MB against 0.8. Process-wide, so it is called by the
-    processes that serve or join a job, not on import. Elsewhere than glibc: nothing."""
+    processes that serve or join a job (once), not on import. Elsewhere than glibc: nothing."""
     if not sys.platform.startswith("linux"):
         return
     try:
