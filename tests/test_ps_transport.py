@@ -189,3 +189,8 @@ def test_a_killed_worker_is_replaced_by_a_new_process_that_reads_on_from_the_ser
     # Every sample once: what the dead one had trained out of order was acknowledged, not trained again.
     assert checkpoint.state["samples"] == sum(checkpoint.positions.values())
     assert checkpoint.applied == {source: [[0, end]] for source, end in checkpoint.positions.items()}
+
+
+def test_a_worker_with_a_negative_rank_is_refused_by_name():
+    with pytest.raises(SystemExit, match="--rank must be >= 0"):
+        distributed_cli.main(["gba-worker", "--port", "1", "--rank", "-1"])
