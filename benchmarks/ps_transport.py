@@ -22,6 +22,11 @@ object on the way in (bare grpcio moves 8 MiB in 6-8 ms here, with no message of
 where TensorPipe writes tensor storage to the socket and reads into the tensor. The
 benchmark job's pulls and pushes are about 1 MB each (a batch's distinct rows and the
 dense parameters).
+
+The floor, measured the same way at 8 MiB: a plain Python socket (sendall, recv_into a
+preallocated buffer) 0.40 ms per MB, so torch is at it; bare grpcio 0.78 whatever its
+HTTP/2 and TCP chunk options; Arrow Flight's zero-copy DoExchange 0.67-0.72 (and 1.2 at
+1 MiB). wire.py's own encode and decode take 0.07 ms of a 1 MiB pull's 1.6.
 """
 
 from __future__ import annotations
