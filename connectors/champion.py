@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from picasso import storage
 from picasso.connectors import registry_tags as tags
 from picasso.connectors.mlflow_registry import MLflowTarget, http_settings
 from picasso.connectors.publish_policy import CHAMPION, PublishPolicy
@@ -39,7 +39,7 @@ def champion_checkpoint(target: MLflowTarget, policy: PublishPolicy = PublishPol
     if version is None:
         return None
     path = version.tags.get(tags.CHECKPOINT_PATH)
-    if not path or not (Path(path) / "state.pt").exists():
+    if not path or not storage.exists(storage.join(path, "state.pt")):
         raise FileNotFoundError(f"{target.model_name}@{CHAMPION} (version {version.version}) was published from "
                                 f"checkpoint {path!r}, which is not on this machine; warm-start from the latest "
                                 "checkpoint instead (--warm-start latest)")

@@ -1,13 +1,13 @@
 """Day files: date partitions of Parquet, JSONL or Criteo TSV parts.
 
-Layout: ROOT/date=YYYY-MM-DD/part-NNNNN.{parquet,jsonl,tsv}. Parts are written under a
-temporary name and renamed, so a reader never sees half a file.
+Layout: ROOT/date=YYYY-MM-DD/part-NNNNN.{parquet,jsonl,tsv}; ROOT is a local path or a URL
+(picasso.storage). A part is written whole at once (a temporary name and a rename on a
+local disk, one put on an object store), so a reader never sees half a file.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
+
+from picasso import storage
 
 FORMATS = {"parquet": ".parquet", "jsonl": ".jsonl", "tsv": ".tsv"}
 
@@ -46,8 +48,8 @@ class UnreadableFile:
     reason: str
 
 
-def partition_dir(root: str | Path, date: str) -> Path:
-    return Path(root) / f"date={date}"
+def partition_dir(root: str | Path, date: str) -> str:
+    return storage.join(root, f"date={date}")
 
 
 def format_of(path: str | Path) -> str:
@@ -59,9 +61,10 @@ def format_of(path: str | Path) -> str:
 
 def list_day_files(root: str | Path, date: str) -> list[str]:
     directory = partition_dir(root, date)
-    if not directory.is_dir():
+    if not storage.exists(directory):
         raise FileNotFoundError(f"no partition for {date}: {directory} does not exist")
-    files = sorted(str(p) for p in directory.iterdir() if p.name.startswith("part-") and p.suffix in FORMATS.values())
+    files = [storage.join(directory, name) for name in storage.children(directory)
+             if name.startswith("part-") and name.endswith(tuple(FORMATS.values()))]
     if not files:
         raise FileNotFoundError(f"partition {directory} holds no part files")
     return files
@@ -84,15 +87,14 @@ def _text_lines(table: pa.Table, fmt: str) -> bytes:
 
 
 def write_part(table: pa.Table, path: str | Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}")
     fmt = format_of(path)
     if fmt == "parquet":
-        pq.write_table(table, tmp)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink)
+        data = sink.getvalue().to_pybytes()
     else:
-        tmp.write_bytes(_text_lines(table, fmt))
-    os.replace(tmp, path)
+        data = _text_lines(table, fmt)
+    storage.write_bytes(path, data)
 
 
 def read_chunks(path: str, chunk_rows: int) -> Iterator[RawChunk | UnreadableFile]:
@@ -112,14 +114,15 @@ def read_chunks(path: str, chunk_rows: int) -> Iterator[RawChunk | UnreadableFil
 
 def _parquet_chunks(path: str, chunk_rows: int) -> Iterator[RawChunk]:
     first = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=chunk_rows):
-        yield RawChunk(path, first, "parquet", pa.Table.from_batches([batch]))
-        first += batch.num_rows
+    with storage.open_read(path) as f:
+        for batch in pq.ParquetFile(f).iter_batches(batch_size=chunk_rows):
+            yield RawChunk(path, first, "parquet", pa.Table.from_batches([batch]))
+            first += batch.num_rows
 
 
 def _text_chunks(path: str, fmt: str, chunk_rows: int) -> Iterator[RawChunk]:
     first = 0
-    with open(path, "rb") as f:
+    with storage.open_read(path) as f:
         lines: list[bytes] = []
         for line in f:
             lines.append(line.rstrip(b"\r\n"))

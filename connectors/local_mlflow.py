@@ -36,8 +36,13 @@ def wait_http(url: str, process: subprocess.Popen | None, timeout: float, what: 
 
 
 class MlflowServer:
-    def __init__(self, root: Path, port: int | None = None):
+    def __init__(self, root: Path, port: int | None = None, artifacts: str | None = None,
+                 env: dict[str, str] | None = None):
+        """artifacts: where the server keeps artifacts (default ROOT/artifacts; a URL such
+        as s3://bucket/path, with env saying how to reach that store)."""
         self.root = Path(root)
+        self.artifacts = artifacts or str(self.root / "artifacts")
+        self.env = env or {}
         self.root.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.uri = f"http://127.0.0.1:{self.port}"
@@ -48,8 +53,8 @@ class MlflowServer:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--workers", "1", "--host", "127.0.0.1", "--port",
              str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-             "--artifacts-destination", str(self.root / "artifacts")],
-            env={**os.environ, **SERVER_ENV}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+             "--artifacts-destination", self.artifacts],
+            env={**os.environ, **SERVER_ENV, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
         wait_http(f"{self.uri}/health", self.process, timeout)

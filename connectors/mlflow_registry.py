@@ -39,6 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 import picasso
+from picasso import storage
 from picasso.checkpoint import Checkpoint, load_checkpoint
 from picasso.connectors import pyfunc_model
 from picasso.connectors import registry_tags as tags
@@ -89,8 +90,12 @@ class MLflowTarget:
         Every command that talks to MLflow gets its target here, before anything opens the
         store, so this is where a SQLite store (the default one, or a sqlite:/// URI given)
         is made complete, in one step (connectors/local_store.py). It raises
-        HalfMadeStoreError for a half-made store that holds data."""
-        workdir = Path(workdir).resolve()
+        HalfMadeStoreError for a half-made store that holds data, and ValueError for a
+        workdir at a URL without a tracking URI: SQLite cannot live on an object store."""
+        if storage.is_url(workdir) and not tracking_uri:
+            raise ValueError(f"the work folder {workdir} is not on a local disk, so it cannot hold the default "
+                             "SQLite MLflow store: give an MLflow server (--mlflow-uri or $MLFLOW_TRACKING_URI)")
+        workdir = Path(workdir).resolve() if not storage.is_url(workdir) else workdir
         target = cls(
             tracking_uri=tracking_uri or f"sqlite:///{workdir / 'mlflow.db'}",
             experiment=experiment,
@@ -221,7 +226,12 @@ def _key_filter(checkpoint_id: str, checkpoint_path: str) -> str:
 
 
 def _metric_name(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", text)[:200]
+    """A metric name MLflow takes. It refuses names that a path normalisation would change
+    (a source URL's "s3://" has an empty segment), so empty and "." segments are dropped
+    and ".." ones renamed."""
+    name = re.sub(r"[^A-Za-z0-9_\-. /]", "_", text)
+    segments = [("__" if segment == ".." else segment) for segment in name.split("/") if segment not in ("", ".")]
+    return ("/" if name.startswith("/") else "") + "/".join(segments)[:200]  # a local path keeps its name
 
 
 def _flatten_numbers(values: dict, prefix: str, skip: tuple[str, ...] = ("ledger", "step_metrics")) -> dict[str, float]:
@@ -245,9 +255,10 @@ class _Publication:
                  workspace: Path | None, checkpoint_dir: str | None, on_stage: Callable[[str], None]):
         self.request, self.target, self.policy = request, target, policy
         self.checkpoint: Checkpoint = load_checkpoint(checkpoint_dir or request.checkpoint_path)
-        self.checkpoint_path = str(Path(request.checkpoint_path).resolve())
+        self.checkpoint_path = request.checkpoint_path if storage.is_url(request.checkpoint_path) \
+            else str(Path(request.checkpoint_path).resolve())
         # The id of the checkpoint as saved (the outbox reads it from a copy of another name).
-        self.checkpoint_id = Path(request.checkpoint_path).name
+        self.checkpoint_id = storage.name(request.checkpoint_path)
         self.deltas = DeltaStore(workspace)
         self.on_stage = on_stage
 
@@ -326,7 +337,7 @@ class _Publication:
         delta = self.deltas.make(client, target.model_name, state, weights, weights_sha, artifacts / "delta") \
             if self.policy.deltas else None
         del state
-        shutil.copy(checkpoint.path / "spec.yaml", artifacts / "spec.yaml")
+        (artifacts / "spec.yaml").write_bytes(storage.read_bytes(storage.join(checkpoint.path, "spec.yaml")))
         (artifacts / "packing_plan.json").write_text(json.dumps(_plan_dict(checkpoint), indent=1))
         (artifacts / "positions.json").write_text(json.dumps(checkpoint.positions, sort_keys=True, indent=1))
         (artifacts / "plots" / "metrics_over_versions.svg").write_text(metrics_svg(self.history(client, experiment_id)))
@@ -354,7 +365,7 @@ class _Publication:
                 python_model=pyfunc_model.__file__,
                 artifacts={
                     pyfunc_model.ARTIFACT_WEIGHTS: str(weights),
-                    pyfunc_model.ARTIFACT_SPEC: str(checkpoint.path / "spec.yaml"),
+                    pyfunc_model.ARTIFACT_SPEC: str(artifacts / "spec.yaml"),
                     pyfunc_model.ARTIFACT_CONFIG: str(_write_model_config(checkpoint, tmp)),
                 },
                 code_paths=[str(_stage_code(tmp / "code"))],
@@ -485,14 +496,15 @@ def publish(request: PublishRequest, target: MLflowTarget, policy: PublishPolicy
     """Publish one checkpoint as one version (see the module docstring); retried per
     policy.retry, the last error raised.
 
-    workspace: a directory kept between publishes (the outbox's); it holds the last
-    published weights, so the next delta needs no download. checkpoint_dir: where to read
+    workspace: a directory kept between publishes (the outbox's); on a local disk it holds
+    the last published weights, so the next delta needs no download (a workspace at a URL
+    keeps no such cache: the base comes from MLflow). checkpoint_dir: where to read
     the checkpoint when it is not at request.checkpoint_path any more (the outbox's copy).
     """
     import time
 
-    publication = _Publication(request, target, policy, Path(workspace) if workspace else None, checkpoint_dir,
-                               on_stage)
+    local_workspace = Path(workspace) if workspace and not storage.is_url(workspace) else None
+    publication = _Publication(request, target, policy, local_workspace, checkpoint_dir, on_stage)
     with http_settings(policy), _fluent_uris(target.tracking_uri):
         return with_retries(publication.attempt, policy.retry, f"publishing {publication.checkpoint_id}",
                             sleep or time.sleep)

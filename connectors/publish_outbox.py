@@ -1,9 +1,9 @@
 """The publish outbox: checkpoints waiting to become model versions, kept on disk.
 
 A publish request is written under WORKSPACE/pending/ before MLflow is called, with the
-checkpoint's files hard-linked next to it (pruning the checkpoint directory then frees
-nothing the request needs). It leaves the outbox only once its version exists, and is
-recorded in WORKSPACE/published.jsonl. So if MLflow is down longer than the retries
+checkpoint's files next to it (hard links on a local disk, server-side copies on an object
+store), so that pruning the checkpoint folder frees nothing the request needs. It leaves
+the outbox only once its version exists, and is recorded in WORKSPACE/published.jsonl. So if MLflow is down longer than the retries
 last, the request waits there, and the next flush (the next publish, the next daily run,
 or `picasso publish-pending`) publishes it: nothing is lost, and since publish() is
 idempotent per checkpoint, nothing is published twice.
@@ -17,17 +17,18 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from picasso import storage
 from picasso.connectors.mlflow_registry import MLflowTarget, ModelVersionRef, PublishRequest, publish
 from picasso.connectors.publish_policy import PublishPolicy
 
 log = logging.getLogger(__name__)
 PUBLISHED, PENDING = "published", "pending"
+_REQUEST = "request.json"
 
 
 @dataclass(frozen=True)
@@ -38,57 +39,64 @@ class PublishOutcome:
     error: str | None = None  # why it is still pending
 
 
-def _link_tree(source: Path, destination: Path) -> None:
-    destination.mkdir(parents=True)
-    for item in source.iterdir():
-        if item.is_file():
-            try:
-                os.link(item, destination / item.name)
-            except OSError:  # another filesystem
-                shutil.copy2(item, destination / item.name)
-
-
 class PublishOutbox:
+    """The outbox under workspace, a local path or a URL (picasso.storage). An entry is
+    committed by its request.json, written last: on a local disk the entry's folder is
+    also built under a temporary name and renamed; on an object store, an entry without
+    its request.json is a copy a crash cut short, and is neither listed nor published."""
+
     def __init__(self, workspace: str | Path):
-        self.root = Path(workspace)
-        self.pending_dir = self.root / "pending"
-        self.log_path = self.root / "published.jsonl"
+        self.root = str(workspace)
+        self.pending_dir = storage.join(self.root, "pending")
+        self.log_path = storage.join(self.root, "published.jsonl")
 
-    def pending(self) -> list[Path]:
+    def pending(self) -> list[str]:
         """Pending entries, oldest first."""
-        if not self.pending_dir.is_dir():
-            return []
-        return sorted(p for p in self.pending_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+        entries = [storage.join(self.pending_dir, name) for name in storage.children(self.pending_dir)
+                   if not name.startswith(".")]
+        return [entry for entry in entries if storage.exists(storage.join(entry, _REQUEST))]
 
-    def _request(self, entry: Path) -> PublishRequest:
-        return PublishRequest.from_dict(json.loads((entry / "request.json").read_text()))
+    def _request(self, entry: str) -> PublishRequest:
+        return PublishRequest.from_dict(json.loads(storage.read_text(storage.join(entry, _REQUEST))))
 
-    def add(self, request: PublishRequest) -> Path:
+    def add(self, request: PublishRequest) -> str:
         """Queue request (once: the same checkpoint queued again is the same entry)."""
         for entry in self.pending():
             if self._request(entry).checkpoint_path == request.checkpoint_path:
                 return entry
-        self.pending_dir.mkdir(parents=True, exist_ok=True)
-        name = f"{time.time_ns():020d}-{Path(request.checkpoint_path).name}"
-        tmp = self.pending_dir / f".tmp-{name}-{uuid.uuid4().hex[:6]}"
-        _link_tree(Path(request.checkpoint_path), tmp / "checkpoint")
-        (tmp / "request.json").write_text(json.dumps(request.to_dict()))
-        os.rename(tmp, self.pending_dir / name)  # the entry appears whole or not at all
-        return self.pending_dir / name
+        self._clean()
+        name = f"{time.time_ns():020d}-{storage.name(request.checkpoint_path)}"
+        entry = storage.join(self.pending_dir, name)
+        building = entry if storage.is_url(self.root) else storage.join(self.pending_dir,
+                                                                          f".tmp-{name}-{uuid.uuid4().hex[:6]}")
+        storage.copy_tree(request.checkpoint_path, storage.join(building, "checkpoint"))
+        storage.write_text(storage.join(building, _REQUEST), json.dumps(request.to_dict()))  # last: the commit
+        if building != entry:
+            os.rename(building, entry)  # locally the entry appears whole or not at all
+        return entry
 
-    def _done(self, entry: Path, version: ModelVersionRef) -> None:
+    def _clean(self) -> None:
+        """Remove entries a crash left half-built (no request.json). One writer per outbox."""
+        for name in storage.children(self.pending_dir):
+            entry = storage.join(self.pending_dir, name)
+            if name.startswith(".tmp-") or not storage.exists(storage.join(entry, _REQUEST)):
+                storage.delete_tree(entry)
+
+    def _done(self, entry: str, version: ModelVersionRef) -> None:
         record = {"checkpoint_path": self._request(entry).checkpoint_path, "version": version.version,
                   "model_uri": version.model_uri, "run_id": version.run_id, "champion": version.champion,
                   "promotion_reason": version.promotion_reason, "created": version.created, "published_ms": int(time.time() * 1000)}
-        with open(self.log_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        shutil.rmtree(entry)
+        storage.append_line(self.log_path, json.dumps(record))
+        # The request first: an entry without it is not pending any more, whatever of its
+        # checkpoint copy a kill leaves behind.
+        storage.delete(storage.join(entry, _REQUEST))
+        storage.delete_tree(entry)
 
     def published(self, checkpoint_path: str) -> dict | None:
         """The record of the checkpoint's publish, if it was published through this outbox."""
-        if not self.log_path.exists():
+        if not storage.exists(self.log_path):
             return None
-        records = [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+        records = [json.loads(line) for line in storage.read_text(self.log_path).splitlines() if line.strip()]
         return next((r for r in reversed(records) if r["checkpoint_path"] == checkpoint_path), None)
 
     def flush(self, target: MLflowTarget, policy: PublishPolicy = PublishPolicy(), sleep=time.sleep,
@@ -105,7 +113,8 @@ class PublishOutbox:
         for i, entry in enumerate(entries):
             request = self._request(entry)
             try:
-                version = publish(request, target, policy, workspace=self.root, checkpoint_dir=str(entry / "checkpoint"),
+                version = publish(request, target, policy, workspace=self.root,
+                                  checkpoint_dir=storage.join(entry, "checkpoint"),
                                   on_stage=on_stage, sleep=sleep)
             except Exception as err:  # noqa: BLE001 - whatever MLflow did, the request waits
                 reason = f"{type(err).__name__}: {str(err).splitlines()[0][:500] if str(err) else ''}"

@@ -10,11 +10,19 @@ imports load it in milliseconds, from any copy of these sources (the installed p
 or the one a model version carries), an edited source gets a build of its own, and two
 virtual environments never share, nor rebuild, each other's build. Builds are serialised by build_lock.py, whose lock dies with its holder:
 torch's own lock file does not, and a builder killed mid-build would hang every later import.
+
+Built at install instead: `python -m picasso.kernels.build` builds them into that folder now
+(setup.py runs it when picasso is installed from an sdist or wheel build; see build.py).
+PICASSO_KERNELS_PREBUILT=1 then loads only that build and never compiles: without one, the
+import raises "kernels were not built at install: run python -m picasso.kernels.build"
+(the dispatch in __init__.py then falls back to the reference kernels with that warning,
+unless PICASSO_KERNELS=cpu forces this backend). It needs no compiler or ninja at run time.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import sys
 import threading
@@ -31,21 +39,35 @@ _SOURCE_FILES = ("packed_embedding.cpp", "hot_cache.cpp")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
+# -fopenmp: ATen's parallel_for is a header template that is only parallel when the
+# extension itself is built with OpenMP. At run time the libgomp.so.1 that torch has
+# already loaded serves it, so there is one OpenMP runtime in the process.
+# -march: this CPU's instruction set by default. PICASSO_KERNEL_MARCH names a portable one
+# instead (e.g. x86-64-v3) for a build made on one machine and run on others: a worker image.
+# Tuples, passed as fresh lists: cpp_extension.load appends to the lists it is given.
+_MARCH = os.environ.get("PICASSO_KERNEL_MARCH", "native")
+_CFLAGS = ("-O3", "-fopenmp", *((f"-march={_MARCH}",) if os.uname().machine == "x86_64" else ()))
+_LDFLAGS = ("-fopenmp",)
 
 
 def _build_key() -> str:
     """What a build is only good for: this environment (two virtual environments with one
     torch would otherwise rebuild each other's kernels in one folder), this torch, and this
-    CPU's instruction set (the build uses -march=native, so a cache carried to another CPU
-    must not be loaded there)."""
+    CPU's instruction set when the build uses -march=native (a cache carried to another CPU
+    must not be loaded there; a portable -march is good on any CPU that runs it)."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         pass
+    if _MARCH != "native":
+        flags = ""
     environment = Path(sys.prefix).resolve()
-    key = f"{environment}|{torch.__version__}|{os.uname().machine}|{flags}|{_sources_digest()}"
+    # The compiler flags too: a PICASSO_KERNELS_PREBUILT load trusts the folder, with no
+    # ninja to notice that a build was made with others.
+    compile_flags = " ".join((*_CFLAGS, *_LDFLAGS))
+    key = f"{environment}|{torch.__version__}|{os.uname().machine}|{flags}|{_sources_digest()}|{compile_flags}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:12]
     return f"torch{torch.__version__.split('+')[0]}-{digest}"
 
@@ -81,20 +103,31 @@ def build_directory() -> Path:
 
 def _build(name: str, source: str):
     cache = build_directory()
+    if os.environ.get("PICASSO_KERNELS_PREBUILT") == "1":
+        return _load_prebuilt(name, cache)
     cache.mkdir(parents=True, exist_ok=True)
-    # -fopenmp: ATen's parallel_for is a header template that is only parallel when the
-    # extension itself is built with OpenMP. At run time the libgomp.so.1 that torch has
-    # already loaded serves it, so there is one OpenMP runtime in the process.
-    native = ["-march=native"] if os.uname().machine == "x86_64" else []
     with build_lock(cache):
         return cpp_extension.load(
             name=name,
             sources=[str(_source_in(cache, source))],
-            extra_cflags=["-O3", "-fopenmp", *native],
-            extra_ldflags=["-fopenmp"],
+            extra_cflags=list(_CFLAGS),
+            extra_ldflags=list(_LDFLAGS),
             build_directory=str(cache),
             verbose=False,
         )
+
+
+def _load_prebuilt(name: str, cache: Path):
+    """The library that cpp_extension.load built in `cache`, imported as it is: no compiler,
+    no ninja, and an error, never a build, where there is none."""
+    library = cache / f"{name}.so"
+    if not library.is_file():
+        raise RuntimeError(f"kernels were not built at install: run python -m picasso.kernels.build "
+                           f"(PICASSO_KERNELS_PREBUILT=1 and no {library})")
+    spec = importlib.util.spec_from_file_location(name, library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 _ops = _build("picasso_packed_embedding", "packed_embedding.cpp")

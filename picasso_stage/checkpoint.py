@@ -1,10 +1,21 @@
-"""Checkpoints: one directory per save, written whole or not at all.
+"""Checkpoints: one folder per save, written whole or not at all.
 
-A checkpoint is written under a temporary name and renamed into place, so a crash leaves
-either the previous checkpoint or the new one, never half of one. Its name,
-step-<step>-<n>, sorts in the order of saving: n counts the saves under the root, so a
-save that moved only the source positions (every record of a chunk refused: no step)
-still gets a directory of its own. It holds:
+The root may be a local path or a URL (picasso.storage). A save is committed so that a
+reader takes only whole checkpoints, whatever moment a crash picks:
+- on a local disk, the files are written and fsynced under a temporary name, which is
+  then renamed into place;
+- on an object store, which has no rename, the files are written under a fresh prefix
+  and a small commit marker, COMMITTED (each file's name and size), is written last. A
+  reader takes only prefixes that have their marker: a crash before it leaves nothing a
+  reader trusts, a crash after it leaves a whole checkpoint. The next writer removes
+  prefixes without a marker (clean_temporaries).
+Local checkpoints carry the marker too, so a folder copied between the two kinds stays
+committed.
+
+Its name, step-<step>-<n>, sorts in the order of saving: n counts the saves under the
+root (committed or not, so every save gets a fresh prefix), so a save that moved only the
+source positions (every record of a chunk refused: no step) still gets a folder of its own.
+It holds:
 - state.pt: model and optimizer state (embedding rows and their optimizer slots included),
   all taken at the same step, plus the step, the sample count and the RNG state;
 - positions.json: how far into each source the training went;
@@ -17,6 +28,7 @@ Loading uses torch.load(weights_only=True): a checkpoint never runs code.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -26,14 +38,20 @@ from pathlib import Path
 
 import torch
 
+from picasso import storage
 from picasso.spec import FeatureSpec, load_spec
 
 _PREFIX = "step-"
+MARKER = "COMMITTED"
+
+
+class CheckpointError(ValueError):
+    """A folder that is not a committed checkpoint."""
 
 
 @dataclass(frozen=True)
 class Checkpoint:
-    path: Path
+    path: str  # a local path or a URL
     state: dict
     positions: dict[str, int]
     spec: FeatureSpec
@@ -46,7 +64,7 @@ class Checkpoint:
 
     @property
     def checkpoint_id(self) -> str:
-        return self.path.name
+        return storage.name(self.path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -64,31 +82,73 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _checkpoints(root: Path) -> list[Path]:
-    """Finished checkpoints under root, oldest first."""
-    if not root.is_dir():
+def _checkpoints(root: str | Path) -> list[str]:
+    """Committed checkpoints under root, oldest first."""
+    if storage.is_url(root):
+        marked = {storage.name(storage.parent(path)) for path in storage.files_under(root)
+                  if storage.name(path) == MARKER}
+        return [storage.join(root, name) for name in sorted(marked) if name.startswith(_PREFIX)]
+    local = Path(root)
+    if not local.is_dir():
         return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+    # A local folder of that name was renamed into place whole (and older versions of
+    # picasso wrote no marker), so its name is its commit.
+    return sorted(str(p) for p in local.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
+
+
+def _files(state: dict, spec: FeatureSpec, positions: dict, metrics: dict, applied) -> dict[str, bytes]:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    files = {
+        "state.pt": buffer.getvalue(),
+        "positions.json": json.dumps(positions, sort_keys=True, indent=1).encode(),
+        "spec.yaml": spec.to_yaml().encode(),
+        "metrics.json": json.dumps(metrics, sort_keys=True, indent=1).encode(),
+    }
+    if applied is not None:
+        files["applied.json"] = json.dumps(applied, sort_keys=True).encode()
+    return files
+
+
+def _marker(files: dict[str, bytes]) -> bytes:
+    return json.dumps({"files": {name: len(data) for name, data in files.items()}}, sort_keys=True).encode()
+
+
+def _save_number(name: str) -> int | None:
+    """n of step-<step>-<n>[-...]: which save, under its root, made it."""
+    parts = name.split("-")
+    return int(parts[2]) if name.startswith(_PREFIX) and len(parts) >= 3 and parts[2].isdigit() else None
+
+
+def _next_name(root: str | Path, step: int) -> str:
+    saves = [n for n in map(_save_number, storage.children(root)) if n is not None]
+    return f"{_PREFIX}{step:012d}-{max(saves, default=0) + 1:06d}"
 
 
 def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions: dict[str, int], metrics: dict,
-                    applied: dict[str, list[list[int]]] | None = None) -> Path:
-    """Write a new checkpoint of state (at state["step"]) atomically; returns its directory."""
-    root = Path(root)
+                    applied: dict[str, list[list[int]]] | None = None) -> str:
+    """Write a new checkpoint of state (at state["step"]), committed whole; returns its path."""
+    files = _files(state, spec, positions, metrics, applied)
+    name = _next_name(root, int(state["step"]))
+    if storage.is_url(root):
+        final = storage.join(root, name)
+        for file_name, data in files.items():
+            storage.write_bytes(storage.join(final, file_name), data)
+        storage.write_bytes(storage.join(final, MARKER), _marker(files))  # last: the commit
+    else:
+        final = str(_save_local(Path(root), name, files))
+    clean_temporaries(root, before=name)  # what earlier saves a crash cut short left
+    return final
+
+
+def _save_local(root: Path, name: str, files: dict[str, bytes]) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    saves = [int(p.name.rsplit("-", 1)[1]) for p in _checkpoints(root) if p.name.count("-") == 2]
-    final = root / f"{_PREFIX}{int(state['step']):012d}-{max(saves, default=0) + 1:06d}"
-    tmp = root / f".tmp-{final.name}-{uuid.uuid4().hex[:8]}"
+    final = root / name
+    tmp = root / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        torch.save(state, tmp / "state.pt")
-        with open(tmp / "state.pt", "rb+") as f:
-            os.fsync(f.fileno())
-        _write(tmp / "positions.json", json.dumps(positions, sort_keys=True, indent=1).encode())
-        _write(tmp / "spec.yaml", spec.to_yaml().encode())
-        _write(tmp / "metrics.json", json.dumps(metrics, sort_keys=True, indent=1).encode())
-        if applied is not None:
-            _write(tmp / "applied.json", json.dumps(applied, sort_keys=True).encode())
+        for file_name, data in [*files.items(), (MARKER, _marker(files))]:
+            _write(tmp / file_name, data)
         _fsync_dir(tmp)
         os.rename(tmp, final)
         _fsync_dir(root)
@@ -98,39 +158,58 @@ def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions:
     return final
 
 
-def latest_checkpoint(root: str | Path) -> Path | None:
-    saved = _checkpoints(Path(root))
+def latest_checkpoint(root: str | Path) -> str | None:
+    saved = _checkpoints(root)
     return saved[-1] if saved else None
 
 
 def prune_checkpoints(root: str | Path, keep: int) -> None:
     """Delete all but the newest `keep` checkpoints (keep <= 0 keeps them all)."""
-    for old in _checkpoints(Path(root))[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    for old in _checkpoints(root)[:-keep] if keep > 0 else []:
+        storage.delete_tree(old)
 
 
-def clean_temporaries(root: str | Path) -> None:
-    """Remove what a killed save left half-written (never a finished checkpoint)."""
-    root = Path(root)
-    if root.is_dir():
-        for leftover in root.iterdir():
-            if leftover.name.startswith(".tmp-"):
+def clean_temporaries(root: str | Path, before: str | None = None) -> None:
+    """Remove what a killed save left half-written (never a committed checkpoint): local
+    temporary folders; on an object store, prefixes without their marker. Only the one
+    writer of a root calls it: before it saves, or after (`before`: only what saves older
+    than that checkpoint name left)."""
+    def older(name: str) -> bool:
+        if before is None:
+            return True
+        number = _save_number(name)
+        return number is not None and number < _save_number(before)
+
+    if storage.is_url(root):
+        committed = set(_checkpoints(root))
+        for name in storage.children(root):
+            if name.startswith(_PREFIX) and older(name) and storage.join(root, name) not in committed:
+                storage.delete_tree(storage.join(root, name))
+        return
+    local = Path(root)
+    if local.is_dir():
+        for leftover in local.iterdir():
+            if leftover.name.startswith(".tmp-") and older(leftover.name.removeprefix(".tmp-")):
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    path = Path(path)
+    path = str(path)
+    if storage.is_url(path) and not storage.exists(storage.join(path, MARKER)):
+        raise CheckpointError(f"{path} is not a committed checkpoint (it has no {MARKER} marker: a save that "
+                              "did not finish)")
     return Checkpoint(
         path=path,
-        state=torch.load(path / "state.pt", weights_only=True, map_location="cpu"),
-        positions=json.loads((path / "positions.json").read_text()),
-        spec=load_spec(path / "spec.yaml"),
-        metrics=json.loads((path / "metrics.json").read_text()),
+        state=torch.load(io.BytesIO(storage.read_bytes(storage.join(path, "state.pt"))), weights_only=True,
+                         map_location="cpu"),
+        positions=json.loads(storage.read_text(storage.join(path, "positions.json"))),
+        spec=load_spec(storage.join(path, "spec.yaml")),
+        metrics=json.loads(storage.read_text(storage.join(path, "metrics.json"))),
         applied=read_applied(path),
     )
 
 
 def read_applied(path: str | Path) -> dict[str, list[list[int]]] | None:
     """A checkpoint's applied.json (None when it has none), without loading its state."""
-    applied = Path(path) / "applied.json"
-    return json.loads(applied.read_text()) if applied.exists() else None
+    applied = storage.join(path, "applied.json")
+    return json.loads(storage.read_text(applied)) if storage.exists(applied) else None

@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from picasso import storage
+
 POOLING_MODES = ("sum", "mean")
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "adagrad_elementwise", "adam")
 DENSE_TRANSFORMS = ("identity", "log1p")
@@ -219,11 +221,10 @@ def load_spec(ref: str | Path | FeatureSpec) -> FeatureSpec:
     builtin = builtin_spec(text)
     if builtin is not None:
         return builtin
-    path = Path(text)
-    if not path.exists():
+    if not storage.exists(text):
         raise SpecError([f"spec '{text}': no such file, and not a built-in (criteo, criteo:N)"])
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(storage.read_text(text))
     except yaml.YAMLError as err:
         raise SpecError([f"spec '{text}': not valid YAML: {err}"]) from err
     except (OSError, UnicodeDecodeError) as err:

@@ -146,7 +146,7 @@ class Trainer:
         self.start_step = 0  # the step this trainer was built or restored at
         self.samples = 0
         self.positions: dict[str, int] = {}
-        self.restored_from: Path | None = None
+        self.restored_from: str | None = None
         self.stage_seconds = dict.fromkeys(STAGES, 0.0)
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self.interleaves = worth_interleaving(self.device) if config.interleave is None else config.interleave
@@ -350,7 +350,7 @@ class Trainer:
             state["cache"] = self.cache.state_dict()
         return state
 
-    def save_checkpoint(self, root: str | Path, metrics: dict | None = None) -> Path:
+    def save_checkpoint(self, root: str | Path, metrics: dict | None = None) -> str:
         return save_checkpoint(root, self.state(), self.spec, self.positions, metrics or {})
 
     def restore(self, path: str | Path) -> None:
@@ -369,9 +369,9 @@ class Trainer:
         self.step, self.samples = int(state["step"]), int(state["samples"])
         self.start_step = self.step
         self.positions = dict(checkpoint.positions)
-        self.restored_from = Path(path)
+        self.restored_from = str(path)
 
-    def warm_start(self, root: str | Path) -> Path | None:
+    def warm_start(self, root: str | Path) -> str | None:
         """Restore the latest checkpoint under root, if there is one."""
         latest = latest_checkpoint(root)
         if latest is not None:

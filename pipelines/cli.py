@@ -15,14 +15,15 @@ import os
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import Progress
 from rich.table import Table
 
+from picasso import storage
 from picasso.connectors.local_store import HalfMadeStoreError
+from picasso.pipelines.beam_options import add_pipeline_command, split_beam_args
 from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
 from picasso.pipelines.distributed_cli import add_ps_commands
@@ -72,7 +73,7 @@ def _add_daily_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="picasso", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="picasso", description=__doc__.splitlines()[0], allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="write synthetic day partitions in a spec's schema")
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--days", type=int, default=1)
     _add_generate_args(generate)
 
-    daily = commands.add_parser("daily", help="train on one date partition and publish a model version")
+    daily = add_pipeline_command(commands, "daily", help="train on one date partition and publish a model version")
     daily.add_argument("--spec", default="criteo")
     daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD partitions")
     daily.add_argument("--date", required=True)
@@ -90,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="evaluate on this day (e.g. the next one) instead of a holdout slice of --date")
     _add_daily_args(daily)
 
-    demo = commands.add_parser("demo", help="generate a small day, then run daily on embedded defaults")
+    demo = add_pipeline_command(commands, "demo", help="generate a small day, then run daily on embedded defaults")
     demo.add_argument("--spec", default="criteo")
     _add_generate_args(demo)
     _add_daily_args(demo)
@@ -106,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kafka_commands(commands)
     add_ps_commands(commands)  # ps, gba-worker, sync-worker: they run themselves (args.run)
     return parser
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """picasso's flags; on a pipeline command (daily, demo, stream) the options Beam knows
+    come as args.beam_args, and any other leftover is an error, as on every other command."""
+    parser = build_parser()
+    args, leftovers = parser.parse_known_args(argv)
+    pipeline_parser = getattr(args, "pipeline_parser", None)
+    if pipeline_parser is not None:
+        args.beam_args = split_beam_args(leftovers, pipeline_parser)
+    elif leftovers:
+        parser.error(f"unrecognized arguments: {' '.join(leftovers)}")  # parse_args's own message
+    return args
 
 
 def _add_kafka_commands(commands) -> None:
@@ -161,19 +175,20 @@ def _generate(args, out: str, dates: list[str]) -> list:
         )
 
 
-def _daily(args, data: str, date: str):
+def daily_config(args, data: str, date: str):
+    """The DailyConfig the flags describe. It makes WORKDIR and opens its MLflow target
+    (a default SQLite store is made complete there), and trains nothing."""
     from picasso.connectors.decoders import DecodeOptions
     from picasso.connectors.mlflow_registry import MLflowTarget
-    from picasso.pipelines.daily import DailyConfig, run_daily
+    from picasso.pipelines.daily import DailyConfig
     from picasso.trainer import TrainConfig
 
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = storage.make_folder(args.workdir)
     target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
-    config = DailyConfig(
+    return DailyConfig(
         data_root=data,
         date=date,
-        workdir=str(workdir),
+        workdir=workdir,
         spec=load_spec(args.spec),
         mlflow=target,
         train=TrainConfig(
@@ -194,9 +209,16 @@ def _daily(args, data: str, date: str):
         force=args.force,
         policy=publish_policy(args),
         runner=args.runner,
+        beam_args=args.beam_args,
     )
+
+
+def _daily(args, data: str, date: str):
+    from picasso.pipelines.daily import run_daily
+
+    config = daily_config(args, data, date)
     with console.status(f"daily run for {date}: read, decode, pack, train, evaluate, publish"):
-        return run_daily(config), target
+        return run_daily(config), config.mlflow
 
 
 def _summary(title: str, values: dict) -> None:
@@ -213,7 +235,7 @@ def _finite(value):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     if args.command in DISTRIBUTED_COMMANDS:  # they have their own output and exit codes
         return args.run(args)
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -245,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             pending = bool(output["pending"])
         else:
             if args.command == "demo":
-                data = str(Path(args.workdir) / "data")
+                data = storage.join(args.workdir, "data")
                 days = _generate(args, data, [DEMO_DATE])
                 result, target = _daily(args, data, DEMO_DATE)
                 if result.auc_ceiling is None:

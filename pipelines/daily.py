@@ -20,13 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from picasso import storage
+from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.champion import champion_checkpoint
 from picasso.connectors.day_files import ReadDayFiles, list_day_files, partition_dir
 from picasso.connectors.decoders import DecodeOptions
@@ -73,21 +73,24 @@ class DailyConfig:
         if self.eval_date is None and self.holdout_fraction == 0:
             raise ValueError("nothing to evaluate on: give a holdout fraction above 0 or an evaluation day")
 
+    # Every folder is a local path or a URL (picasso.storage): the workdir's kind.
     @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.workdir) / "checkpoints"
+    def checkpoint_dir(self) -> str:
+        return storage.join(self.workdir, "checkpoints")
 
     @property
-    def publish_dir(self) -> Path:
-        return Path(self.workdir) / "publish"
+    def publish_dir(self) -> str:
+        return storage.join(self.workdir, "publish")
+
+    def dead_letter_dir(self, date: str) -> str:
+        return storage.join(self.workdir, "dead_letters", f"date={date}")
 
     @property
-    def dead_letter_dir(self) -> Path:
-        return Path(self.workdir) / "dead_letters" / f"date={self.date}"
+    def result_path(self) -> str:
+        return storage.join(self.workdir, "runs", f"daily-{self.date}.json")
 
-    @property
-    def result_path(self) -> Path:
-        return Path(self.workdir) / "runs" / f"daily-{self.date}.json"
+    def pipeline_options(self) -> PipelineOptions:
+        return PipelineOptions([f"--runner={self.runner}", *self.beam_args])
 
 
 @dataclass(frozen=True)
@@ -168,16 +171,13 @@ def _outcome_fields(outcome: PublishOutcome) -> dict:
     }
 
 
-def _write_json(path: Path, values: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(values))
-    os.replace(tmp, path)
+def _write_json(path: str, values: dict) -> None:
+    storage.write_text(path, json.dumps(values))
 
 
 def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts,
                   path: str) -> None:
-    _write_json(Path(path), {
+    _write_json(path, {
         **_outcome_fields(outcome),
         "checkpoint": checkpoint.path,
         "step": checkpoint.step,
@@ -196,13 +196,24 @@ def _evaluation_rows(pipeline: beam.Pipeline, config: DailyConfig, decoded):
         | "ReadEvalDay" >> ReadDayFiles(config.data_root, config.eval_date, chunk_rows=config.batch_size)
         | "DecodeEvalDay" >> DecodeRecords(config.spec, config.decode, holdout_fraction=1.0)
     )
-    dead = Path(config.workdir) / "dead_letters" / f"date={config.eval_date}" / "eval-part"
-    (
-        evaluation[DEAD_LETTERS]
-        | "EvalDeadLetterJson" >> beam.Map(lambda letter: letter.to_json())
-        | "WriteEvalDeadLetters" >> beam.io.WriteToText(str(dead), file_name_suffix=".jsonl")
-    )
+    evaluation[DEAD_LETTERS] | "WriteEvalDeadLetters" >> _WriteDeadLetters(
+        storage.join(config.dead_letter_dir(config.eval_date), "eval-part"))
     return evaluation[HOLDOUT]
+
+
+class _WriteDeadLetters(beam.PTransform):
+    """Dead letters as JSON lines in files PREFIX-NNNNN-of-NNNNN.jsonl, none when there are
+    none: Beam's S3 writer cannot make an empty object (a multipart upload of no parts),
+    and an empty file says nothing anyway."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def expand(self, letters):
+        return (letters
+                | "ToJson" >> beam.Map(lambda letter: letter.to_json())
+                | "Write" >> beam.io.WriteToText(self.prefix, file_name_suffix=".jsonl", skip_if_empty=True))
 
 
 def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | None = "latest",
@@ -213,11 +224,8 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
         | "ReadDayFiles" >> ReadDayFiles(config.data_root, config.date, chunk_rows=config.batch_size)
         | "DecodeRecords" >> DecodeRecords(spec, config.decode, 0.0 if config.eval_date else config.holdout_fraction)
     )
-    (
-        decoded[DEAD_LETTERS]
-        | "DeadLetterJson" >> beam.Map(lambda letter: letter.to_json())
-        | "WriteDeadLetters" >> beam.io.WriteToText(str(config.dead_letter_dir / "part"), file_name_suffix=".jsonl")
-    )
+    decoded[DEAD_LETTERS] | "WriteDeadLetters" >> _WriteDeadLetters(
+        storage.join(config.dead_letter_dir(config.date), "part"))
     checkpoint = (
         decoded[TRAIN]
         | "PackTrain" >> PackFeatures(spec)
@@ -239,13 +247,13 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
         request=beam.pvalue.AsSingleton(requests),
         checkpoint=beam.pvalue.AsSingleton(checkpoint),
         facts=facts,
-        path=str(config.result_path),
+        path=config.result_path,
     )
 
 
 def planted_ceiling(data_root: str, date: str) -> float | None:
-    path = partition_dir(data_root, date) / PLANTED_FILE
-    return json.loads(path.read_text())["auc_ceiling"] if path.exists() else None
+    path = storage.join(partition_dir(data_root, date), PLANTED_FILE)
+    return json.loads(storage.read_text(path))["auc_ceiling"] if storage.exists(path) else None
 
 
 def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
@@ -261,7 +269,7 @@ def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
     from picasso.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(config.checkpoint_dir)
-    return "latest", str(latest) if latest else None
+    return "latest", latest
 
 
 def _done_result(config: DailyConfig, outcome: dict) -> DailyResult:
@@ -310,18 +318,20 @@ def _result(config: DailyConfig, outcome: dict, counters: dict, skipped: bool = 
 
 
 def run_daily(config: DailyConfig) -> DailyResult:
-    if config.result_path.exists() and not config.force:
+    options = config.pipeline_options()
+    # The workdir and the data may be URLs: their filesystems are set up before the first read.
+    use_beam_filesystems(options, data=config.data_root, workdir=config.workdir)
+    if storage.exists(config.result_path) and not config.force:
         log.info("%s is done already (%s); --force runs it again", config.date, config.result_path)
-        return _done_result(config, json.loads(config.result_path.read_text()))
+        return _done_result(config, json.loads(storage.read_text(config.result_path)))
     for date in filter(None, (config.date, config.eval_date)):  # a missing day fails before anything is written
         list_day_files(config.data_root, date)
     start_from, warm_start_from = _start_from(config)
-    config.result_path.unlink(missing_ok=True)
-    options = PipelineOptions([f"--runner={config.runner}", *config.beam_args])
+    storage.delete(config.result_path)
     with beam.Pipeline(options=options) as pipeline:
         build_daily(pipeline, config, start_from, warm_start_from)
     counters = picasso_counters(pipeline.result) if hasattr(pipeline, "result") else {}
-    return _result(config, json.loads(config.result_path.read_text()), counters)
+    return _result(config, json.loads(storage.read_text(config.result_path)), counters)
 
 
 def result_dict(result: DailyResult) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from picasso import storage
 from picasso.connectors.day_files import FORMATS, partition_dir, write_part
 from picasso.metrics import auc
 from picasso.pipelines.daily import PLANTED_FILE
@@ -59,14 +60,15 @@ def generate_days(
         for part, start in enumerate(range(0, rows, rows_per_file)):
             count = min(rows_per_file, rows - start)
             table, p = planted.sample(count, stream * 10_000 + part)
-            write_part(table, partition_dir(root, date) / f"part-{part:05d}{FORMATS[fmt]}")
+            write_part(table, storage.join(partition_dir(root, date), f"part-{part:05d}{FORMATS[fmt]}"))
             labels.append(table.column(spec.label).to_numpy())
             probabilities.append(p)
             files += 1
             on_part(count)
         labels, probabilities = np.concatenate(labels), np.concatenate(probabilities)
         day = GeneratedDay(date, rows, files, auc(labels, probabilities), float(labels.mean()))
-        (partition_dir(root, date) / PLANTED_FILE).write_text(
+        storage.write_text(
+            storage.join(partition_dir(root, date), PLANTED_FILE),
             json.dumps({**asdict(day), "alpha": synthetic.alpha, "seed": synthetic.seed, "spec": spec.name})
         )
         days.append(day)

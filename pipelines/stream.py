@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -38,7 +36,9 @@ from apache_beam.utils.shared import Shared
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
+from picasso import storage
 from picasso.checkpoint import clean_temporaries
+from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.decoders import DecodeOptions
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
@@ -53,6 +53,23 @@ from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
+
+
+def one_worker_in_this_process(options: PipelineOptions) -> None:
+    """Raises ValueError unless the options run a cycle's steps in one worker in this process.
+
+    The stream's model lives across cycles here, in the driver's process (held under the
+    runner's Shared): a worker process would train a copy of it that no checkpoint saves,
+    and a second worker would train part of each cycle beside it."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    direct = options.view_as(DirectOptions)
+    if direct.direct_num_workers != 1 or direct.direct_running_mode == "multi_processing":
+        raise ValueError(
+            f"picasso stream runs its Beam cycles in one worker in its own process, not with "
+            f"--direct_num_workers={direct.direct_num_workers} --direct_running_mode={direct.direct_running_mode}: "
+            "its model lives across cycles in this process, and Beam workers would each train a copy of it "
+            "(use --direct_num_workers=1 with --direct_running_mode in_memory or multi_threading)")
 
 
 @dataclass(frozen=True)
@@ -84,17 +101,21 @@ class StreamConfig:
     max_failures: int | None = None  # consecutive failed cycles before giving up
     publish_policy: object | None = None  # a PublishPolicy (promotion, retries); None: the defaults
 
+    # Every folder is a local path or a URL (picasso.storage): the workdir's kind.
     @property
-    def publish_dir(self) -> Path:
-        return Path(self.workdir) / "publish"
+    def publish_dir(self) -> str:
+        return storage.join(self.workdir, "publish")
 
     @property
-    def checkpoint_dir(self) -> Path:
-        return Path(self.workdir) / "checkpoints"
+    def checkpoint_dir(self) -> str:
+        return storage.join(self.workdir, "checkpoints")
 
     @property
-    def versions_path(self) -> Path:
-        return Path(self.workdir) / "runs" / "stream-versions.jsonl"
+    def versions_path(self) -> str:
+        return storage.join(self.workdir, "runs", "stream-versions.jsonl")
+
+    def pipeline_options(self) -> PipelineOptions:
+        return PipelineOptions([f"--runner={self.runner}", *self.beam_args])
 
 
 @dataclass
@@ -156,7 +177,7 @@ class StreamRunner:
         self.unpublished = False
         self.recorded_versions: set[str] | None = None  # in stream-versions.jsonl (see _flush)
         self.last_publish = time.monotonic()
-        self.load = ModelLoader(config.spec, config.train, str(config.checkpoint_dir))
+        self.load = ModelLoader(config.spec, config.train, config.checkpoint_dir)
 
     # -- the model: kept across cycles, dropped after a failure ------------------------
 
@@ -181,8 +202,7 @@ class StreamRunner:
         config = self.config
         started = time.perf_counter()
         messages_before = sum(p.messages for p in model.ledger.partitions.values())
-        options = PipelineOptions([f"--runner={config.runner}", *config.beam_args])
-        pipeline = beam.Pipeline(options=options)
+        pipeline = beam.Pipeline(options=config.pipeline_options())
         decoded = (
             pipeline
             | "ReadFromKafka" >> ReadFromKafka(config.connection, ranges, max_messages=config.batch_messages,
@@ -273,9 +293,9 @@ class StreamRunner:
         from picasso.connectors.publish_policy import PublishPolicy
 
         config = self.config
-        config.versions_path.parent.mkdir(parents=True, exist_ok=True)
         if self.recorded_versions is None:  # read once per process; kept up to date below
-            lines = config.versions_path.read_text().splitlines() if config.versions_path.exists() else []
+            path = config.versions_path
+            lines = storage.read_text(path).splitlines() if storage.exists(path) else []
             self.recorded_versions = {json.loads(line)["version"] for line in lines if line}
         recorded = self.recorded_versions
 
@@ -285,10 +305,7 @@ class StreamRunner:
             entry = {"version": outcome.version.version, "model_uri": outcome.version.model_uri,
                      "published_ms": int(time.time() * 1000), "checkpoint": outcome.checkpoint_path,
                      "champion": outcome.version.champion, **(newest or {}).get(outcome.checkpoint_path, {})}
-            with open(config.versions_path, "a") as f:
-                f.write(json.dumps(entry) + "\n")
-                f.flush()
-                os.fsync(f.fileno())  # on disk before the outbox forgets the entry
+            storage.append_line(config.versions_path, json.dumps(entry))  # kept before the outbox forgets it
             recorded.add(outcome.version.version)
             self.summary.versions.append(outcome.version.version)
 
@@ -343,6 +360,10 @@ class StreamRunner:
 
     def run(self) -> StreamSummary:
         config, summary = self.config, self.summary
+        options = config.pipeline_options()
+        one_worker_in_this_process(options)  # before any work
+        # The workdir may be a URL: its filesystem is set up from the options before the first read.
+        use_beam_filesystems(options, workdir=config.workdir)
         clean_temporaries(config.checkpoint_dir)
         backoff = Backoff(config.backoff_s, config.backoff_max_s)
         started = time.monotonic()

@@ -6,11 +6,12 @@ import argparse
 import logging
 import os
 from dataclasses import asdict
-from pathlib import Path
 
 import yaml
 from rich.console import Console
 
+from picasso import storage
+from picasso.pipelines.beam_options import add_pipeline_command
 from picasso.pipelines.cache_args import add_cache_args, cache_config
 from picasso.pipelines.publish_cli import add_publish_args, publish_policy
 from picasso.spec import load_spec
@@ -50,7 +51,8 @@ def _topic_formats(items: list[str]) -> dict[str, str]:
 
 
 def add_stream_parser(commands) -> argparse.ArgumentParser:
-    stream = commands.add_parser("stream", help="train continuously from Kafka topics; publish versions as it goes")
+    stream = add_pipeline_command(commands, "stream",
+                                  help="train continuously from Kafka topics; publish versions as it goes")
     stream.add_argument("--spec", default="criteo")
     stream.add_argument("--topic", action="append", required=True, metavar="TOPIC[:FORMAT]",
                         help="a topic and its message format (json, arrow or tsv; default json); repeatable")
@@ -102,23 +104,22 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
     return produce
 
 
-def run_stream_command(args, console: Console) -> dict:
+def stream_config(args):
+    """The StreamConfig the flags describe. It makes WORKDIR and, when the stream publishes,
+    opens its MLflow target; it connects to no broker."""
     from picasso.connectors.decoders import DecodeOptions
     from picasso.connectors.mlflow_registry import MLflowTarget
-    from picasso.connectors.publish_outbox import PublishOutbox
-    from picasso.pipelines.stream import StreamConfig, run_stream
+    from picasso.pipelines.stream import StreamConfig
     from picasso.trainer import TrainConfig
 
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
-    workdir = Path(args.workdir).resolve()
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = storage.make_folder(args.workdir)
     target = None
     if args.publish_every > 0:
         target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
-    config = StreamConfig(
+    return StreamConfig(
         connection=kafka_connection(args),
         topics=_topic_formats(args.topic),
-        workdir=str(workdir),
+        workdir=workdir,
         spec=load_spec(args.spec),
         mlflow=target,
         train=TrainConfig(hidden=tuple(int(s) for s in args.hidden.split(",")), lr_dense=args.lr_dense,
@@ -136,12 +137,22 @@ def run_stream_command(args, console: Console) -> dict:
         keep_checkpoints=args.keep_checkpoints,
         deterministic=args.deterministic,
         runner=args.runner,
+        beam_args=args.beam_args,
         until_caught_up=args.until_caught_up,
         max_cycles=args.max_cycles or None,  # 0 (the MLproject's default) means no limit
         max_seconds=args.max_seconds or None,
         max_failures=args.max_failures,
         publish_policy=publish_policy(args),
     )
+
+
+def run_stream_command(args, console: Console) -> dict:
+    from picasso.connectors.publish_outbox import PublishOutbox
+    from picasso.pipelines.stream import run_stream
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
+    config = stream_config(args)
+    workdir, target = config.workdir, config.mlflow
 
     def progress(report, summary):
         version = summary.versions[-1] if summary.versions else "-"
@@ -152,7 +163,7 @@ def run_stream_command(args, console: Console) -> dict:
     console.log(f"streaming {', '.join(f'{t} ({f})' for t, f in config.topics.items())} from "
                 f"{config.connection.bootstrap_servers} into {workdir}")
     summary = run_stream(config, progress)
-    return {**asdict(summary), "workdir": str(workdir),
+    return {**asdict(summary), "workdir": workdir,
             "tracking_uri": target.tracking_uri if target else None,
             # Versions MLflow did not take: they wait in the outbox (the main loop's exit
             # status says so to a scheduler).

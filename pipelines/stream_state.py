@@ -17,8 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from picasso.pipelines.decode_messages import MessageSpan, PackedMessages
-from picasso.spec import FeatureSpec
+from picasso import storage
 from picasso.checkpoint import prune_checkpoints
+from picasso.spec import FeatureSpec
 from picasso.trainer import StepResult, TrainConfig, Trainer, evaluation_metrics
 
 
@@ -84,7 +85,7 @@ class StreamModel:
     since the last publish give the metrics of the next model version.
     """
 
-    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: Path | None):
+    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: str | None):
         self.trainer = trainer
         self.ledger = ledger
         self.checkpoint = checkpoint
@@ -96,7 +97,8 @@ class StreamModel:
     def load(cls, spec: FeatureSpec, config: TrainConfig, root: str | Path) -> "StreamModel":
         trainer = Trainer(spec, config)
         path = trainer.warm_start(root)
-        ledger = Ledger.from_dict(json.loads((path / "metrics.json").read_text()).get("ledger", {})) if path else Ledger()
+        metrics = json.loads(storage.read_text(storage.join(path, "metrics.json"))) if path else {}
+        ledger = Ledger.from_dict(metrics.get("ledger", {}))
         return cls(trainer, ledger, path)
 
     def train(self, packed: PackedMessages) -> StepResult:
@@ -119,7 +121,7 @@ class StreamModel:
         return {"auc": metrics.auc, "logloss": metrics.logloss, "window_samples": metrics.samples,
                 "mean_prediction": metrics.mean_prediction, "mean_label": metrics.mean_label}
 
-    def save(self, root: str | Path, keep: int = 3) -> Path:
+    def save(self, root: str | Path, keep: int = 3) -> str:
         """Checkpoint model, optimizer, positions and ledger at once; keep the newest `keep`.
 
         Every save is a new checkpoint, a cycle whose every message was refused (positions

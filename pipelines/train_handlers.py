@@ -4,9 +4,10 @@ PicassoTrain (train.py) is the same Beam transform in every mode; a handler tell
 engine to train (the heavy object, built once per process), how a bundle pushes its
 elements through that engine, and what follows the merged statistics:
 
-- `TrainerHandler` (daily, local mode): the engine is a picasso.Trainer; a bundle's steps
-  are Trainer.pipeline() (interleaved); the merged stats are followed by the checkpoint,
-  and the output is a CheckpointRef.
+- `TrainerHandler` (daily, local mode): the engine is a picasso.Trainer, and there is one
+  of it (one_trainer): every batch of the run is brought to one call that trains them all
+  through Trainer.pipeline() (interleaved); its stats are followed by the checkpoint, and
+  the output is a CheckpointRef.
 - `StreamHandler` (one cycle of `picasso stream`): the engine is the stream's StreamModel;
   a step checks the span against the ledger, scores the batch, trains on it and records
   it; the stream runner checkpoints after the cycle, so the output is the merged stats.
@@ -20,9 +21,11 @@ travels in the pipeline's graph, and each worker process builds its engine from 
 
 from __future__ import annotations
 
+import dataclasses
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import apache_beam as beam
 from apache_beam.utils.shared import Shared
@@ -53,6 +56,11 @@ class TrainHandler:
     and release."""
 
     key: str  # the Shared tag: a new key builds a new engine
+    # False: each worker process trains its own engine on the bundles it is given (gba:
+    # each is a worker of one parameter server; stream: one process). True: the run has
+    # ONE engine, which trains every element: PicassoTrain brings them all to one call
+    # (train._TrainAllDoFn), which trains them in a fixed order; finish then gets a Trained.
+    one_trainer: ClassVar[bool] = False
 
     def load(self) -> Any:
         raise NotImplementedError
@@ -67,8 +75,23 @@ class TrainHandler:
         raise NotImplementedError
 
     def finish(self, stats: beam.PCollection, shared: Shared) -> beam.PCollection:
-        """What follows the one merged TrainStats: the transform's output."""
+        """What follows the one merged TrainStats (a Trained, with one_trainer): the
+        transform's output."""
         return stats
+
+    def attempt(self) -> "TrainHandler":
+        """This handler under a key of its own, so that it builds an engine of its own: one
+        attempt at training every element, with one_trainer. Handlers are frozen dataclasses."""
+        return dataclasses.replace(self, key=f"{self.key}/{uuid.uuid4().hex}")
+
+
+@dataclass(frozen=True)
+class Trained:
+    """What one_trainer's training step hands to finish: the stats of every step, and the
+    key of the engine (in this process's Shared) that took them."""
+
+    key: str
+    stats: TrainStats
 
 
 class _Unbuffered:
@@ -102,6 +125,9 @@ class TrainerHandler(TrainHandler):
     checkpoint_dir: str
     key: str  # one per pipeline run, so that runs sharing a process do not share a trainer
     start_from: str | None = "latest"
+    # One model per run, whatever the runner and its number of workers: trainers in several
+    # processes would each learn from part of the day, and only one could be saved.
+    one_trainer: ClassVar[bool] = True
 
     def load(self) -> Trainer:
         trainer = Trainer(self.spec, self.config)
@@ -112,12 +138,14 @@ class TrainerHandler(TrainHandler):
         return trainer
 
     def open_steps(self, trainer: Trainer) -> Steps:
-        # With interleaving on, a step computes in a worker thread while the runner decodes
-        # and packs the next batch (the fused upstream stages) and the trainer prepares it.
+        # With interleaving on, a step computes in a worker thread while the trainer
+        # prepares the next batch, and the training call looks up the one after it.
         return trainer.pipeline()
 
-    def finish(self, stats: beam.PCollection, shared: Shared) -> beam.PCollection:
-        return stats | "Checkpoint" >> beam.ParDo(_CheckpointDoFn(self, shared))
+    def finish(self, trained: beam.PCollection, shared: Shared) -> beam.PCollection:
+        # Fused with the training step (a ParDo right after it): the same bundle, so the same
+        # process and the very trainer that trained.
+        return trained | "Checkpoint" >> beam.ParDo(_CheckpointDoFn(self, shared))
 
 
 class _CheckpointDoFn(beam.DoFn):
@@ -125,11 +153,13 @@ class _CheckpointDoFn(beam.DoFn):
         self.handler = handler
         self.shared = shared
 
-    def process(self, stats: TrainStats):
-        trainer = self.handler.acquire(self.shared)
+    def process(self, trained: Trained):
+        stats = trained.stats
+        trainer = dataclasses.replace(self.handler, key=trained.key).acquire(self.shared)
         if trainer.step != trainer.start_step + stats.steps:
-            # The trainer was rebuilt between stages (its process changed, say): saving it
-            # would silently drop the training this run did.
+            # Not the trainer that trained: a runner that did not fuse this step with the
+            # training ran it in another process, which built a fresh one; or several
+            # trainers each trained part of the run. Saving it would silently drop training.
             raise RuntimeError(
                 f"trainer holds {trainer.step - trainer.start_step} steps of this run, but {stats.steps} were trained"
             )

@@ -50,7 +50,7 @@ def run_stream_process(command: list[str], log: Path, timeout: float = 300) -> s
 
 
 def load_state(checkpoint: Path) -> dict:
-    return torch.load(checkpoint / "state.pt", weights_only=True)
+    return torch.load(Path(checkpoint) / "state.pt", weights_only=True)
 
 
 def assert_same_state(a: dict, b: dict, atol: float = 1e-6) -> None:

@@ -75,7 +75,7 @@ def test_published_model_serves_raw_rows_including_unseen_ids(first_run, criteo_
     root, date = criteo_day
     mlflow.set_tracking_uri(mlflow_server)
     model = mlflow.pyfunc.load_model(result.model_uri)
-    frame = pq.read_table(next(partition_dir(root, date).glob("part-*.parquet"))).slice(0, 50).to_pandas()
+    frame = pq.read_table(next(Path(partition_dir(root, date)).glob("part-*.parquet"))).slice(0, 50).to_pandas()
     frame = frame.drop(columns=["label"])
     seen = model.predict(frame)
     assert seen.shape == (50,) and np.all((seen > 0) & (seen < 1))
@@ -104,7 +104,7 @@ def test_bad_rows_go_to_dead_letters_and_the_run_goes_on(mlflow_server, tmp_path
     spec = criteo_spec()
     root = tmp_path / "data"
     generate_days(spec, root, ["2026-11-03"], rows=6_000, rows_per_file=6_000, fmt="jsonl")
-    part = partition_dir(root, "2026-11-03") / "part-00000.jsonl"
+    part = Path(partition_dir(root, "2026-11-03")) / "part-00000.jsonl"
     lines = part.read_text().splitlines()
     bad = {
         10: "{not json",
@@ -194,7 +194,7 @@ def test_a_corrupt_parquet_file_is_one_dead_letter_and_the_rest_of_the_day_train
     spec = criteo_spec()
     root = tmp_path / "data"
     generate_days(spec, root, ["2026-11-04"], rows=6_000, rows_per_file=2_000)
-    parts = sorted(partition_dir(root, "2026-11-04").glob("part-*.parquet"))
+    parts = sorted(Path(partition_dir(root, "2026-11-04")).glob("part-*.parquet"))
     corrupt = parts[1]
     corrupt.write_bytes(corrupt.read_bytes()[: corrupt.stat().st_size // 2])  # its footer is gone
     result = run_daily(_config(root, "2026-11-04", tmp_path / "work", mlflow_server, f"ctr-{uuid.uuid4().hex[:8]}"))

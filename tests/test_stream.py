@@ -86,7 +86,7 @@ def test_stream_commits_checkpointed_positions_to_the_consumer_group(streamed):
 def test_stream_publishes_versions_tagged_with_their_checkpoint(streamed, mlflow_server):
     config, summary, _, _, _ = streamed
     assert summary.versions
-    records = [json.loads(line) for line in config.versions_path.read_text().splitlines()]
+    records = [json.loads(line) for line in Path(config.versions_path).read_text().splitlines()]
     assert [r["version"] for r in records] == summary.versions
     client = MlflowClient(mlflow_server)
     last = client.get_model_version("stream-test-model", summary.versions[-1])

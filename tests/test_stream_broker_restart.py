@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 from stream_helpers import SPEC, fill_topic, json_messages
 
@@ -27,7 +28,7 @@ def _trained(workdir) -> int:
     path = latest_checkpoint(workdir / "checkpoints")
     if path is None:
         return 0
-    ledger = json.loads((path / "metrics.json").read_text())["ledger"]["partitions"]
+    ledger = json.loads((Path(path) / "metrics.json").read_text())["ledger"]["partitions"]
     return sum(entry["messages"] for entry in ledger.values())
 
 

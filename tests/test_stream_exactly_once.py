@@ -257,7 +257,7 @@ class KilledStream:
     def cycle_bad(self) -> set[tuple[str, int, int]]:
         """The bad messages of the cycle after the last checkpoint."""
         path = latest_checkpoint(self.workdir / "checkpoints")
-        positions = json.loads((path / "positions.json").read_text()) if path else {}
+        positions = json.loads((Path(path) / "positions.json").read_text()) if path else {}
         return {key for key in self.bad if 0 <= key[2] - positions.get(f"{key[0]}/{key[1]}", 0) < CAP}
 
     def publish_stage(self) -> str | None:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import fields, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import picasso.checkpoint as checkpoint_module
-from picasso.checkpoint import clean_temporaries, latest_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint
+from picasso.checkpoint import (MARKER, clean_temporaries, latest_checkpoint, load_checkpoint, prune_checkpoints,
+                                save_checkpoint)
 from picasso.metrics import auc, logloss
 from picasso.spec import load_spec, parse_spec
 from picasso.trainer import TrainConfig, Trainer
@@ -148,15 +150,15 @@ def test_checkpoint_directory_is_complete_and_atomic(tmp_path):
     root = tmp_path / "ckpts"
     trainer = Trainer(SPEC, CONFIG)
     trainer.train(batches[:1])
-    first = trainer.save_checkpoint(root, metrics={"auc": 0.61})
+    first = Path(trainer.save_checkpoint(root, metrics={"auc": 0.61}))
     trainer.train(batches[1:])
-    second = trainer.save_checkpoint(root, metrics={"auc": 0.62})
+    second = Path(trainer.save_checkpoint(root, metrics={"auc": 0.62}))
 
     assert first.parent == root and second.parent == root
     assert first.name < second.name
     assert sorted(p.name for p in root.iterdir()) == sorted([first.name, second.name])  # no .tmp-* left
-    assert latest_checkpoint(root) == second
-    assert {p.name for p in second.iterdir()} == {"state.pt", "positions.json", "spec.yaml", "metrics.json"}
+    assert latest_checkpoint(root) == str(second)
+    assert {p.name for p in second.iterdir()} == {"state.pt", "positions.json", "spec.yaml", "metrics.json", MARKER}
 
     checkpoint = load_checkpoint(second)
     assert checkpoint.step == 2 and checkpoint.checkpoint_id == second.name
@@ -170,8 +172,8 @@ def test_checkpoint_directory_is_complete_and_atomic(tmp_path):
     # Saving at the same step again (only the positions moved: every record of a chunk
     # refused) is a new checkpoint, the latest, and leaves no temporaries.
     trainer.positions = {"day-0": 300}
-    third = trainer.save_checkpoint(root)
-    assert third not in (first, second) and latest_checkpoint(root) == third
+    third = Path(trainer.save_checkpoint(root))
+    assert third not in (first, second) and latest_checkpoint(root) == str(third)
     assert load_checkpoint(third).positions == {"day-0": 300} and load_checkpoint(third).step == 2
     assert sorted(p.name for p in root.iterdir()) == sorted([first.name, second.name, third.name])
 
@@ -199,7 +201,7 @@ def test_prune_keeps_the_newest_and_clean_removes_only_temporaries(tmp_path):
     (tmp_path / ".tmp-step-000000000004-000005-cafe").mkdir()  # a killed save
     prune_checkpoints(tmp_path, keep=2)
     clean_temporaries(tmp_path)
-    assert sorted(tmp_path.iterdir()) == saved[2:]
+    assert sorted(str(p) for p in tmp_path.iterdir()) == saved[2:]
     assert latest_checkpoint(tmp_path) == saved[3]
 
 
@@ -219,7 +221,7 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
     trainer.step = 2
     with pytest.raises(OSError, match="disk full"):
         trainer.save_checkpoint(tmp_path)
-    assert [p.name for p in tmp_path.iterdir()] == [good.name]
+    assert [p.name for p in tmp_path.iterdir()] == [Path(good).name]
     assert latest_checkpoint(tmp_path) == good
 
 
@@ -240,7 +242,7 @@ def test_restore_with_a_different_spec_raises(tmp_path):
 def test_checkpoint_never_runs_code(tmp_path):
     """state.pt is read with weights_only=True: a pickled object is refused, not built."""
     trainer = Trainer(SPEC, CONFIG)
-    path = trainer.save_checkpoint(tmp_path)
+    path = Path(trainer.save_checkpoint(tmp_path))
     state = trainer.state()
     state["payload"] = _Exploit()
     torch.save(state, path / "state.pt")
@@ -266,7 +268,7 @@ def test_save_checkpoint_function_with_plain_state(tmp_path):
     spec = load_spec("criteo")
     path = save_checkpoint(tmp_path, {"step": 3, "w": torch.arange(4)}, spec, {"f": 9}, {"m": 1})
     checkpoint = load_checkpoint(path)
-    assert path.name == "step-000000000003-000001"
+    assert Path(path).name == "step-000000000003-000001"
     assert checkpoint.spec == spec and checkpoint.positions == {"f": 9} and checkpoint.metrics == {"m": 1}
     assert torch.equal(checkpoint.state["w"], torch.arange(4))
 
