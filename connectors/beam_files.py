@@ -23,6 +23,13 @@ log = logging.getLogger(__name__)
 
 
 class BeamFiles:
+    def __init__(self):
+        # A process that ran no pipeline yet (`picasso generate --out s3://...`) has given
+        # Beam no options, and Beam's S3 filesystem refuses to start without them: default
+        # ones leave its client to boto3's own settings (AWS_ENDPOINT_URL_S3, AWS_*). Set
+        # options (the driver's, or those Beam gives a worker) are never replaced.
+        if getattr(FileSystems, "_pipeline_options", None) is None:
+            FileSystems.set_options(PipelineOptions([]))
     def read(self, url: str) -> bytes:
         with FileSystems.open(url) as f:
             return f.read()

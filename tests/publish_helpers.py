@@ -26,7 +26,7 @@ class CheckpointMaker:
         batches, _ = planted_batches(SPEC, self.rows, 256, stream=self.stream, source=f"part-{self.stream}")
         self.stream += 1
         self.trainer.train(batches)
-        return self.trainer.save_checkpoint(self.root, metrics={"train_loss": 0.5, "cache": {"hit_rate": 0.75}})
+        return Path(self.trainer.save_checkpoint(self.root, metrics={"train_loss": 0.5, "cache": {"hit_rate": 0.75}}))
 
 
 def request(checkpoint: Path, auc: float, **extra) -> PublishRequest:

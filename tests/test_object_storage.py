@@ -117,6 +117,16 @@ def test_stream_runs_with_every_path_on_s3(s3, s3_mlflow, kafka_bootstrap):
     assert resumed.failures == 0 and resumed.cycles == 0 and resumed.ledger == summary.ledger
 
 
+def test_a_command_that_runs_no_pipeline_reaches_s3_through_boto3s_own_settings(s3):
+    """`picasso generate` gives Beam no pipeline options: the endpoint comes from the env."""
+    bucket = s3.bucket("picasso-generate")
+    done = subprocess.run([sys.executable, "-m", "picasso.pipelines.cli", "generate", "--out", f"{bucket}/data",
+                           "--rows", "500", "--json"], env={**os.environ, **s3.env()}, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert storage.children(f"{bucket}/data/date={DAY_1}") == ["_planted.json", "part-00000.parquet"]
+
+
 # -- a SIGKILL in the middle of a checkpoint save ------------------------------------------------
 
 SPEC = small_spec()
