@@ -82,12 +82,22 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def _prefixes(root: str) -> dict[str, bool]:
+    """On an object store: each checkpoint prefix under root, and whether it is committed
+    (holds its marker), from one listing."""
+    prefix = root.rstrip("/") + "/"
+    found: dict[str, bool] = {}
+    for path in storage.files_under(root):
+        name, _, rest = path[len(prefix):].partition("/")
+        if name.startswith(_PREFIX):
+            found[name] = found.get(name, False) or rest == MARKER
+    return found
+
+
 def _checkpoints(root: str | Path) -> list[str]:
     """Committed checkpoints under root, oldest first."""
     if storage.is_url(root):
-        marked = {storage.name(storage.parent(path)) for path in storage.files_under(root)
-                  if storage.name(path) == MARKER}
-        return [storage.join(root, name) for name in sorted(marked) if name.startswith(_PREFIX)]
+        return [storage.join(root, name) for name, committed in sorted(_prefixes(str(root)).items()) if committed]
     local = Path(root)
     if not local.is_dir():
         return []
@@ -181,9 +191,8 @@ def clean_temporaries(root: str | Path, before: str | None = None) -> None:
         return number is not None and number < _save_number(before)
 
     if storage.is_url(root):
-        committed = set(_checkpoints(root))
-        for name in storage.children(root):
-            if name.startswith(_PREFIX) and older(name) and storage.join(root, name) not in committed:
+        for name, committed in _prefixes(str(root)).items():
+            if not committed and older(name):
                 storage.delete_tree(storage.join(root, name))
         return
     local = Path(root)
@@ -195,9 +204,12 @@ def clean_temporaries(root: str | Path, before: str | None = None) -> None:
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = str(path)
-    if storage.is_url(path) and not storage.exists(storage.join(path, MARKER)):
-        raise CheckpointError(f"{path} is not a committed checkpoint (it has no {MARKER} marker: a save that "
-                              "did not finish)")
+    if storage.is_url(path):
+        # The marker lists the files: no call asks the store whether applied.json is there.
+        listed = _marker_files(path)
+        applied = json.loads(storage.read_text(storage.join(path, "applied.json"))) if "applied.json" in listed else None
+    else:
+        applied = read_applied(path)
     return Checkpoint(
         path=path,
         state=torch.load(io.BytesIO(storage.read_bytes(storage.join(path, "state.pt"))), weights_only=True,
@@ -205,8 +217,17 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         positions=json.loads(storage.read_text(storage.join(path, "positions.json"))),
         spec=load_spec(storage.join(path, "spec.yaml")),
         metrics=json.loads(storage.read_text(storage.join(path, "metrics.json"))),
-        applied=read_applied(path),
+        applied=applied,
     )
+
+
+def _marker_files(path: str) -> dict[str, int]:
+    """The files a committed checkpoint's marker lists; CheckpointError where it has none."""
+    try:
+        return json.loads(storage.read_text(storage.join(path, MARKER)))["files"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is not a committed checkpoint (it has no {MARKER} marker: a save that "
+                              "did not finish)") from None
 
 
 def read_applied(path: str | Path) -> dict[str, list[list[int]]] | None:
