@@ -8,8 +8,8 @@ loopback, through Beam's S3 filesystem), every file put under a fresh prefix and
 commit marker last. Each load reads it back whole (load_checkpoint), and the newest-
 checkpoint lookup lists the root (latest_checkpoint), as every warm start does.
 
-Last measured (2 cores, quiet; 25.1 MB): save 0.09 s local against 1.84 s on the store,
-load 0.014 against 1.51, latest 0.00005 against 0.083. Most of the store's time is not the
+Last measured (2 cores, quiet; 25.1 MB): save 0.086 s local against 1.64 s on the store,
+load 0.014 against 1.51, latest 0.00005 against 0.093. Most of the store's time is not the
 bytes: Beam's S3 filesystem builds a new boto3 client for every call (about 0.12 s each, a
 checkpoint load makes eight), where one boto3 get of the 25 MB takes 0.04 s on this server.
 
