@@ -1,0 +1,619 @@
+"""Impressions joined with delayed labels: the one policy, as one deterministic function.
+
+Serving logs an impression (the features it used) when it shows an item; the click comes
+later, on another stream. JoinState.advance(impressions, labels, watermark) turns such
+events into labelled samples, by this policy (JoinPolicy):
+
+- An impression waits W (`wait_ms`) in event time for its label. A label event with value
+  1 and a time at most W after the impression's makes it a positive, emitted at once; a
+  label with value 0 (an explicit negative) makes it a negative at once. When the
+  watermark passes the impression's time + W with no label, it is a negative.
+- The first label of an impression decides it. Later labels for it, and impressions whose
+  key was seen before, are duplicates: counted, and nothing else.
+- A label that comes after its impression was emitted as a negative, or that is more than
+  W after it, is late. `drop` counts it. `correct` emits the impression once more as a
+  positive with `join_correction` = 1, so that the loss can weight it (see
+  picasso.delayed_feedback). An emitted impression is remembered, to recognise its late
+  and duplicate labels, until the watermark passes its time + W + `horizon_ms`; then it is
+  forgotten.
+- A label whose impression is not (or no longer) known waits `orphan_grace_ms` past its
+  own time for the impression to arrive; after that it is an orphan, and leaves as a dead
+  letter (JoinOutput.orphans).
+
+The watermark is the hosts' business (event_watermark below, for the bounded-cycle
+stream; Beam's own on a streaming runner): it only moves forward here. Everything a call
+emits depends on the state and its arguments only, never on a clock or on I/O, so two
+hosts fed the same events and watermarks emit the same samples. The state is updated in
+place: at a million pending impressions a copy per call would cost more than the join.
+
+Keys are 64-bit hashes of the join-key fields (join_keys), and the state is columnar:
+numpy arrays of keys, times and states, the features in Arrow tables, and one dict from
+key to slot. A pending impression costs its canonical feature row (about 300 bytes for
+Criteo's 39 fields, against about 600 as JSON) plus about 140 bytes of bookkeeping.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
+
+import numpy as np
+import pyarrow as pa
+
+from picasso.hashing import splitmix64_array, hash_to_buckets
+
+LATE_LABEL_POLICIES = ("drop", "correct")
+CORRECTION_COLUMN = "join_correction"  # int8: 1 on the extra positive `correct` emits
+DELAY_COLUMN = "label_delay_ms"  # int64: label time - impression time; -1 without a label
+
+# The state of an impression's record (the `states` array).
+PENDING = 0  # waiting for its label
+PENDING_LATE = 1  # waiting, and its first label was beyond W: a negative now, late later
+POSITIVE = 2  # emitted as a positive
+NEGATIVE = 3  # emitted as a negative: a label with value 1 is late
+SETTLED = 4  # a late label came (dropped or corrected): every further label is a duplicate
+FORGOTTEN = 5  # past its horizon; its slot awaits compaction
+
+BLOCK = 4096  # slots per block: expiry scans only blocks whose oldest pending record is due
+_NEVER = np.iinfo(np.int64).max
+
+
+@dataclass(frozen=True)
+class JoinPolicy:
+    wait_ms: int  # W
+    late_labels: str = "drop"  # or "correct"
+    horizon_ms: int | None = None  # remembered past W for late labels; None: W again
+    orphan_grace_ms: int = 60_000  # how long a label waits for its impression, past its time
+
+    def __post_init__(self):
+        problems = []
+        if not isinstance(self.wait_ms, int) or self.wait_ms < 0:
+            problems.append(f"the label wait must be a whole number of ms >= 0, got {self.wait_ms!r}")
+        if self.late_labels not in LATE_LABEL_POLICIES:
+            problems.append(f"late labels must be one of {', '.join(LATE_LABEL_POLICIES)}, got {self.late_labels!r}")
+        if self.horizon_ms is not None and (not isinstance(self.horizon_ms, int) or self.horizon_ms < 0):
+            problems.append(f"the late-label horizon must be a whole number of ms >= 0, got {self.horizon_ms!r}")
+        if not isinstance(self.orphan_grace_ms, int) or self.orphan_grace_ms < 0:
+            problems.append(f"the orphan grace must be a whole number of ms >= 0, got {self.orphan_grace_ms!r}")
+        if problems:
+            raise ValueError("invalid join policy: " + "; ".join(problems))
+
+    @property
+    def keep_ms(self) -> int:
+        """How long past its time an impression is remembered."""
+        return self.wait_ms + (self.wait_ms if self.horizon_ms is None else self.horizon_ms)
+
+
+@dataclass
+class Impressions:
+    """Impression events, in arrival order: a key and an event time per row of `rows`
+    (canonical features; its label column is ignored)."""
+
+    keys: np.ndarray  # uint64
+    times: np.ndarray  # int64 ms
+    rows: pa.Table
+
+    def __post_init__(self):
+        self.keys = np.asarray(self.keys, dtype=np.uint64)
+        self.times = np.asarray(self.times, dtype=np.int64)
+        if not len(self.keys) == len(self.times) == self.rows.num_rows:
+            raise ValueError(f"{len(self.keys)} keys, {len(self.times)} times and {self.rows.num_rows} rows")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class Labels:
+    """Label events, in arrival order. `refs` say where each came from (a source and
+    position, or anything the host can turn back into a dead letter); only orphans keep
+    theirs."""
+
+    keys: np.ndarray  # uint64
+    times: np.ndarray  # int64 ms
+    values: np.ndarray  # int8, 0 or 1
+    refs: list | None = None
+
+    def __post_init__(self):
+        self.keys = np.asarray(self.keys, dtype=np.uint64)
+        self.times = np.asarray(self.times, dtype=np.int64)
+        self.values = np.asarray(self.values, dtype=np.int8)
+        if not len(self.keys) == len(self.times) == len(self.values):
+            raise ValueError(f"{len(self.keys)} keys, {len(self.times)} times and {len(self.values)} values")
+        if self.refs is not None and len(self.refs) != len(self.keys):
+            raise ValueError(f"{len(self.refs)} refs for {len(self.keys)} labels")
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass
+class JoinCounts:
+    impressions: int = 0  # distinct impressions taken in
+    duplicate_impressions: int = 0
+    labels: int = 0  # label events taken in, duplicates included
+    duplicate_labels: int = 0
+    positives: int = 0  # samples emitted as positives (corrections not included)
+    negatives: int = 0
+    explicit_negatives: int = 0  # of the negatives: decided by a label with value 0
+    late_labels: int = 0
+    corrections: int = 0  # extra positives `correct` emitted
+    orphan_labels: int = 0  # dead-lettered: no impression within the grace
+    forgotten: int = 0  # impressions past their horizon
+
+    def add(self, other: "JoinCounts") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass(frozen=True)
+class OrphanLabel:
+    key: int
+    time_ms: int
+    value: int
+    ref: object
+
+
+@dataclass
+class JoinOutput:
+    samples: pa.Table  # canonical rows with their label, plus CORRECTION_COLUMN and DELAY_COLUMN
+    orphans: list[OrphanLabel] = field(default_factory=list)
+    counts: JoinCounts = field(default_factory=JoinCounts)
+    delays_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # of the labels matched
+
+
+def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
+    """One uint64 key per row from the join-key columns (strings or integers).
+
+    Strings hash with picasso.hashing's FNV-1a, integers as themselves, then each column
+    is mixed in with splitmix64, so ("a", 1) and (1, "a") differ. Two distinct keys
+    collide with probability 2^-64 per pair: about 3e-8 for any collision among a million
+    pending impressions."""
+    key = np.zeros(len(columns[0]) if len(columns) else 0, dtype=np.uint64)
+    for i, column in enumerate(columns):
+        values = column if isinstance(column, np.ndarray) else None
+        if values is None and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+                               or pa.types.is_binary(column.type)):
+            values = hash_to_buckets(column, 1 << 62).astype(np.uint64)  # the FNV hash of the text
+        elif values is None:
+            values = column.to_numpy(zero_copy_only=False)
+        values = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
+        with np.errstate(over="ignore"):
+            key = splitmix64_array(key ^ splitmix64_array(values + np.uint64(i + 1)))
+    return key
+
+
+def event_watermark(newest_ms: dict[str, int], allowed_lateness_ms: int) -> int | None:
+    """The event-time watermark: the oldest of the partitions' newest event times, less the
+    allowed lateness; None before any partition has an event."""
+    return min(newest_ms.values()) - allowed_lateness_ms if newest_ms else None
+
+
+class JoinState:
+    """The pending impressions, the emitted ones still remembered, and the labels still
+    waiting for their impression. See the module's docstring for the policy."""
+
+    def __init__(self, policy: JoinPolicy, schema: pa.Schema, block: int = BLOCK):
+        self.policy = policy
+        self.schema = schema  # the feature rows' (canonical) schema
+        self._block = block
+        self.watermark: int | None = None
+        self.counts = JoinCounts()
+        # Slot i of the arrays is the record of one impression, in arrival order; its
+        # features are row row_ids[i] of the segments, -1 once it needs them no more.
+        self._size = 0
+        self.keys = np.zeros(0, np.uint64)
+        self.times = np.zeros(0, np.int64)
+        self.states = np.zeros(0, np.int8)
+        self.label_times = np.zeros(0, np.int64)  # of the first label; -1 none
+        self.row_ids = np.zeros(0, np.int64)
+        self._index: dict[int, int] = {}  # key -> slot
+        self._segments: list[tuple[int, pa.Table]] = []  # (first row id, its feature rows)
+        self._next_row = 0
+        self._rows_needed = 0  # rows some record still points at
+        self._rows_stored = 0  # rows the segments hold
+        self._block_due = np.zeros(0, np.int64)  # per block: the earliest time of a waiting record
+        self._block_keep = np.zeros(0, np.int64)  # per block: the earliest time of a live record
+        self._live = 0
+        # Labels waiting for their impression: key -> (time, value, ref), first one only.
+        self._orphans: dict[int, tuple[int, int, object]] = {}
+
+    # -- what is held ------------------------------------------------------------------
+
+    @property
+    def pending(self) -> int:
+        """Impressions still waiting for their label."""
+        states = self.states[:self._size]
+        return int(np.count_nonzero(states <= PENDING_LATE))
+
+    @property
+    def remembered(self) -> int:
+        """Impressions held: pending, or emitted and within their horizon."""
+        return self._live
+
+    @property
+    def waiting_labels(self) -> int:
+        return len(self._orphans)
+
+    def nbytes(self) -> int:
+        """Bytes the records hold: features, arrays and the key index (an estimate of the
+        dict's share: its table and its two int objects per entry)."""
+        features = sum(table.nbytes for _, table in self._segments)
+        arrays = sum(a.nbytes for a in (self.keys, self.times, self.states, self.label_times, self.row_ids))
+        index = len(self._index) * (36 + 28) + _dict_table_bytes(len(self._index))
+        return features + arrays + index
+
+    # -- the join ----------------------------------------------------------------------
+
+    def advance(self, impressions: Impressions | None, labels: Labels | None, watermark: int | None) -> JoinOutput:
+        """Take in the new events, then the watermark; return what they decide.
+
+        Impressions are taken before labels, so a label that arrives in the same call as
+        its impression joins it. A watermark behind the state's is ignored (watermarks only
+        move forward)."""
+        out = _Emitted(self.schema)
+        if impressions is not None and len(impressions):
+            waiting = self._take_impressions(impressions, out.counts)
+            if waiting is not None:  # labels that were waiting for these impressions
+                self._take_labels(waiting, out, from_waiting=True)
+        if labels is not None and len(labels):
+            out.counts.labels += len(labels)
+            self._take_labels(labels, out)
+        if watermark is not None and (self.watermark is None or watermark > self.watermark):
+            self.watermark = int(watermark)
+            self._expire(out)
+        self.counts.add(out.counts)
+        return out.result()
+
+    def _take_impressions(self, impressions: Impressions, counts: JoinCounts) -> Labels | None:
+        keys = impressions.keys
+        unique_keys, first = np.unique(keys, return_index=True)
+        first.sort()  # arrival order
+        known = self._lookup(keys[first])
+        new = first[known < 0]
+        counts.duplicate_impressions += len(keys) - len(new)
+        counts.impressions += len(new)
+        if not len(new):
+            return None
+        rows = impressions.rows if len(new) == len(keys) else impressions.rows.take(pa.array(new))
+        self._append(keys[new], impressions.times[new], rows)
+        if not self._orphans:
+            return None
+        waiting = [(k, self._orphans.pop(k)) for k in keys[new].tolist() if k in self._orphans]
+        if not waiting:
+            return None
+        return Labels(keys=[k for k, _ in waiting], times=[w[0] for _, w in waiting],
+                      values=[w[1] for _, w in waiting], refs=[w[2] for _, w in waiting])
+
+    def _take_labels(self, labels: Labels, out: "_Emitted", from_waiting: bool = False) -> None:
+        slots = self._lookup(labels.keys)
+        unknown = np.flatnonzero(slots < 0)
+        if len(unknown):
+            self._wait_for_impressions(labels, unknown, out.counts)
+        known = np.flatnonzero(slots >= 0)
+        if not len(known):
+            return
+        # The k-th label of each impression in this call, round k: within a round no two
+        # labels share a record, so each round is one vectorised step of the state machine.
+        order = known[np.argsort(slots[known], kind="stable")]
+        sorted_slots = slots[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_slots)) + 1]
+        rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+        for k in range(int(rank.max()) + 1):
+            chosen = np.sort(order[rank == k])  # arrival order within the round
+            self._label_step(slots[chosen], labels.times[chosen], labels.values[chosen], out)
+
+    def _label_step(self, slots: np.ndarray, times: np.ndarray, values: np.ndarray, out: "_Emitted") -> None:
+        policy = self.policy
+        states = self.states[slots]
+        delays = times - self.times[slots]
+        fresh = states == PENDING
+        in_window = delays <= policy.wait_ms
+        positive = fresh & (values == 1) & in_window
+        explicit_negative = fresh & (values == 0)
+        beyond = fresh & (values == 1) & ~in_window
+        late = (states == NEGATIVE) & (values == 1)
+        out.counts.duplicate_labels += int(np.count_nonzero(~(fresh | late)))
+        out.delays.append(delays[positive | beyond | late])
+        self.label_times[slots[fresh | late]] = times[fresh | late]
+        self.states[slots[positive]] = POSITIVE
+        self.states[slots[beyond]] = PENDING_LATE
+        out.emit(self, slots[positive], label=1)
+        self._release(slots[positive])
+        self._emit_negatives(slots[explicit_negative], out)
+        out.counts.explicit_negatives += int(np.count_nonzero(explicit_negative))
+        self._late(slots[late], out)
+        # Decided records still count in their blocks' earliest due time until the next
+        # scan of the block: a scan too many, never one too few.
+
+    def _emit_negatives(self, slots: np.ndarray, out: "_Emitted") -> None:
+        self.states[slots] = NEGATIVE
+        out.emit(self, slots, label=0)
+        if self.policy.late_labels == "drop":  # no correction will need the features
+            self._release(slots)
+
+    def _late(self, slots: np.ndarray, out: "_Emitted") -> None:
+        """Labels with value 1 for impressions emitted as negatives."""
+        out.counts.late_labels += len(slots)
+        self.states[slots] = SETTLED
+        if self.policy.late_labels == "correct":
+            out.emit(self, slots, label=1, correction=True)
+        self._release(slots)
+
+    def _wait_for_impressions(self, labels: Labels, unknown: np.ndarray, counts: JoinCounts) -> None:
+        orphans = self._orphans
+        for i in unknown.tolist():
+            key = int(labels.keys[i])
+            if key in orphans:
+                counts.duplicate_labels += 1
+            else:
+                orphans[key] = (int(labels.times[i]), int(labels.values[i]), labels.refs[i] if labels.refs else None)
+
+    def _expire(self, out: "_Emitted") -> None:
+        watermark, policy = self.watermark, self.policy
+        due_slots = []
+        for block in np.flatnonzero(self._block_due < watermark - policy.wait_ms + 1).tolist():
+            lo, hi = block * self._block, min((block + 1) * self._block, self._size)
+            states, times = self.states[lo:hi], self.times[lo:hi]
+            waiting = states <= PENDING_LATE
+            due = waiting & (times + policy.wait_ms < watermark)
+            due_slots.append(lo + np.flatnonzero(due))
+            still = waiting & ~due
+            self._block_due[block] = times[still].min() if still.any() else _NEVER
+        # Emitted together, in arrival order: the order of the samples must not depend on
+        # how the records fall into blocks (a state restored from a checkpoint has other
+        # blocks than one that never stopped).
+        slots = np.concatenate(due_slots) if due_slots else np.zeros(0, np.int64)
+        late = slots[self.states[slots] == PENDING_LATE]
+        self._emit_negatives(slots, out)
+        self._late(late, out)
+        self._forget(out.counts)
+        self._dead_letter_orphans(out)
+        self._compact()
+
+    def _forget(self, counts: JoinCounts) -> None:
+        watermark, keep = self.watermark, self.policy.keep_ms
+        for block in np.flatnonzero(self._block_keep < watermark - keep + 1).tolist():
+            lo, hi = block * self._block, min((block + 1) * self._block, self._size)
+            states, times = self.states[lo:hi], self.times[lo:hi]
+            live = (states != FORGOTTEN)
+            gone = live & (states > PENDING_LATE) & (times + keep < watermark)
+            if gone.any():
+                slots = lo + np.flatnonzero(gone)
+                for key in self.keys[slots].tolist():
+                    del self._index[key]
+                self._release(slots)
+                self.states[slots] = FORGOTTEN
+                self._live -= len(slots)
+                counts.forgotten += len(slots)
+            still = live & ~gone
+            self._block_keep[block] = times[still].min() if still.any() else _NEVER
+
+    def _dead_letter_orphans(self, out: "_Emitted") -> None:
+        if not self._orphans:
+            return
+        limit = self.watermark - self.policy.orphan_grace_ms
+        expired = [key for key, (time, _, _) in self._orphans.items() if time < limit]
+        for key in sorted(expired, key=lambda k: (self._orphans[k][0], k)):
+            time, value, ref = self._orphans.pop(key)
+            out.orphans.append(OrphanLabel(key, time, value, ref))
+        out.counts.orphan_labels += len(expired)
+
+    # -- storage of the records ---------------------------------------------------------
+
+    def _lookup(self, keys: np.ndarray) -> np.ndarray:
+        get = self._index.get
+        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=len(keys))
+
+    def _append(self, keys: np.ndarray, times: np.ndarray, rows: pa.Table) -> None:
+        start, n = self._size, len(keys)
+        end = start + n
+        if end > len(self.keys):
+            capacity = max(end, 2 * len(self.keys), self._block)
+            self.keys = _grown(self.keys, capacity, 0)
+            self.times = _grown(self.times, capacity, 0)
+            self.states = _grown(self.states, capacity, FORGOTTEN)
+            self.label_times = _grown(self.label_times, capacity, -1)
+            self.row_ids = _grown(self.row_ids, capacity, -1)
+        self.keys[start:end] = keys
+        self.times[start:end] = times
+        self.states[start:end] = PENDING
+        self.label_times[start:end] = -1
+        self.row_ids[start:end] = np.arange(self._next_row, self._next_row + n)
+        self._add_segment(rows)
+        self._next_row += n
+        self._rows_needed += n
+        self._rows_stored += n
+        self._size = end
+        self._index.update(zip(keys.tolist(), range(start, end)))
+        self._live += n
+        blocks = -(-end // self._block)
+        if blocks > len(self._block_due):
+            grow = blocks - len(self._block_due)
+            self._block_due = np.r_[self._block_due, np.full(grow, _NEVER)]
+            self._block_keep = np.r_[self._block_keep, np.full(grow, _NEVER)]
+        block_of = np.arange(start, end) // self._block
+        np.minimum.at(self._block_due, block_of, times)
+        np.minimum.at(self._block_keep, block_of, times)
+
+    def _release(self, slots: np.ndarray) -> None:
+        """These records' feature rows are needed no more (emitted for good)."""
+        held = slots[self.row_ids[slots] >= 0]
+        self.row_ids[held] = -1
+        self._rows_needed -= len(held)
+
+    def _add_segment(self, rows: pa.Table) -> None:
+        """Append the rows of new row ids, then merge the newest segments while the older
+        one is at most twice the newer: O(log n) segments, so a take touches few of them,
+        and each row is copied O(log n) times."""
+        segments = self._segments
+        segments.append((self._next_row, rows))
+        while len(segments) >= 2 and segments[-2][1].num_rows <= 2 * segments[-1][1].num_rows:
+            (first, older), (_, newer) = segments[-2], segments[-1]
+            segments[-2:] = [(first, pa.concat_tables([older, newer]).combine_chunks())]
+
+    def _features(self, row_ids: np.ndarray) -> pa.Table:
+        """The feature rows of row_ids, which must ascend."""
+        if not len(row_ids):
+            return self.schema.empty_table()
+        starts = np.array([s for s, _ in self._segments], dtype=np.int64)
+        segment = np.searchsorted(starts, row_ids, side="right") - 1
+        bounds = np.searchsorted(segment, np.arange(len(self._segments) + 1))
+        parts = []
+        for s, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
+            if hi > lo:
+                first, table = self._segments[s]
+                parts.append(table.take(pa.array(row_ids[lo:hi] - first)))
+        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+
+    def _compact(self) -> None:
+        """Give back what emitted and forgotten records hold, once it is a good part of the
+        whole: each compaction copies what is kept, so it waits for a quarter's waste."""
+        if self._rows_stored - self._rows_needed > max(self._rows_needed // 4, self._block):
+            slots = np.flatnonzero(self.row_ids[:self._size] >= 0)
+            table = self._features(self.row_ids[slots]).combine_chunks() if len(slots) else self.schema.empty_table()
+            self.row_ids[slots] = np.arange(len(slots))
+            self._segments = [(0, table)]
+            self._next_row = self._rows_stored = self._rows_needed = len(slots)
+        if self._size > 4 * self._block and self._live < self._size // 2:
+            self._renumber()
+
+    def _renumber(self) -> None:
+        """Drop forgotten slots from the arrays, and renumber the index."""
+        alive = np.flatnonzero(self.states[:self._size] != FORGOTTEN)
+        n = len(alive)
+        for name in ("keys", "times", "states", "label_times", "row_ids"):
+            array = getattr(self, name)
+            array[:n] = array[alive]
+            array[n:self._size] = -1 if name in ("label_times", "row_ids") else (FORGOTTEN if name == "states" else 0)
+        self._size = n
+        self._index = dict(zip(self.keys[:n].tolist(), range(n)))
+        self._reblock()
+
+    def _reblock(self) -> None:
+        """The per-block earliest due and keep times, from the arrays."""
+        blocks = -(-self._size // self._block)
+        self._block_due = np.full(blocks, _NEVER)
+        self._block_keep = np.full(blocks, _NEVER)
+        block_of = np.arange(self._size) // self._block
+        states, times = self.states[:self._size], self.times[:self._size]
+        waiting = states <= PENDING_LATE
+        np.minimum.at(self._block_due, block_of[waiting], times[waiting])
+        live = states != FORGOTTEN
+        np.minimum.at(self._block_keep, block_of[live], times[live])
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def to_files(self) -> dict[str, bytes]:
+        """The state as files for a checkpoint: the records and their feature rows (Arrow
+        IPC files), and the rest (JSON, with the labels still waiting)."""
+        slots = np.flatnonzero(self.states[:self._size] != FORGOTTEN)
+        row_ids = self.row_ids[slots]
+        with_rows = row_ids >= 0
+        features = self._features(row_ids[with_rows]) if with_rows.any() else self.schema.empty_table()
+        records = pa.table({"key": self.keys[slots], "time": self.times[slots], "state": self.states[slots],
+                            "label_time": self.label_times[slots], "has_row": with_rows})
+        rest = {
+            "policy": asdict(self.policy),
+            "watermark": self.watermark,
+            "counts": asdict(self.counts),
+            "waiting_labels": [[str(key), time, value, ref] for key, (time, value, ref) in self._orphans.items()],
+        }
+        return {"join-records.arrow": _ipc(records), "join-features.arrow": _ipc(features.combine_chunks()),
+                "join-state.json": json.dumps(rest, sort_keys=True).encode()}
+
+    @classmethod
+    def from_files(cls, files: dict[str, bytes], schema: pa.Schema, policy: JoinPolicy,
+                   block: int = BLOCK) -> "JoinState":
+        """A state from to_files' output, under `policy` (which may differ from the saved
+        one: a new wait applies to the impressions still pending)."""
+        state = cls(policy, schema, block)
+        rest = json.loads(files["join-state.json"])
+        records = _read_ipc(files["join-records.arrow"])
+        features = _read_ipc(files["join-features.arrow"]).select(schema.names).cast(schema)
+        has_row = records.column("has_row").to_numpy(zero_copy_only=False)
+        state._append(records.column("key").to_numpy(), records.column("time").to_numpy(), features)
+        n = records.num_rows
+        state.states[:n] = records.column("state").to_numpy()
+        state.label_times[:n] = records.column("label_time").to_numpy()
+        state.row_ids[:n] = -1
+        state.row_ids[np.flatnonzero(has_row)] = np.arange(features.num_rows)
+        state._next_row = state._rows_needed = state._rows_stored = features.num_rows
+        state._reblock()
+        state.watermark = rest["watermark"]
+        state.counts = JoinCounts(**rest["counts"])
+        state._orphans = {int(key): (time, value, ref) for key, time, value, ref in rest["waiting_labels"]}
+        return state
+
+
+def _ipc(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _read_ipc(data: bytes) -> pa.Table:
+    return pa.ipc.open_file(pa.BufferReader(data)).read_all()
+
+
+class _Emitted:
+    """What one advance() emits, gathered in order."""
+
+    def __init__(self, schema: pa.Schema):
+        self.schema = schema
+        self.parts: list[pa.Table] = []
+        self.counts = JoinCounts()
+        self.delays: list[np.ndarray] = []
+        self.orphans: list[OrphanLabel] = []
+
+    def emit(self, state: JoinState, slots: np.ndarray, label: int, correction: bool = False) -> None:
+        """Emit the records of slots, in slot (arrival) order."""
+        if not len(slots):
+            return
+        slots = np.sort(slots)
+        if correction:
+            self.counts.corrections += len(slots)
+        elif label:
+            self.counts.positives += len(slots)
+        else:
+            self.counts.negatives += len(slots)
+        rows = state._features(state.row_ids[slots])
+        n = len(slots)
+        rows = rows.set_column(rows.schema.get_field_index("label"), "label",
+                               pa.array(np.full(n, label, dtype=np.float32)))
+        delay = np.where(state.label_times[slots] >= 0, state.label_times[slots] - state.times[slots], -1)
+        rows = rows.append_column(CORRECTION_COLUMN, pa.array(np.full(n, int(correction), dtype=np.int8)))
+        self.parts.append(rows.append_column(DELAY_COLUMN, pa.array(delay.astype(np.int64))))
+
+    def result(self) -> JoinOutput:
+        if self.parts:
+            samples = pa.concat_tables(self.parts) if len(self.parts) > 1 else self.parts[0]
+        else:
+            samples = sample_schema(self.schema).empty_table()
+        delays = np.concatenate(self.delays) if self.delays else np.zeros(0, np.int64)
+        return JoinOutput(samples=samples, orphans=self.orphans, counts=self.counts, delays_ms=delays)
+
+
+def sample_schema(feature_schema: pa.Schema) -> pa.Schema:
+    """The schema of the samples a join emits: the canonical features and their label,
+    then CORRECTION_COLUMN and DELAY_COLUMN."""
+    return feature_schema.append(pa.field(CORRECTION_COLUMN, pa.int8())).append(pa.field(DELAY_COLUMN, pa.int64()))
+
+
+def _grown(array: np.ndarray, capacity: int, fill) -> np.ndarray:
+    grown = np.full(capacity, fill, dtype=array.dtype)
+    grown[:len(array)] = array
+    return grown
+
+
+def _dict_table_bytes(entries: int) -> int:
+    """CPython's dict of `entries` int keys: 8-byte index slots and 24-byte entries at a
+    load of at most 2/3, sized in powers of two."""
+    slots = 8
+    while slots * 2 // 3 < entries:
+        slots *= 2
+    return slots * 8 + (slots * 2 // 3) * 24
+
