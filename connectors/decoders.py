@@ -112,15 +112,21 @@ def _as_number(value) -> tuple[float, str | None]:
 
 
 class RecordDecoder:
-    def __init__(self, spec: FeatureSpec, options: DecodeOptions = DecodeOptions()):
+    """`events`, when given, also reads and validates the fields of a join event (its key
+    and event time: connectors.join_events.EventFields), as columns after the canonical
+    ones."""
+
+    def __init__(self, spec: FeatureSpec, options: DecodeOptions = DecodeOptions(), events=None):
         self.spec = spec
         self.options = options
-        self.known = {spec.label, *spec.dense_names, *spec.sparse_names}
+        self.events = events
+        self.known = {spec.label, *spec.dense_names, *spec.sparse_names, *(events.names if events else ())}
         self._log1p = np.array([f.transform == "log1p" for f in spec.dense], dtype=bool)
         self.schema = pa.schema(
             [pa.field("label", pa.float32())]
             + [pa.field(f.name, pa.float32()) for f in spec.dense]
             + [pa.field(f.name, pa.list_(pa.int64())) for f in spec.sparse]
+            + (list(events.schema) if events else [])
         )
 
     # -- entry points, one per format -------------------------------------------------
@@ -304,15 +310,18 @@ class RecordDecoder:
             for name in sorted(set(columns) - self.known):
                 present = ~_null_mask(columns[name], n)
                 verdicts.refuse(present, lambda _, name=name: f"unknown field '{name}'")
+        events = self.events.validate(columns, n, verdicts, positions, label) if self.events else {}
 
         good = ~verdicts.bad
         if verdicts.bad.any():
             keep = pa.array(good)
             arrays = [pa.array(out["label"][good])] + [pa.array(out[f.name][good]) for f in spec.dense]
             arrays += [out[f.name].filter(keep) for f in spec.sparse]
+            arrays += [column.filter(keep) for column in events.values()]
         else:
             arrays = [pa.array(out["label"])] + [pa.array(out[f.name]) for f in spec.dense]
             arrays += [out[f.name] for f in spec.sparse]
+            arrays += list(events.values())
         table = pa.Table.from_arrays(arrays, schema=self.schema)
         dead = [
             DeadLetter(source=source, position=int(positions[i]), payload=payload_of(i), reason=verdicts.reasons[i])

@@ -36,6 +36,7 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 
 POSITIONS_KEY = b"picasso.positions"
 STARTS_KEY = b"picasso.starts"
+LATE_SHARE_KEY = b"picasso.late_share"
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class TorchBatch:
     dense: torch.Tensor  # (N, num_dense) float32
     ids: dict[str, torch.Tensor]  # group -> flat int64 ids
     offsets: dict[str, torch.Tensor]  # group -> (N * fields,) int32 bag starts
+    # A joined stream's d̂ when its loss weights late labels (picasso.delayed_feedback).
+    late_share: float | None = None
 
     @property
     def num_samples(self) -> int:
@@ -58,6 +61,7 @@ class TorchBatch:
             dense=move(self.dense),
             ids={k: move(v) for k, v in self.ids.items()},
             offsets={k: move(v) for k, v in self.offsets.items()},
+            late_share=self.late_share,
         )
 
 
@@ -80,6 +84,16 @@ class PackedBatch:
         metadata = self.data.schema.metadata or {}
         starts, ends = json.loads(metadata.get(STARTS_KEY, b"{}")), self.positions
         return {source: (start, ends[source]) for source, start in starts.items() if source in ends}
+
+    @property
+    def late_share(self) -> float | None:
+        metadata = self.data.schema.metadata or {}
+        return float(metadata[LATE_SHARE_KEY]) if LATE_SHARE_KEY in metadata else None
+
+    def with_late_share(self, share: float) -> "PackedBatch":
+        """This batch, its loss weighted for late labels with d̂ = share (delayed_feedback)."""
+        metadata = {**(self.data.schema.metadata or {}), LATE_SHARE_KEY: repr(float(share)).encode()}
+        return PackedBatch(self.data.replace_schema_metadata(metadata))
 
     def to_torch(self) -> TorchBatch:
         """Views of the Arrow buffers as tensors: nothing is copied."""
@@ -104,6 +118,7 @@ class PackedBatch:
             dense=dense,
             ids=ids,
             offsets=offsets,
+            late_share=self.late_share,
         )
 
 

@@ -222,7 +222,8 @@ class HotCache:
             staged = [[value.to(table.device, non_blocking=True) for value in table.gather(miss_rows)]
                       for table in self.tables[name]]
             groups[name] = PreparedGroup(ids.numel(), int(hit_counts.sum()), hit_slots, miss_rows, staged, reread)
-        local = TorchBatch(label=tensors.label, dense=tensors.dense, ids=local_ids, offsets=tensors.offsets)
+        local = TorchBatch(label=tensors.label, dense=tensors.dense, ids=local_ids, offsets=tensors.offsets,
+                           late_share=tensors.late_share)
         return PreparedBatch(local, groups, self.epoch)
 
     def install(self, prepared: PreparedBatch, training: bool = True) -> None:

@@ -106,7 +106,8 @@ def _checkpoints(root: str | Path) -> list[str]:
     return sorted(str(p) for p in local.iterdir() if p.is_dir() and p.name.startswith(_PREFIX))
 
 
-def _files(state: dict, spec: FeatureSpec, positions: dict, metrics: dict, applied) -> dict[str, bytes]:
+def _files(state: dict, spec: FeatureSpec, positions: dict, metrics: dict, applied,
+           extra: dict[str, bytes] | None) -> dict[str, bytes]:
     buffer = io.BytesIO()
     torch.save(state, buffer)
     files = {
@@ -117,7 +118,10 @@ def _files(state: dict, spec: FeatureSpec, positions: dict, metrics: dict, appli
     }
     if applied is not None:
         files["applied.json"] = json.dumps(applied, sort_keys=True).encode()
-    return files
+    for name in extra or {}:
+        if name in files or name == MARKER or "/" in name:
+            raise ValueError(f"a checkpoint's extra file may not be named {name!r}")
+    return {**files, **(extra or {})}
 
 
 def _marker(files: dict[str, bytes]) -> bytes:
@@ -136,9 +140,10 @@ def _next_name(root: str | Path, step: int) -> str:
 
 
 def save_checkpoint(root: str | Path, state: dict, spec: FeatureSpec, positions: dict[str, int], metrics: dict,
-                    applied: dict[str, list[list[int]]] | None = None) -> str:
-    """Write a new checkpoint of state (at state["step"]), committed whole; returns its path."""
-    files = _files(state, spec, positions, metrics, applied)
+                    applied: dict[str, list[list[int]]] | None = None, extra: dict[str, bytes] | None = None) -> str:
+    """Write a new checkpoint of state (at state["step"]), committed whole; returns its path.
+    `extra` files (name -> bytes: a stream's pending impressions, say) are committed with it."""
+    files = _files(state, spec, positions, metrics, applied, extra)
     name = _next_name(root, int(state["step"]))
     if storage.is_url(root):
         final = storage.join(root, name)
@@ -228,6 +233,15 @@ def _marker_files(path: str) -> dict[str, int]:
     except FileNotFoundError:
         raise CheckpointError(f"{path} is not a committed checkpoint (it has no {MARKER} marker: a save that "
                               "did not finish)") from None
+
+
+def read_checkpoint_file(path: str | Path, name: str) -> bytes | None:
+    """One of a checkpoint's extra files (see save_checkpoint); None where it has none."""
+    path = str(path)
+    if storage.is_url(path):
+        return storage.read_bytes(storage.join(path, name)) if name in _marker_files(path) else None
+    file = storage.join(path, name)
+    return storage.read_bytes(file) if storage.exists(file) else None
 
 
 def read_applied(path: str | Path) -> dict[str, list[list[int]]] | None:

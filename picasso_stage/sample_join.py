@@ -164,6 +164,44 @@ class JoinOutput:
     delays_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # of the labels matched
 
 
+@dataclass(frozen=True)
+class LabelDecision:
+    """What one label does to the record of its impression (masks over the labels)."""
+
+    positive: np.ndarray  # within W: a positive, now
+    explicit_negative: np.ndarray  # value 0: a negative, now
+    beyond: np.ndarray  # value 1, more than W after the impression: late once it times out
+    late: np.ndarray  # value 1 for an impression emitted as a negative
+    duplicate: np.ndarray  # anything else: the impression was decided by an earlier label
+
+
+def decide_labels(states: np.ndarray, delays: np.ndarray, values: np.ndarray, policy: JoinPolicy) -> LabelDecision:
+    """The policy's verdict on labels whose impressions are known: `states` are those
+    records' states, `delays` label time - impression time. Both hosts take their
+    decisions here."""
+    fresh = states == PENDING
+    clicked = values == 1
+    in_window = delays <= policy.wait_ms
+    late = (states == NEGATIVE) & clicked
+    return LabelDecision(positive=fresh & clicked & in_window, explicit_negative=fresh & ~clicked,
+                         beyond=fresh & clicked & ~in_window, late=late, duplicate=~(fresh | late))
+
+
+def timed_out(times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndarray:
+    """Which waiting impressions of these times the watermark decides as negatives."""
+    return times + policy.wait_ms < watermark
+
+
+def forgettable(times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndarray:
+    """Which decided impressions of these times are past their horizon."""
+    return times + policy.keep_ms < watermark
+
+
+def orphaned(label_times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndarray:
+    """Which labels waiting for their impression have waited long enough."""
+    return label_times + policy.orphan_grace_ms < watermark
+
+
 def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
     """One uint64 key per row from the join-key columns (strings or integers).
 
@@ -194,6 +232,8 @@ def event_watermark(newest_ms: dict[str, int], allowed_lateness_ms: int) -> int 
 class JoinState:
     """The pending impressions, the emitted ones still remembered, and the labels still
     waiting for their impression. See the module's docstring for the policy."""
+
+    FILES = ("join-records.arrow", "join-features.arrow", "join-state.json")  # what to_files writes
 
     def __init__(self, policy: JoinPolicy, schema: pa.Schema, block: int = BLOCK):
         self.policy = policy
@@ -306,25 +346,19 @@ class JoinState:
             self._label_step(slots[chosen], labels.times[chosen], labels.values[chosen], out)
 
     def _label_step(self, slots: np.ndarray, times: np.ndarray, values: np.ndarray, out: "_Emitted") -> None:
-        policy = self.policy
-        states = self.states[slots]
         delays = times - self.times[slots]
-        fresh = states == PENDING
-        in_window = delays <= policy.wait_ms
-        positive = fresh & (values == 1) & in_window
-        explicit_negative = fresh & (values == 0)
-        beyond = fresh & (values == 1) & ~in_window
-        late = (states == NEGATIVE) & (values == 1)
-        out.counts.duplicate_labels += int(np.count_nonzero(~(fresh | late)))
-        out.delays.append(delays[positive | beyond | late])
-        self.label_times[slots[fresh | late]] = times[fresh | late]
-        self.states[slots[positive]] = POSITIVE
-        self.states[slots[beyond]] = PENDING_LATE
-        out.emit(self, slots[positive], label=1)
-        self._release(slots[positive])
-        self._emit_negatives(slots[explicit_negative], out)
-        out.counts.explicit_negatives += int(np.count_nonzero(explicit_negative))
-        self._late(slots[late], out)
+        decision = decide_labels(self.states[slots], delays, values, self.policy)
+        out.counts.duplicate_labels += int(np.count_nonzero(decision.duplicate))
+        out.delays.append(delays[decision.positive | decision.beyond | decision.late])
+        takes = ~decision.duplicate
+        self.label_times[slots[takes]] = times[takes]
+        self.states[slots[decision.positive]] = POSITIVE
+        self.states[slots[decision.beyond]] = PENDING_LATE
+        out.emit(self, slots[decision.positive], label=1)
+        self._release(slots[decision.positive])
+        self._emit_negatives(slots[decision.explicit_negative], out)
+        out.counts.explicit_negatives += int(np.count_nonzero(decision.explicit_negative))
+        self._late(slots[decision.late], out)
         # Decided records still count in their blocks' earliest due time until the next
         # scan of the block: a scan too many, never one too few.
 
@@ -358,7 +392,7 @@ class JoinState:
             lo, hi = block * self._block, min((block + 1) * self._block, self._size)
             states, times = self.states[lo:hi], self.times[lo:hi]
             waiting = states <= PENDING_LATE
-            due = waiting & (times + policy.wait_ms < watermark)
+            due = waiting & timed_out(times, watermark, policy)
             due_slots.append(lo + np.flatnonzero(due))
             still = waiting & ~due
             self._block_due[block] = times[still].min() if still.any() else _NEVER
@@ -379,7 +413,7 @@ class JoinState:
             lo, hi = block * self._block, min((block + 1) * self._block, self._size)
             states, times = self.states[lo:hi], self.times[lo:hi]
             live = (states != FORGOTTEN)
-            gone = live & (states > PENDING_LATE) & (times + keep < watermark)
+            gone = live & (states > PENDING_LATE) & forgettable(times, watermark, self.policy)
             if gone.any():
                 slots = lo + np.flatnonzero(gone)
                 for key in self.keys[slots].tolist():
@@ -394,8 +428,9 @@ class JoinState:
     def _dead_letter_orphans(self, out: "_Emitted") -> None:
         if not self._orphans:
             return
-        limit = self.watermark - self.policy.orphan_grace_ms
-        expired = [key for key, (time, _, _) in self._orphans.items() if time < limit]
+        keys = list(self._orphans)
+        times = np.array([self._orphans[key][0] for key in keys], dtype=np.int64)
+        expired = [keys[i] for i in np.flatnonzero(orphaned(times, self.watermark, self.policy)).tolist()]
         for key in sorted(expired, key=lambda k: (self._orphans[k][0], k)):
             time, value, ref = self._orphans.pop(key)
             out.orphans.append(OrphanLabel(key, time, value, ref))

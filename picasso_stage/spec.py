@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from picasso import storage
+from picasso.join_spec import JoinSpec, parse_join
 
 POOLING_MODES = ("sum", "mean")
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "adagrad_elementwise", "adam")
@@ -108,7 +109,7 @@ class FeatureSpec:
 # ---------------------------------------------------------------------------------------
 # Parsing and validation
 
-_TOP_KEYS = {"name", "label", "dense", "sparse"}
+_TOP_KEYS = {"name", "label", "dense", "sparse", "join"}
 _DENSE_KEYS = {f.name for f in dataclasses.fields(DenseField)}
 _SPARSE_KEYS = {f.name for f in dataclasses.fields(SparseField)}
 
@@ -195,6 +196,7 @@ def parse_spec(raw: Any) -> FeatureSpec:
     sparse = [_parse_sparse(i, e, problems) for i, e in enumerate(sparse_raw if isinstance(sparse_raw, list) else [])]
     if isinstance(sparse_raw, list) and not sparse_raw:
         problems.append("spec: needs at least one sparse field")
+    parse_join(raw.get("join"), problems)  # kept apart from the FeatureSpec: see picasso.join_spec
 
     seen: set[str] = set()
     names = ([label] if isinstance(label, str) else []) + [f.name for f in dense + sparse if f is not None]
@@ -205,6 +207,15 @@ def parse_spec(raw: Any) -> FeatureSpec:
     if problems:
         raise SpecError(problems)
     return FeatureSpec(label=label, dense=tuple(dense), sparse=tuple(sparse), name=str(raw.get("name", "spec")))
+
+
+def load_join_spec(ref: str | Path | FeatureSpec) -> JoinSpec:
+    """The join section of a spec file; the defaults for a built-in spec or one without."""
+    if isinstance(ref, FeatureSpec) or not storage.exists(str(ref)):
+        load_spec(ref)  # a built-in, or the same error load_spec gives
+        return JoinSpec()
+    load_spec(ref)  # raises SpecError naming every problem, the join section's included
+    return parse_join(yaml.safe_load(storage.read_text(str(ref))).get("join"), [])
 
 
 def load_spec(ref: str | Path | FeatureSpec) -> FeatureSpec:

@@ -350,8 +350,8 @@ class Trainer:
             state["cache"] = self.cache.state_dict()
         return state
 
-    def save_checkpoint(self, root: str | Path, metrics: dict | None = None) -> str:
-        return save_checkpoint(root, self.state(), self.spec, self.positions, metrics or {})
+    def save_checkpoint(self, root: str | Path, metrics: dict | None = None, extra: dict[str, bytes] | None = None) -> str:
+        return save_checkpoint(root, self.state(), self.spec, self.positions, metrics or {}, extra=extra)
 
     def restore(self, path: str | Path) -> None:
         checkpoint = load_checkpoint(path)

@@ -46,9 +46,11 @@ from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bound
 from picasso.pipelines.counters import picasso_counters
 from picasso.pipelines.cycle_failures import FailureTracker
 from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages
+from picasso.pipelines.join_cycle import ORPHANS, DecodeJoinEvents, JoinInCycle, PackSamples
+from picasso.pipelines.joined_stream_state import JoinedModelLoader, JoinedTopics
 from picasso.pipelines.stream_state import ModelLoader, StreamModel
 from picasso.pipelines.train import PicassoTrain
-from picasso.pipelines.train_handlers import StreamHandler
+from picasso.pipelines.train_handlers import JoinedStreamHandler, StreamHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig
 
@@ -100,6 +102,9 @@ class StreamConfig:
     max_seconds: float | None = None
     max_failures: int | None = None  # consecutive failed cycles before giving up
     publish_policy: object | None = None  # a PublishPolicy (promotion, retries); None: the defaults
+    # Impressions and labels on two topics (both in `topics`), joined into samples here;
+    # None: every event carries its label. batch_messages is then samples per batch.
+    joined: JoinedTopics | None = None
 
     # Every folder is a local path or a URL (picasso.storage): the workdir's kind.
     @property
@@ -128,6 +133,7 @@ class CycleReport:
     seconds: float
     checkpoint: str
     events_per_s: float
+    join: dict | None = None  # a joined stream's join this cycle: its counts, what it holds
 
 
 @dataclass
@@ -177,7 +183,9 @@ class StreamRunner:
         self.unpublished = False
         self.recorded_versions: set[str] | None = None  # in stream-versions.jsonl (see _flush)
         self.last_publish = time.monotonic()
-        self.load = ModelLoader(config.spec, config.train, config.checkpoint_dir)
+        self.load = (ModelLoader(config.spec, config.train, config.checkpoint_dir) if config.joined is None else
+                     JoinedModelLoader(config.spec, config.train, config.checkpoint_dir, config.joined,
+                                       config.batch_messages))
 
     # -- the model: kept across cycles, dropped after a failure ------------------------
 
@@ -203,18 +211,13 @@ class StreamRunner:
         started = time.perf_counter()
         messages_before = sum(p.messages for p in model.ledger.partitions.values())
         pipeline = beam.Pipeline(options=config.pipeline_options())
-        decoded = (
-            pipeline
-            | "ReadFromKafka" >> ReadFromKafka(config.connection, ranges, max_messages=config.batch_messages,
-                                                stall_timeout_s=config.stall_timeout_s)
-            | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode)
-        )
-        decoded[DEAD_LETTERS] | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letter_topic)
-        (
-            decoded.chunks
-            | "PackMessages" >> PackMessages(config.spec)
-            | "Train" >> PicassoTrain(handler=StreamHandler(self.load, self.key), shared=self.shared)
-        )
+        messages = pipeline | "ReadFromKafka" >> ReadFromKafka(
+            config.connection, ranges, max_messages=config.batch_messages, stall_timeout_s=config.stall_timeout_s)
+        if config.joined is None:
+            self._train_labelled(messages)
+        else:
+            model.begin_cycle({r.source for r in ranges if r.stop > r.start})
+            self._join_and_train(messages)
         result = pipeline.run()
         result.wait_until_finish()
         counters = picasso_counters(result)
@@ -227,10 +230,43 @@ class StreamRunner:
         model.ledger.cycles += 1
         checkpoint = model.save(config.checkpoint_dir, keep=config.keep_checkpoints)
         seconds = time.perf_counter() - started
+        samples = counters.get("rows_in", 0) - counters.get("dead_letters", 0)
+        join = None
+        if config.joined is not None:  # the samples are what the join emitted
+            join = asdict(model.cycle.counts)
+            samples = join["positives"] + join["negatives"] + join["corrections"]
+            join.update(pending=model.join.pending, pending_bytes=model.join.nbytes(),
+                        waiting_labels=model.join.waiting_labels, watermark_ms=model.join.watermark)
         return CycleReport(
-            cycle=model.ledger.cycles, messages=messages, samples=counters.get("rows_in", 0) - counters.get("dead_letters", 0),
-            dead_letters=counters.get("dead_letters", 0), lag=lag, seconds=seconds, checkpoint=str(checkpoint),
-            events_per_s=counters.get("rows_in", 0) / seconds if seconds else 0.0,
+            cycle=model.ledger.cycles, messages=messages, samples=samples,
+            dead_letters=counters.get("dead_letters", 0) + counters.get("join_orphan_labels", 0), lag=lag,
+            seconds=seconds, checkpoint=str(checkpoint),
+            events_per_s=counters.get("rows_in", 0) / seconds if seconds else 0.0, join=join,
+        )
+
+    def _train_labelled(self, messages) -> None:
+        """Events that carry their labels: decode → pack → train."""
+        config = self.config
+        decoded = messages | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode)
+        decoded[DEAD_LETTERS] | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letter_topic)
+        (
+            decoded.chunks
+            | "PackMessages" >> PackMessages(config.spec)
+            | "Train" >> PicassoTrain(handler=StreamHandler(self.load, self.key), shared=self.shared)
+        )
+
+    def _join_and_train(self, messages) -> None:
+        """Impressions and labels: decode → join → pack → train (pipelines.join_cycle)."""
+        config, joined = self.config, self.config.joined
+        decoded = messages | "DecodeJoinEvents" >> DecodeJoinEvents(config.spec, joined, config.topics)
+        samples = decoded.chunks | "JoinLabels" >> JoinInCycle(self.load, self.key, self.shared,
+                                                                joined.join.label_of(config.spec.label))
+        letters = (decoded[DEAD_LETTERS], samples[ORPHANS]) | "AllDeadLetters" >> beam.Flatten()
+        letters | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letter_topic)
+        (
+            samples.samples
+            | "PackSamples" >> PackSamples(config.spec)
+            | "Train" >> PicassoTrain(handler=JoinedStreamHandler(self.load, self.key), shared=self.shared)
         )
 
     def commit_offsets(self, model: StreamModel) -> None:

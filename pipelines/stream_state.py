@@ -18,6 +18,7 @@ import numpy as np
 
 from picasso.pipelines.decode_messages import MessageSpan, PackedMessages
 from picasso import storage
+from picasso.batch import PackedBatch
 from picasso.checkpoint import prune_checkpoints
 from picasso.spec import FeatureSpec
 from picasso.trainer import StepResult, TrainConfig, Trainer, evaluation_metrics
@@ -93,6 +94,10 @@ class StreamModel:
         self.scores: list[np.ndarray] = []
         self.loss_sum = 0.0
 
+    def extra_files(self) -> dict[str, bytes]:
+        """State of a subclass, committed in the same checkpoint as the model."""
+        return {}
+
     @classmethod
     def load(cls, spec: FeatureSpec, config: TrainConfig, root: str | Path) -> "StreamModel":
         trainer = Trainer(spec, config)
@@ -104,12 +109,17 @@ class StreamModel:
     def train(self, packed: PackedMessages) -> StepResult:
         span, batch = packed.span, packed.batch
         self.ledger.check(span, self.trainer.positions.get(span.source))
+        result = self.score_and_train(batch)
+        self.ledger.record(span, batch.num_samples)
+        return result
+
+    def score_and_train(self, batch: PackedBatch) -> StepResult:
+        """Score the batch (for the window's metrics), then train on it."""
         if batch.num_samples:
             self.labels.append(batch.data.column("label").to_numpy())
             self.scores.append(self.trainer.predict(batch))
         loss_sum = self.trainer.train_step(batch)
         self.loss_sum += loss_sum
-        self.ledger.record(span, batch.num_samples)
         return StepResult(self.trainer.step, batch.num_samples, loss_sum, batch.positions)
 
     def window_metrics(self) -> dict[str, float]:
@@ -127,7 +137,7 @@ class StreamModel:
         Every save is a new checkpoint, a cycle whose every message was refused (positions
         moved, no step) included."""
         metrics = {"ledger": self.ledger.to_dict(), "samples": self.trainer.samples}
-        self.checkpoint = self.trainer.save_checkpoint(root, metrics=metrics)
+        self.checkpoint = self.trainer.save_checkpoint(root, metrics=metrics, extra=self.extra_files())
         prune_checkpoints(root, keep)
         return self.checkpoint
 

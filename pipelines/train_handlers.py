@@ -205,6 +205,23 @@ class _StreamSteps(_Unbuffered):
         return [result]
 
 
+class JoinedStreamHandler(StreamHandler):
+    """A joined stream's model (joined_stream_state.JoinedStreamModel). Elements are the
+    PackedBatches of the samples its join emitted (join_cycle.PackSamples); the join
+    step before has checked and recorded the spans."""
+
+    def open_steps(self, model) -> Steps:
+        return _JoinedSteps(model)
+
+
+class _JoinedSteps(_Unbuffered):
+    def __init__(self, model):
+        self.model = model
+
+    def push(self, batch: PackedBatch) -> list[StepResult]:
+        return [self.model.score_and_train(self.model.weighted(batch))]
+
+
 # -- gba: a worker of a running `picasso ps` -------------------------------------------
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from picasso.batch import TorchBatch
+from picasso.delayed_feedback import importance_weights
 from picasso.embedding import PackedEmbedding
 from picasso.packing import PackingPlan
 
@@ -48,9 +49,16 @@ class PackedModel(nn.Module):
         the loss summed over the batch's samples, before the update."""
         self.train()
         logits = self.dense_part(batch.dense, pooled)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")
-        loss.backward()
-        return float(loss.detach()) * batch.num_samples
+        if batch.late_share is None:
+            loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")
+            loss.backward()
+            return float(loss.detach()) * batch.num_samples
+        # A joined stream that corrects late labels: importance weights (delayed_feedback);
+        # the summed loss reported is the unweighted one, comparable with other runs'.
+        losses = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="none")
+        weights = importance_weights(torch.sigmoid(logits), batch.label, batch.late_share)
+        (weights * losses).mean().backward()
+        return float(losses.detach().sum())
 
 
 def mlp(sizes: list[int], last_relu: bool = False) -> nn.Sequential:

@@ -1,0 +1,145 @@
+"""One cycle of a joined `picasso stream`: decode → join → pack → train.
+
+  ReadFromKafka → DecodeJoinEvents ─┬→ JoinInCycle ─┬→ PackSamples → PicassoTrain(JoinedStreamHandler)
+                                    │               └→ orphan labels ─┐
+                                    └→ bad events ────────────────────┴→ dead-letter topic
+
+DecodeJoinEvents decodes each poll with its topic's decoder (connectors.join_events):
+impression polls become sample_join.Impressions, label polls sample_join.Labels, each with
+the poll's MessageSpan. JoinInCycle hands them, in the order they come, to the stream's
+JoinedStreamModel (the one the training step trains, held under the same Shared and key),
+which joins them and returns full training batches. Nothing of the join lives in the
+Beam graph between cycles: it is in the model's checkpoint (pipelines.joined_stream_state).
+
+On a streaming runner the same samples come from pipelines.join_labels.JoinLabels, which
+keeps the join in Beam's keyed state instead; both take their decisions from
+picasso.sample_join.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import apache_beam as beam
+import pyarrow as pa
+from apache_beam.metrics import Metrics
+from apache_beam.utils.shared import Shared
+
+from picasso.batch import PackedBatch, pack
+from picasso.connectors.element_coder import register_sized_coder
+from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of, orphan_dead_letter
+from picasso.connectors.kafka_source import Messages
+from picasso.packing import PackingPlan
+from picasso.pipelines.decode_messages import DEAD_LETTERS, MessageSpan
+from picasso.pipelines.joined_stream_state import JoinedTopics
+from picasso.sample_join import Impressions, Labels
+from picasso.spec import FeatureSpec
+
+ORPHANS = "orphans"
+
+
+@register_sized_coder
+@dataclass(frozen=True)
+class JoinEventChunk:
+    topic: str
+    events: Impressions | Labels | None  # None: every event of the poll was refused
+    span: MessageSpan
+
+    @property
+    def nbytes(self) -> int:
+        return self.events.rows.nbytes if isinstance(self.events, Impressions) else 64 * len(self.events or ())
+
+
+class _DecodeJoinEventsDoFn(beam.DoFn):
+    def __init__(self, spec: FeatureSpec, topics: JoinedTopics, formats: dict[str, str]):
+        self.spec, self.topics, self.formats = spec, topics, formats
+
+    def setup(self):
+        self.decoders = JoinDecoders(self.spec, self.topics.join)
+        self.messages_in = Metrics.counter("picasso", "messages_in")
+        self.records_in = Metrics.counter("picasso", "rows_in")
+        self.dead = Metrics.counter("picasso", "dead_letters")
+
+    def process(self, messages: Messages):
+        impressions = messages.topic == self.topics.impressions
+        decoder = self.decoders.impressions if impressions else self.decoders.labels
+        decoded = decode_poll(decoder, self.formats[messages.topic], messages)
+        self.messages_in.inc(len(messages))
+        self.records_in.inc(decoded.records_in)
+        self.dead.inc(decoded.records_refused)
+        for letter in decoded.dead_letters:
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
+        table = decoded.table
+        events = None
+        if table.num_rows:
+            events = impressions_of(table, self.decoders.feature_names) if impressions else \
+                labels_of(table, messages.source)
+        span = MessageSpan(
+            source=messages.source, start=messages.start, next_position=messages.next_position,
+            messages=len(messages), records_in=decoded.records_in, records_refused=decoded.records_refused,
+            newest_timestamp_ms=max(messages.timestamps) if messages.timestamps else None,
+            offset_sum=sum(messages.offsets),
+        )
+        yield JoinEventChunk(messages.topic, events, span)
+
+
+class DecodeJoinEvents(beam.PTransform):
+    """Messages of the two topics in; JoinEventChunks out, and tagged `dead_letters`."""
+
+    def __init__(self, spec: FeatureSpec, topics: JoinedTopics, formats: dict[str, str]):
+        super().__init__()
+        self.spec, self.topics, self.formats = spec, topics, dict(formats)
+
+    def expand(self, messages):
+        return messages | "Decode" >> beam.ParDo(
+            _DecodeJoinEventsDoFn(self.spec, self.topics, self.formats)
+        ).with_output_types(JoinEventChunk).with_outputs(DEAD_LETTERS, main="chunks")
+
+
+class _JoinInCycleDoFn(beam.DoFn):
+    def __init__(self, loader, key: str, shared: Shared, label_field: str):
+        self.loader, self.key, self.shared, self.label_field = loader, key, shared, label_field
+
+    def setup(self):
+        self.model = self.shared.acquire(self.loader, tag=self.key)
+        # The runner checks this against the model's ledger: the pipeline joined into this
+        # very model (see stream.StreamRunner.run_cycle).
+        self.taken = Metrics.counter("picasso", "messages_trained")
+        self.orphans = Metrics.counter("picasso", "join_orphan_labels")
+
+    def process(self, chunk: JoinEventChunk):
+        batches, orphans = self.model.take(chunk)
+        self.taken.inc(chunk.span.messages)
+        self.orphans.inc(len(orphans))
+        for orphan in orphans:
+            yield beam.pvalue.TaggedOutput(ORPHANS, orphan_dead_letter(orphan, self.model.topics.join, self.label_field))
+        yield from batches
+
+
+class JoinInCycle(beam.PTransform):
+    """JoinEventChunks in, in order; full sample tables out, and tagged `orphans` (dead
+    letters of labels that found no impression)."""
+
+    def __init__(self, loader, key: str, shared: Shared, label_field: str):
+        super().__init__()
+        self.loader, self.key, self.shared, self.label_field = loader, key, shared, label_field
+
+    def expand(self, chunks):
+        return chunks | "Join" >> beam.ParDo(
+            _JoinInCycleDoFn(self.loader, self.key, self.shared, self.label_field)
+        ).with_output_types(pa.Table).with_outputs(ORPHANS, main="samples")
+
+
+class PackSamples(beam.PTransform):
+    """Sample tables in, PackedBatches out (the join's own columns are not packed)."""
+
+    def __init__(self, spec: FeatureSpec):
+        super().__init__()
+        self.spec = spec
+        self.plan = PackingPlan.from_spec(spec)
+
+    def pack_samples(self, table: pa.Table) -> PackedBatch:
+        return pack(table, self.spec, self.plan)
+
+    def expand(self, samples):
+        return samples | "Pack" >> beam.Map(self.pack_samples).with_output_types(PackedBatch)

@@ -1,0 +1,168 @@
+"""The state of a joined stream: the model and, in the same checkpoint, the join.
+
+`picasso stream --impressions T1 --labels T2` builds its samples itself
+(picasso.sample_join). Between two cycles the join holds impressions that wait for their
+label, labels that wait for their impression, and samples emitted but not yet trained (a
+training batch is a fixed number of samples, and a cycle's samples rarely fill the last
+one). All of it is written into the checkpoint directory next to the weights, the
+optimizer, the positions and the ledger, and committed with them: a cycle that fails or
+is killed leaves no trace, and its re-run from the checkpoint re-joins the very same
+samples and trains the very same batches.
+
+The watermark of the bounded cycles is event time: the oldest newest-event-time of the
+partitions this cycle reads, less the allowed lateness (sample_join.event_watermark). A
+partition that is caught up, and so has nothing to read this cycle, does not hold it
+back: an idle label partition must not leave every impression pending for ever. One that
+has messages to read but whose first event this process has not yet seen holds it
+at "no watermark" until it has.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from picasso.batch import PackedBatch
+from picasso.checkpoint import read_checkpoint_file
+from picasso.connectors.join_events import JoinDecoders
+from picasso.delayed_feedback import late_share
+from picasso.join_spec import JoinSpec
+from picasso.pipelines.stream_state import Ledger, StreamModel
+from picasso.sample_join import JoinCounts, JoinState, OrphanLabel, event_watermark, sample_schema
+from picasso.spec import FeatureSpec
+from picasso.trainer import TrainConfig, Trainer
+
+READY_FILE = "join-ready.arrow"  # samples emitted, not yet trained
+PARTITIONS_FILE = "join-partitions.json"  # each partition's newest event time
+
+
+@dataclass(frozen=True)
+class JoinedTopics:
+    """Which topic carries what, and how the two are joined."""
+
+    impressions: str
+    labels: str
+    join: JoinSpec
+
+    def __post_init__(self):
+        if self.impressions == self.labels:
+            raise ValueError(f"impressions and labels must come from two topics, not both from {self.impressions!r}")
+
+
+@dataclass
+class JoinedCycle:
+    """What one cycle's join did: for its report and the published version's metrics."""
+
+    counts: JoinCounts = field(default_factory=JoinCounts)
+    delays_ms: list = field(default_factory=list)  # arrays of matched labels' delays
+    orphans: int = 0
+
+
+class JoinedStreamModel(StreamModel):
+    """A StreamModel that joins before it trains. `take` turns one decoded poll into
+    training batches of exactly `batch_rows` samples; `score_and_train` trains them."""
+
+    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: str | None, topics: JoinedTopics,
+                 decoders: JoinDecoders, join: JoinState, ready: pa.Table, newest: dict[str, int], batch_rows: int):
+        super().__init__(trainer, ledger, checkpoint)
+        self.topics = topics
+        self.decoders = decoders
+        self.join = join
+        self.ready = ready
+        self.newest = newest
+        self.batch_rows = batch_rows
+        self.active: set[str] = set()
+        self.cycle = JoinedCycle()
+
+    @classmethod
+    def load_joined(cls, spec: FeatureSpec, config: TrainConfig, root: str, topics: JoinedTopics,
+                    batch_rows: int) -> "JoinedStreamModel":
+        base = StreamModel.load(spec, config, root)
+        decoders = JoinDecoders(spec, topics.join)
+        schema = decoders.feature_schema
+        policy = topics.join.policy()
+        files = {name: read_checkpoint_file(base.checkpoint, name) for name in JoinState.FILES} if base.checkpoint else {}
+        if files and all(files.values()):
+            join = JoinState.from_files(files, schema, policy)
+            ready = pa.ipc.open_file(pa.BufferReader(read_checkpoint_file(base.checkpoint, READY_FILE))).read_all()
+            newest = json.loads(read_checkpoint_file(base.checkpoint, PARTITIONS_FILE))["newest_ms"]
+        elif base.checkpoint and base.ledger.partitions:
+            raise ValueError(f"{base.checkpoint} was written by a stream without a join: its impressions "
+                             "and labels were never joined (use a new --workdir)")
+        else:
+            join, ready, newest = JoinState(policy, schema), sample_schema(schema).empty_table(), {}
+        return cls(base.trainer, base.ledger, base.checkpoint, topics, decoders, join, ready, newest, batch_rows)
+
+    # -- a cycle -----------------------------------------------------------------------
+
+    def begin_cycle(self, active: set[str]) -> None:
+        """The partitions this cycle reads (the others are caught up: see the docstring)."""
+        self.active = set(active)
+        self.cycle = JoinedCycle()
+
+    def watermark(self) -> int | None:
+        if not self.active or any(source not in self.newest for source in self.active):
+            return None
+        return event_watermark({s: self.newest[s] for s in self.active}, self.topics.join.allowed_lateness_ms)
+
+    def take(self, chunk) -> tuple[list[pa.Table], list[OrphanLabel]]:
+        """Join one decoded poll (a join_cycle.JoinEventChunk): the full training batches it
+        completes, and the labels it gives up on. Its span must start where its partition
+        stands, as for an unjoined stream."""
+        span = chunk.span
+        self.ledger.check(span, self.trainer.positions.get(span.source))
+        events = chunk.events
+        if events is not None and len(events):
+            newest = int(events.times.max())
+            self.newest[span.source] = max(self.newest.get(span.source, newest), newest)
+        is_labels = chunk.topic == self.topics.labels
+        out = self.join.advance(None if is_labels else events, events if is_labels else None, self.watermark())
+        self.trainer.positions[span.source] = span.next_position
+        self.ledger.record(span, out.samples.num_rows)
+        self.cycle.counts.add(out.counts)
+        self.cycle.delays_ms.append(out.delays_ms)
+        self.cycle.orphans += len(out.orphans)
+        if out.samples.num_rows:
+            self.ready = pa.concat_tables([self.ready, out.samples]) if self.ready.num_rows else out.samples
+        return self._full_batches(), out.orphans
+
+    def weighted(self, batch: PackedBatch) -> PackedBatch:
+        """Under `correct`, the batch with the loss weights of late labels
+        (picasso.delayed_feedback), by the share of late clicks the join has seen so far."""
+        if self.topics.join.late_labels != "correct":
+            return batch
+        counts = self.join.counts
+        return batch.with_late_share(late_share(counts.positives, counts.late_labels))
+
+    def _full_batches(self) -> list[pa.Table]:
+        batches = []
+        while self.ready.num_rows >= self.batch_rows:
+            batches.append(self.ready.slice(0, self.batch_rows))
+            self.ready = self.ready.slice(self.batch_rows)
+        return batches
+
+    # -- checkpoints -------------------------------------------------------------------
+
+    def extra_files(self) -> dict[str, bytes]:
+        sink = pa.BufferOutputStream()
+        ready = self.ready.combine_chunks()
+        with pa.ipc.new_file(sink, ready.schema) as writer:
+            writer.write_table(ready)
+        return {**self.join.to_files(), READY_FILE: sink.getvalue().to_pybytes(),
+                PARTITIONS_FILE: json.dumps({"newest_ms": self.newest}, sort_keys=True).encode()}
+
+
+@dataclass(frozen=True)
+class JoinedModelLoader:
+    """Builds a JoinedStreamModel from the newest checkpoint (picklable, for Shared.acquire)."""
+
+    spec: FeatureSpec
+    config: TrainConfig
+    checkpoint_dir: str
+    topics: JoinedTopics
+    batch_rows: int
+
+    def __call__(self) -> JoinedStreamModel:
+        return JoinedStreamModel.load_joined(self.spec, self.config, self.checkpoint_dir, self.topics, self.batch_rows)
