@@ -1,0 +1,148 @@
+"""`picasso stream` on an impression topic and a label topic, joined in its bounded cycles:
+real broker, the planted model's event streams (picasso.synthetic_events), bad events on
+both topics, checkpoints that carry the join."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from kafka_broker import create_topic, produce_values
+from stream_helpers import SPEC, assert_same_state, load_state
+
+from picasso.checkpoint import latest_checkpoint, read_checkpoint_file
+from picasso.connectors.kafka_config import KafkaConnection
+from picasso.connectors.kafka_sink import MessageDeadLetter
+from picasso.join_spec import JoinSpec
+from picasso.pipelines.joined_stream_state import JoinedTopics
+from picasso.pipelines.stream import StreamConfig, run_stream
+from picasso.sample_join import DELAY_COLUMN, JoinState
+from picasso.synthetic import PlantedModel
+from picasso.synthetic_events import EventStreamConfig, make_event_stream
+from picasso.trainer import TrainConfig
+
+START_MS = 1_780_000_000_000
+WAIT_MS = 60_000
+JOIN = JoinSpec(wait_ms=WAIT_MS, late_labels="correct", horizon_ms=3_600_000, orphan_grace_ms=5_000)
+EVENTS = EventStreamConfig(start_ms=START_MS, impressions_per_s=2.0, label_delay_mean_ms=20_000, duplicate_fraction=0.05)
+IMPRESSIONS = 1500
+BAD_IMPRESSIONS = [b"{broken", json.dumps({"request_id": "x1"}).encode()]  # invalid JSON; no event time
+BAD_LABELS = [json.dumps({"request_id": "x2", "event_time_ms": START_MS, "label": 0.5}).encode()]
+ORPHAN = {"request_id": "r-nobody", "event_time_ms": START_MS + 100_000, "label": 1}
+
+
+def _values(table) -> list[bytes]:
+    return [json.dumps(row, separators=(",", ":")).encode() for row in table.to_pylist()]
+
+
+@pytest.fixture(scope="module")
+def events():
+    return make_event_stream(PlantedModel(SPEC), IMPRESSIONS, stream=3, config=EVENTS)
+
+
+@pytest.fixture(scope="module")
+def topics(kafka_bootstrap, events):
+    imps, labs = "joined-impressions", "joined-labels"
+    impressions = _values(events.impressions)
+    impressions[200:200] = BAD_IMPRESSIONS
+    labels = _values(events.labels)
+    labels[50:50] = BAD_LABELS + [json.dumps(ORPHAN).encode()]
+    create_topic(kafka_bootstrap, imps, 2)
+    produce_values(kafka_bootstrap, imps, impressions, 2)
+    create_topic(kafka_bootstrap, labs, 1)
+    produce_values(kafka_bootstrap, labs, labels, 1)
+    return imps, labs
+
+
+def _config(bootstrap, topics, workdir, **changes) -> StreamConfig:
+    imps, labs = topics
+    config = StreamConfig(
+        connection=KafkaConnection(bootstrap), topics={imps: "json", labs: "json"}, workdir=str(workdir), spec=SPEC,
+        mlflow=None, train=TrainConfig(hidden=(16, 8), device="cpu"), dead_letter_topic=f"{imps}.dead",
+        batch_messages=100, max_cycle_messages=300, until_caught_up=True, deterministic=True,
+        joined=JoinedTopics(imps, labs, JOIN),
+    )
+    return replace(config, **changes)
+
+
+@pytest.fixture(scope="module")
+def joined(kafka_bootstrap, topics, tmp_path_factory):
+    config = _config(kafka_bootstrap, topics, tmp_path_factory.mktemp("joined"))
+    reports = []
+    summary = run_stream(config, on_cycle=lambda report, _: reports.append(report))
+    return config, summary, reports
+
+
+def _final_join(config) -> tuple[str, JoinState]:
+    path = latest_checkpoint(config.checkpoint_dir)
+    files = {name: read_checkpoint_file(path, name) for name in JoinState.FILES}
+    from picasso.connectors.join_events import JoinDecoders
+
+    return path, JoinState.from_files(files, JoinDecoders(SPEC, JOIN).feature_schema, JOIN.policy())
+
+
+def test_every_impression_is_decided_once_with_the_label_an_offline_join_gives(joined, events):
+    config, summary, reports = joined
+    assert summary.failures == 0 and summary.cycles == len(reports) > 2
+    _, join = _final_join(config)
+    counts = join.counts
+    truth = events.truth.to_pydict()
+    times, delays = np.array(truth["event_time_ms"]), np.array(truth[DELAY_COLUMN])
+    decided = (times + WAIT_MS < join.watermark) | ((delays >= 0) & (delays <= WAIT_MS))
+    # Every click within W arrives before the watermark passes its impression's time + W
+    # (the label topic is in time order), so these are exact, not bounds.
+    assert counts.impressions == IMPRESSIONS and counts.duplicate_impressions == 0
+    assert counts.positives == int(np.count_nonzero((delays >= 0) & (delays <= WAIT_MS)))
+    assert counts.negatives == int(np.count_nonzero(decided)) - counts.positives
+    assert join.pending == IMPRESSIONS - int(np.count_nonzero(decided))
+    late = (delays > WAIT_MS) & (times + WAIT_MS < join.watermark)
+    assert counts.late_labels == counts.corrections == int(np.count_nonzero(late)) > 0
+    assert counts.duplicate_labels == int(np.count_nonzero(truth["duplicated"]))
+    assert counts.orphan_labels == 1
+    # What was trained: every sample emitted, in batches of exactly 100, the rest waiting.
+    emitted = counts.positives + counts.negatives + counts.corrections
+    assert sum(r.samples for r in reports) == emitted
+    ready = read_checkpoint_file(latest_checkpoint(config.checkpoint_dir), "join-ready.arrow")
+    assert summary.step == emitted // 100 and ready is not None
+
+
+def test_bad_events_and_orphan_labels_reach_the_dead_letter_topic(joined, kafka_bootstrap):
+    from kafka import KafkaConsumer, TopicPartition
+
+    config, summary, reports = joined
+    consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
+    tp = TopicPartition(config.dead_letter_topic, 0)
+    consumer.assign([tp])
+    consumer.seek_to_beginning(tp)
+    letters = [MessageDeadLetter.from_record(record) for record in consumer]
+    consumer.close()
+    reasons = [letter.reason for letter in letters]
+    assert len(letters) == len(BAD_IMPRESSIONS) + len(BAD_LABELS) + 1 == sum(r.dead_letters for r in reports)
+    assert any("invalid JSON" in r for r in reasons) and any("missing event time" in r for r in reasons)
+    assert any("label must be 0 or 1" in r for r in reasons)
+    orphan = [record for record, reason in zip(letters, reasons) if reason.startswith("orphan label")]
+    assert len(orphan) == 1 and json.loads(orphan[0].value) == ORPHAN
+
+
+def test_a_stream_restarted_between_cycles_joins_and_trains_as_one_that_never_stopped(
+        joined, kafka_bootstrap, topics, tmp_path):
+    straight_config = joined[0]
+    config = _config(kafka_bootstrap, topics, tmp_path, max_cycles=2)
+    first = run_stream(config)
+    assert first.cycles == 2
+    rest = run_stream(replace(config, max_cycles=None))
+    assert rest.cycles == joined[1].cycles - 2
+    (path, join), (straight_path, straight_join) = _final_join(config), _final_join(straight_config)
+    assert join.counts == straight_join.counts and join.watermark == straight_join.watermark
+    assert_same_state(load_state(path), load_state(straight_path), atol=0)
+    for name in ("join-records.arrow", "join-features.arrow", "join-ready.arrow"):
+        assert read_checkpoint_file(path, name) == read_checkpoint_file(straight_path, name)
+
+
+def test_a_checkpoint_of_an_unjoined_stream_is_refused(kafka_bootstrap, topics, tmp_path):
+    plain = replace(_config(kafka_bootstrap, topics, tmp_path), joined=None, topics={topics[1]: "json"}, max_cycles=1)
+    run_stream(plain)  # the label topic as if it were labelled events: some checkpoint
+    summary = run_stream(_config(kafka_bootstrap, topics, tmp_path, max_failures=1))
+    assert summary.cycles == 0 and "without a join" in summary.last_error
