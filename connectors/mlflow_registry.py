@@ -116,6 +116,7 @@ class PublishRequest:
     # Per-step series, {name: [[step, value], ...]}: logged with their steps, e.g. the hot
     # cache's hit rate. Series under the checkpoint's metrics["step_metrics"] are logged too.
     step_metrics: dict[str, list] = field(default_factory=dict)
+    plots: dict[str, str] = field(default_factory=dict)  # plots/<name>: SVG text, e.g. a joined stream's label delays
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -341,6 +342,8 @@ class _Publication:
         (artifacts / "packing_plan.json").write_text(json.dumps(_plan_dict(checkpoint), indent=1))
         (artifacts / "positions.json").write_text(json.dumps(checkpoint.positions, sort_keys=True, indent=1))
         (artifacts / "plots" / "metrics_over_versions.svg").write_text(metrics_svg(self.history(client, experiment_id)))
+        for name, svg in self.request.plots.items():
+            (artifacts / "plots" / Path(name).name).write_text(svg)
         parent = os.environ.get("MLFLOW_RUN_ID")  # inside `mlflow run`: nest under the project's run
         # The weights' hash and the delta's base go on the run too: a retry that reuses this
         # run registers the version with them.

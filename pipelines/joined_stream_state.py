@@ -20,13 +20,15 @@ at "no watermark" until it has.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from picasso.batch import PackedBatch
 from picasso.checkpoint import read_checkpoint_file
 from picasso.connectors.join_events import JoinDecoders
+from picasso.connectors.metric_plots import label_delay_svg
 from picasso.delayed_feedback import late_share
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.stream_state import Ledger, StreamModel
@@ -45,6 +47,12 @@ class JoinedTopics:
     impressions: str
     labels: str
     join: JoinSpec
+
+    def params(self) -> dict[str, str]:
+        """The run parameters of a published version."""
+        join = self.join
+        return {"impressions": self.impressions, "labels": self.labels, "join_key": ",".join(join.key),
+                "label_wait_ms": str(join.wait_ms), "late_labels": join.late_labels}
 
     def __post_init__(self):
         if self.impressions == self.labels:
@@ -75,6 +83,8 @@ class JoinedStreamModel(StreamModel):
         self.batch_rows = batch_rows
         self.active: set[str] = set()
         self.cycle = JoinedCycle()
+        self.window = JoinedCycle()  # the cycles since the last published version
+        self.series: dict[str, list] = {}  # join.cycle.<count> -> [[step, value of each cycle], ...]
 
     @classmethod
     def load_joined(cls, spec: FeatureSpec, config: TrainConfig, root: str, topics: JoinedTopics,
@@ -142,6 +152,37 @@ class JoinedStreamModel(StreamModel):
             batches.append(self.ready.slice(0, self.batch_rows))
             self.ready = self.ready.slice(self.batch_rows)
         return batches
+
+    # -- what a published version reports ------------------------------------------------
+
+    def held(self) -> dict[str, int]:
+        """What the join holds now."""
+        return {"pending": self.join.pending, "pending_bytes": self.join.nbytes(),
+                "waiting_labels": self.join.waiting_labels, "ready_samples": self.ready.num_rows}
+
+    def end_cycle(self) -> None:
+        step = self.trainer.step
+        for name, value in {**asdict(self.cycle.counts), **self.held()}.items():
+            self.series.setdefault(f"join.cycle.{name}", []).append([step, value])
+        self.window.counts.add(self.cycle.counts)
+        self.window.delays_ms += self.cycle.delays_ms
+
+    def publish_extras(self) -> tuple[dict[str, float], dict[str, list], dict[str, str]]:
+        """The join since the last version: its counts, what it holds, the label delays'
+        quantiles and their plot against W."""
+        window, join = self.window, self.topics.join
+        delays = np.concatenate(window.delays_ms) if window.delays_ms else np.zeros(0, np.int64)
+        held = self.held()
+        metrics = {f"join.{name}": float(value) for name, value in {**asdict(window.counts), **held}.items()}
+        metrics["join.pending_bytes_per_impression"] = held["pending_bytes"] / max(held["pending"], 1)
+        metrics["join.late_share"] = late_share(window.counts.positives, window.counts.late_labels)
+        metrics["join.wait_s"] = join.wait_ms / 1000
+        if len(delays):
+            for q in (50, 90, 99):
+                metrics[f"join.label_delay_p{q}_s"] = float(np.percentile(delays, q)) / 1000
+        plots = {"label_delays.svg": label_delay_svg(delays.tolist(), join.wait_ms)}
+        series, self.series, self.window = self.series, {}, JoinedCycle()
+        return metrics, series, plots
 
     # -- checkpoints -------------------------------------------------------------------
 

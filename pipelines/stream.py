@@ -228,6 +228,7 @@ class StreamRunner:
             raise RuntimeError(f"{counters.get('messages_trained', 0)} messages trained by the pipeline, "
                                f"{messages} by the stream's model")
         model.ledger.cycles += 1
+        model.end_cycle()
         checkpoint = model.save(config.checkpoint_dir, keep=config.keep_checkpoints)
         seconds = time.perf_counter() - started
         samples = counters.get("rows_in", 0) - counters.get("dead_letters", 0)
@@ -235,8 +236,7 @@ class StreamRunner:
         if config.joined is not None:  # the samples are what the join emitted
             join = asdict(model.cycle.counts)
             samples = join["positives"] + join["negatives"] + join["corrections"]
-            join.update(pending=model.join.pending, pending_bytes=model.join.nbytes(),
-                        waiting_labels=model.join.waiting_labels, watermark_ms=model.join.watermark)
+            join.update(model.held(), watermark_ms=model.join.watermark)
         return CycleReport(
             cycle=model.ledger.cycles, messages=messages, samples=samples,
             dead_letters=counters.get("dead_letters", 0) + counters.get("join_orphan_labels", 0), lag=lag,
@@ -303,11 +303,14 @@ class StreamRunner:
         window = model.window_metrics()
         mean_label = window["mean_label"]
         calibration = window["mean_prediction"] / mean_label if mean_label else float("nan")
+        extra_metrics, series, plots = model.publish_extras()
         request = PublishRequest(
             checkpoint_path=str(model.checkpoint),
             metrics={**window, "calibration": calibration, "samples": model.trainer.samples,
-                     "step": model.trainer.step},
-            params={"mode": "stream", "topics": ",".join(config.topics), "evaluation": "progressive"},
+                     "step": model.trainer.step, **extra_metrics},
+            step_metrics=series, plots=plots,
+            params={"mode": "stream", "topics": ",".join(config.topics), "evaluation": "progressive",
+                    **(config.joined.params() if config.joined else {})},
             run_name=f"stream-cycle-{model.ledger.cycles}",
             tags={"picasso.evaluation": "progressive", "picasso.window_samples": str(window["window_samples"]),
                   "picasso.total_samples": str(model.trainer.samples)},

@@ -94,6 +94,14 @@ class StreamModel:
         self.scores: list[np.ndarray] = []
         self.loss_sum = 0.0
 
+    def end_cycle(self) -> None:
+        """A cycle of this model succeeded (before its checkpoint)."""
+
+    def publish_extras(self) -> tuple[dict[str, float], dict[str, list], dict[str, str]]:
+        """Metrics, per-step series and plots of a subclass for the next published
+        version, since the last call."""
+        return {}, {}, {}
+
     def extra_files(self) -> dict[str, bytes]:
         """State of a subclass, committed in the same checkpoint as the model."""
         return {}

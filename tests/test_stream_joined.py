@@ -15,6 +15,7 @@ from stream_helpers import SPEC, assert_same_state, load_state
 from picasso.checkpoint import latest_checkpoint, read_checkpoint_file
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_sink import MessageDeadLetter
+from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.joined_stream_state import JoinedTopics
 from picasso.pipelines.stream import StreamConfig, run_stream
@@ -68,8 +69,10 @@ def _config(bootstrap, topics, workdir, **changes) -> StreamConfig:
 
 
 @pytest.fixture(scope="module")
-def joined(kafka_bootstrap, topics, tmp_path_factory):
-    config = _config(kafka_bootstrap, topics, tmp_path_factory.mktemp("joined"))
+def joined(kafka_bootstrap, topics, mlflow_server, tmp_path_factory):
+    # One version, at the end (the forced publish of a stream that stops): its run carries the join's metrics.
+    target = MLflowTarget(mlflow_server, experiment="joined-stream", model_name="joined-stream-model")
+    config = _config(kafka_bootstrap, topics, tmp_path_factory.mktemp("joined"), mlflow=target, publish_every_s=3600)
     reports = []
     summary = run_stream(config, on_cycle=lambda report, _: reports.append(report))
     return config, summary, reports
@@ -146,3 +149,24 @@ def test_a_checkpoint_of_an_unjoined_stream_is_refused(kafka_bootstrap, topics, 
     run_stream(plain)  # the label topic as if it were labelled events: some checkpoint
     summary = run_stream(_config(kafka_bootstrap, topics, tmp_path, max_failures=1))
     assert summary.cycles == 0 and "without a join" in summary.last_error
+
+
+def test_the_published_version_reports_the_join(joined, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    config, summary, reports = joined
+    assert len(summary.versions) == 1
+    client = MlflowClient(mlflow_server)
+    version = client.get_model_version(config.mlflow.model_name, summary.versions[0])
+    run = client.get_run(version.run_id)
+    metrics = run.data.metrics
+    _, join = _final_join(config)
+    assert metrics["join.positives"] == join.counts.positives and metrics["join.pending"] == join.pending
+    assert metrics["join.late_labels"] == join.counts.late_labels and metrics["join.wait_s"] == WAIT_MS / 1000
+    assert 0 < metrics["join.label_delay_p50_s"] < metrics["join.label_delay_p99_s"]
+    assert 0 < metrics["join.late_share"] < 0.5 and metrics["join.pending_bytes_per_impression"] > 0
+    per_cycle = client.get_metric_history(version.run_id, "join.cycle.pending")
+    assert len(per_cycle) == len(reports) and per_cycle[-1].value == join.pending
+    assert run.data.params["late_labels"] == "correct" and run.data.params["label_wait_ms"] == str(WAIT_MS)
+    plots = [a.path for a in client.list_artifacts(version.run_id, "plots")]
+    assert "plots/label_delays.svg" in plots
