@@ -47,6 +47,7 @@ from picasso.hashing import splitmix64_array, hash_to_buckets
 LATE_LABEL_POLICIES = ("drop", "correct")
 CORRECTION_COLUMN = "join_correction"  # int8: 1 on the extra positive `correct` emits
 DELAY_COLUMN = "label_delay_ms"  # int64: label time - impression time; -1 without a label
+KEY_COLUMN = "join_key"  # uint64: the impression's key (join_keys), to tell samples apart
 
 # The state of an impression's record (the `states` array).
 PENDING = 0  # waiting for its label
@@ -158,7 +159,7 @@ class OrphanLabel:
 
 @dataclass
 class JoinOutput:
-    samples: pa.Table  # canonical rows with their label, plus CORRECTION_COLUMN and DELAY_COLUMN
+    samples: pa.Table  # canonical rows with their label, plus CORRECTION_COLUMN, DELAY_COLUMN and KEY_COLUMN
     orphans: list[OrphanLabel] = field(default_factory=list)
     counts: JoinCounts = field(default_factory=JoinCounts)
     delays_ms: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # of the labels matched
@@ -621,7 +622,8 @@ class _Emitted:
                                pa.array(np.full(n, label, dtype=np.float32)))
         delay = np.where(state.label_times[slots] >= 0, state.label_times[slots] - state.times[slots], -1)
         rows = rows.append_column(CORRECTION_COLUMN, pa.array(np.full(n, int(correction), dtype=np.int8)))
-        self.parts.append(rows.append_column(DELAY_COLUMN, pa.array(delay.astype(np.int64))))
+        rows = rows.append_column(DELAY_COLUMN, pa.array(delay.astype(np.int64)))
+        self.parts.append(rows.append_column(KEY_COLUMN, pa.array(state.keys[slots], pa.uint64())))
 
     def result(self) -> JoinOutput:
         if self.parts:
@@ -634,8 +636,9 @@ class _Emitted:
 
 def sample_schema(feature_schema: pa.Schema) -> pa.Schema:
     """The schema of the samples a join emits: the canonical features and their label,
-    then CORRECTION_COLUMN and DELAY_COLUMN."""
-    return feature_schema.append(pa.field(CORRECTION_COLUMN, pa.int8())).append(pa.field(DELAY_COLUMN, pa.int64()))
+    then CORRECTION_COLUMN, DELAY_COLUMN and KEY_COLUMN."""
+    return (feature_schema.append(pa.field(CORRECTION_COLUMN, pa.int8())).append(pa.field(DELAY_COLUMN, pa.int64()))
+            .append(pa.field(KEY_COLUMN, pa.uint64())))
 
 
 def _grown(array: np.ndarray, capacity: int, fill) -> np.ndarray:

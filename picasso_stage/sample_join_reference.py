@@ -16,16 +16,16 @@ import numpy as np
 import pyarrow as pa
 
 from picasso.sample_join import (
-    CORRECTION_COLUMN, DELAY_COLUMN, Impressions, JoinCounts, JoinOutput, JoinPolicy, Labels, OrphanLabel,
+    CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, Impressions, JoinCounts, JoinOutput, JoinPolicy, Labels, OrphanLabel,
     sample_schema,
 )
 
 
 class _Record:
-    __slots__ = ("time", "row", "state", "label_time")
+    __slots__ = ("key", "time", "row", "state", "label_time")
 
-    def __init__(self, time: int, row: dict):
-        self.time, self.row, self.state, self.label_time = time, row, "pending", None
+    def __init__(self, key: int, time: int, row: dict):
+        self.key, self.time, self.row, self.state, self.label_time = key, time, row, "pending", None
 
 
 class DictJoin:
@@ -52,7 +52,7 @@ class DictJoin:
                     self._counts.duplicate_impressions += 1
                     continue
                 self._counts.impressions += 1
-                self.records[key] = _Record(time, row)
+                self.records[key] = _Record(key, time, row)
                 heapq.heappush(self.due, (time + self.policy.wait_ms, key))
                 heapq.heappush(self.expiry, (time + self.policy.keep_ms, key))
                 if key in self.orphans:
@@ -118,7 +118,7 @@ class DictJoin:
             self._counts.negatives += 1
         delay = record.label_time - record.time if record.label_time is not None else -1
         self._samples.append({**record.row, "label": float(label), CORRECTION_COLUMN: int(correction),
-                              DELAY_COLUMN: delay})
+                              DELAY_COLUMN: delay, KEY_COLUMN: record.key})
 
     def _expire(self) -> None:
         watermark, policy = self.watermark, self.policy

@@ -23,6 +23,7 @@ from rich.table import Table
 
 from picasso import storage
 from picasso.connectors.local_store import HalfMadeStoreError
+from picasso.durations import duration_arg
 from picasso.pipelines.beam_options import add_pipeline_command, split_beam_args
 from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
@@ -30,6 +31,7 @@ from picasso.pipelines.distributed_cli import add_ps_commands
 from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
                                            run_publish_pending)
 from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
+from picasso.synthetic_events import DELAY_DISTRIBUTIONS
 
 console = Console(stderr=True)
 DEMO_DATE = "2026-11-01"
@@ -43,6 +45,28 @@ def _add_generate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="fixes the planted model")
     parser.add_argument("--format", choices=["parquet", "jsonl", "tsv"], default="parquet")
     parser.add_argument("--rows-per-file", type=int, default=100_000)
+
+
+def _add_event_args(parser: argparse.ArgumentParser) -> None:
+    """`generate --events`: an impression stream and a delayed-click stream instead of
+    labelled rows. The knobs default to None so that one given without --events is an error
+    rather than silently ignored."""
+    events = parser.add_argument_group("event streams (--events)")
+    events.add_argument("--events", action="store_true",
+                        help="write impression and click events (OUT/impressions, OUT/labels, OUT/truth) "
+                             "instead of labelled rows; --rows counts impressions")
+    events.add_argument("--impression-rate", type=float, default=None, metavar="PER_S",
+                        help="impressions per second of event time (default: the day's rows spread over 24 h)")
+    events.add_argument("--label-delay", choices=DELAY_DISTRIBUTIONS, default=None,
+                        help="how click delays are distributed (default: exponential)")
+    events.add_argument("--label-delay-mean", type=duration_arg, default=None, metavar="DURATION",
+                        help="mean click delay, e.g. 5m, 30s, 1h (default: 5m)")
+    events.add_argument("--duplicate-labels", type=float, default=None, metavar="FRACTION",
+                        help="fraction of clicks sent twice, a few seconds apart (default: 0.02)")
+
+
+_EVENT_FLAGS = {"impression_rate": "--impression-rate", "label_delay": "--label-delay",
+                "label_delay_mean": "--label-delay-mean", "duplicate_labels": "--duplicate-labels"}
 
 
 def _add_daily_args(parser: argparse.ArgumentParser) -> None:
@@ -82,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--start-date", default=DEMO_DATE)
     generate.add_argument("--days", type=int, default=1)
     _add_generate_args(generate)
+    _add_event_args(generate)
 
     daily = add_pipeline_command(commands, "daily", help="train on one date partition and publish a model version")
     daily.add_argument("--spec", default="criteo")
@@ -175,6 +200,34 @@ def _generate(args, out: str, dates: list[str]) -> list:
         )
 
 
+def _generate_events(args, dates: list[str]) -> list:
+    from picasso.pipelines.generate import generate_event_days, whole_day_rate
+    from picasso.synthetic import SyntheticConfig
+    from picasso.synthetic_events import EventStreamConfig
+
+    defaults = EventStreamConfig()
+    events = EventStreamConfig(
+        impressions_per_s=whole_day_rate(args.rows) if args.impression_rate is None else args.impression_rate,
+        label_delay=args.label_delay or defaults.label_delay,
+        label_delay_mean_ms=defaults.label_delay_mean_ms if args.label_delay_mean is None else args.label_delay_mean,
+        duplicate_fraction=defaults.duplicate_fraction if args.duplicate_labels is None else args.duplicate_labels,
+    )
+    spec = load_spec(args.spec)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"generating {len(dates)} day(s) of {spec.name} events", total=args.rows * len(dates))
+        return generate_event_days(
+            spec, args.out, dates, args.rows, args.format, args.rows_per_file,
+            SyntheticConfig(alpha=args.alpha, seed=args.seed), events,
+            on_part=lambda rows: progress.advance(task, rows),
+        )
+
+
+def _event_summary(day) -> str:
+    return (f"{day.impressions} impressions, {day.clicks} clicks (+{day.label_events - day.clicks} duplicates), "
+            f"CTR {day.ctr:.3f}, ceiling AUC {day.auc_ceiling:.4f}, mean delay {day.mean_delay_ms / 1000:.0f}s, "
+            f"{day.late_share:.1%} later than {day.wait_ms // 60_000}m")
+
+
 def daily_config(args, data: str, date: str):
     """The DailyConfig the flags describe. It makes WORKDIR and opens its MLflow target
     (a default SQLite store is made complete there), and trains nothing."""
@@ -250,9 +303,18 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "generate":
             from picasso.pipelines.generate import dates_from
 
-            days = _generate(args, args.out, dates_from(args.start_date, args.days))
+            dates = dates_from(args.start_date, args.days)
+            if args.events:
+                days = _generate_events(args, dates)
+                _summary("generated events", {d.date: _event_summary(d) for d in days})
+            else:
+                given = [flag for name, flag in _EVENT_FLAGS.items() if getattr(args, name) is not None]
+                if given:
+                    raise ValueError(f"{', '.join(given)}: only with --events")
+                days = _generate(args, args.out, dates)
+                _summary("generated", {d.date: f"{d.rows} rows, CTR {d.ctr:.3f}, ceiling AUC {d.auc_ceiling:.4f}"
+                                       for d in days})
             output = {"out": args.out, "days": [asdict(day) for day in days]}
-            _summary("generated", {d.date: f"{d.rows} rows, CTR {d.ctr:.3f}, ceiling AUC {d.auc_ceiling:.4f}" for d in days})
         elif args.command == "plan":
             output = _plan(args)
         elif args.command in ("stream", "produce"):

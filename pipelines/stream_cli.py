@@ -90,15 +90,25 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
 
 
 def add_produce_parser(commands) -> argparse.ArgumentParser:
-    produce = commands.add_parser("produce", help="replay day files into a Kafka topic at a given rate")
-    produce.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD partitions")
+    produce = commands.add_parser("produce", help="replay day files into a Kafka topic at a given rate, or generated "
+                                                  "impressions and clicks into two topics in event time")
+    produce.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD partitions (for a joined replay: "
+                                                       "the root `picasso generate --events` wrote)")
     produce.add_argument("--date", action="append", required=True, help="a date to replay; repeatable")
-    produce.add_argument("--topic", required=True)
+    produce.add_argument("--topic", default=None, help="the topic of a single-topic replay")
     produce.add_argument("--format", choices=["json", "arrow", "tsv"], default="json")
     produce.add_argument("--rows-per-message", type=int, default=1000, help="Arrow IPC messages only")
     produce.add_argument("--rate", type=float, default=0.0, help="events per second; 0: as fast as possible")
     produce.add_argument("--partitions", type=int, default=1, help="when the topic has to be created")
     produce.add_argument("--max-records", type=int, default=None)
+    joined = produce.add_argument_group(
+        "joined replay", "the impressions and clicks of `picasso generate --events`, merged in event time into two "
+                         "topics as JSON events, each message's timestamp its event_time_ms")
+    joined.add_argument("--impressions-topic", default=None, metavar="TOPIC")
+    joined.add_argument("--labels-topic", default=None, metavar="TOPIC")
+    joined.add_argument("--speedup", type=float, default=None, metavar="S",
+                        help="event time runs S times faster than the wall clock (3600: an hour a second); "
+                             "0: as fast as possible (default)")
     _kafka_args(produce)
     produce.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     return produce
@@ -171,17 +181,56 @@ def run_stream_command(args, console: Console) -> dict:
 
 
 def run_produce_command(args, console: Console) -> dict:
-    from rich.progress import Progress
-
     from picasso.pipelines.produce import ProduceConfig, produce
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    if args.impressions_topic or args.labels_topic:
+        return _run_event_replay(args, console)
+    if not args.topic:
+        raise ValueError("--topic is required (or --impressions-topic and --labels-topic to replay generated events)")
+    if args.speedup is not None:
+        raise ValueError("--speedup paces a joined replay (--impressions-topic, --labels-topic); "
+                         "a single-topic replay goes at --rate")
     config = ProduceConfig(
         connection=kafka_connection(args), topic=args.topic, data_root=args.data, dates=tuple(args.date),
         fmt=args.format, rows_per_message=args.rows_per_message, rate=args.rate, partitions=args.partitions,
         max_records=args.max_records,
     )
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(f"producing into {args.topic}", total=args.max_records)
-        result = produce(config, on_progress=lambda records: bar.advance(task, records))
+    result = _with_progress(console, f"producing into {args.topic}", args.max_records,
+                            lambda on_progress: produce(config, on_progress=on_progress))
     return {**asdict(result), "records_per_s": result.records_per_s}
+
+
+def _run_event_replay(args, console: Console) -> dict:
+    from picasso.pipelines.produce import EventReplayConfig, replay_events
+
+    missing = [flag for flag, topic in (("--impressions-topic", args.impressions_topic),
+                                        ("--labels-topic", args.labels_topic)) if not topic]
+    if missing:
+        raise ValueError(f"a joined replay needs {' and '.join(missing)} too")
+    if args.topic:
+        raise ValueError("--topic names a single-topic replay's topic; a joined replay sends to "
+                         "--impressions-topic and --labels-topic")
+    if args.format != "json":
+        raise ValueError(f"a joined replay sends JSON events, not --format {args.format}")
+    if args.rate:
+        raise ValueError("a joined replay is paced in event time by --speedup, not by --rate")
+    config = EventReplayConfig(
+        connection=kafka_connection(args), data_root=args.data, dates=tuple(args.date),
+        impressions_topic=args.impressions_topic, labels_topic=args.labels_topic, speedup=args.speedup or 0.0,
+        partitions=args.partitions, max_records=args.max_records,
+    )
+    result = _with_progress(console, f"replaying events into {args.impressions_topic} and {args.labels_topic}",
+                            args.max_records, lambda on_progress: replay_events(config, on_progress=on_progress))
+    # "topic" titles the command line's summary, as a single-topic replay's does.
+    return {"topic": f"{result.impressions_topic}, {result.labels_topic}", **asdict(result),
+            "records_per_s": result.records_per_s}
+
+
+def _with_progress(console: Console, title: str, total: int | None, run):
+    """run(on_progress) under a progress bar that on_progress(records) advances."""
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(title, total=total)
+        return run(lambda records: bar.advance(task, records))
