@@ -14,6 +14,8 @@ from picasso import storage
 from picasso.pipelines.beam_options import add_pipeline_command
 from picasso.pipelines.cache_args import add_cache_args, cache_config
 from picasso.pipelines.publish_cli import add_publish_args, publish_policy
+from picasso.durations import duration_arg
+from picasso.sample_join import LATE_LABEL_POLICIES
 from picasso.spec import load_spec
 
 
@@ -54,8 +56,22 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     stream = add_pipeline_command(commands, "stream",
                                   help="train continuously from Kafka topics; publish versions as it goes")
     stream.add_argument("--spec", default="criteo")
-    stream.add_argument("--topic", action="append", required=True, metavar="TOPIC[:FORMAT]",
-                        help="a topic and its message format (json, arrow or tsv; default json); repeatable")
+    stream.add_argument("--topic", action="append", default=[], metavar="TOPIC[:FORMAT]",
+                        help="a topic of labelled events and its message format (json, arrow or tsv; default json); "
+                             "repeatable")
+    joined = stream.add_argument_group(
+        "joined streams", "impressions and their labels on two topics, joined into samples before training; the "
+                          "label events' fields and the defaults below come from the spec's `join:` section")
+    joined.add_argument("--impressions", metavar="TOPIC[:FORMAT]", help="the impression topic (json or arrow)")
+    joined.add_argument("--labels", metavar="TOPIC[:FORMAT]", help="the label topic (json or arrow)")
+    joined.add_argument("--join-key", metavar="FIELD[,FIELD]", help="the fields that pair a label with its impression")
+    joined.add_argument("--label-wait", type=duration_arg, metavar="DURATION",
+                        help="how long an impression waits for its label, in event time (e.g. 15m)")
+    joined.add_argument("--late-labels", choices=LATE_LABEL_POLICIES,
+                        help="a label after its impression became a negative: drop it (counted), or correct: "
+                             "train the impression again as a positive, with loss weights")
+    joined.add_argument("--allowed-lateness", type=duration_arg, metavar="DURATION",
+                        help="how far the watermark trails the partitions' newest event time")
     stream.add_argument("--workdir", required=True, help="checkpoints and the published-version log go here")
     _kafka_args(stream)
     stream.add_argument("--group-id", default="picasso-stream", help="consumer group the positions are committed to")
@@ -114,6 +130,36 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
     return produce
 
 
+def _stream_topics(args):
+    """The topics and formats to read, and how they are joined (None: labelled events)."""
+    from picasso.connectors.join_events import JOIN_FORMATS
+    from picasso.pipelines.joined_stream_state import JoinedTopics
+    from picasso.spec import load_join_spec
+
+    if not (args.impressions or args.labels):
+        if not args.topic:
+            raise ValueError("picasso stream needs --topic (labelled events), or --impressions and --labels")
+        given = [flag for flag, value in (("--join-key", args.join_key), ("--label-wait", args.label_wait),
+                                          ("--late-labels", args.late_labels),
+                                          ("--allowed-lateness", args.allowed_lateness)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: only for a joined stream (--impressions and --labels)")
+        return _topic_formats(args.topic), None
+    if not (args.impressions and args.labels) or args.topic:
+        raise ValueError("a joined stream takes --impressions and --labels, and no --topic")
+    topics = _topic_formats([args.impressions, args.labels])
+    if len(topics) < 2:
+        raise ValueError(f"--impressions and --labels must be two topics, not both {args.impressions!r}")
+    join = load_join_spec(args.spec).replace(
+        key=tuple(field.strip() for field in args.join_key.split(",")) if args.join_key else None,
+        wait_ms=args.label_wait, late_labels=args.late_labels, allowed_lateness_ms=args.allowed_lateness)
+    impressions, labels = (item.partition(":")[0] for item in (args.impressions, args.labels))
+    for topic in (impressions, labels):
+        if topics[topic] not in JOIN_FORMATS:
+            raise ValueError(f"{topic}: a joined stream's events are {' or '.join(JOIN_FORMATS)}, not {topics[topic]}")
+    return topics, JoinedTopics(impressions, labels, join)
+
+
 def stream_config(args):
     """The StreamConfig the flags describe. It makes WORKDIR and, when the stream publishes,
     opens its MLflow target; it connects to no broker."""
@@ -126,9 +172,11 @@ def stream_config(args):
     target = None
     if args.publish_every > 0:
         target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
+    topics, joined = _stream_topics(args)
     return StreamConfig(
         connection=kafka_connection(args),
-        topics=_topic_formats(args.topic),
+        topics=topics,
+        joined=joined,
         workdir=workdir,
         spec=load_spec(args.spec),
         mlflow=target,
@@ -166,12 +214,18 @@ def run_stream_command(args, console: Console) -> dict:
 
     def progress(report, summary):
         version = summary.versions[-1] if summary.versions else "-"
+        join = report.join
+        joined = (f" · joined {join['positives']:,}+ {join['negatives']:,}- {join['late_labels']:,} late, "
+                  f"{join['pending']:,} pending" if join else "")
         console.log(f"cycle {report.cycle}: {report.messages:,} messages, {report.samples:,} samples, "
                     f"{report.dead_letters} dead letters in {report.seconds:.1f}s · lag {report.lag - report.messages:,} · "
-                    f"{report.events_per_s:,.0f} events/s · version {version}")
+                    f"{report.events_per_s:,.0f} events/s{joined} · version {version}")
 
+    joined = config.joined
+    how = (f", joined on {','.join(joined.join.key)} with a {joined.join.wait_ms / 60_000:g} min wait, late labels "
+           f"{joined.join.late_labels}" if joined else "")
     console.log(f"streaming {', '.join(f'{t} ({f})' for t, f in config.topics.items())} from "
-                f"{config.connection.bootstrap_servers} into {workdir}")
+                f"{config.connection.bootstrap_servers} into {workdir}{how}")
     summary = run_stream(config, progress)
     return {**asdict(summary), "workdir": workdir,
             "tracking_uri": target.tracking_uri if target else None,
