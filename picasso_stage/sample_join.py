@@ -212,6 +212,8 @@ def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
     pending impressions."""
     key = np.zeros(len(columns[0]) if len(columns) else 0, dtype=np.uint64)
     for i, column in enumerate(columns):
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
         values = column if isinstance(column, np.ndarray) else None
         if values is None and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
                                or pa.types.is_binary(column.type)):

@@ -3,11 +3,11 @@
 `picasso stream --impressions T1 --labels T2` builds its samples itself
 (picasso.sample_join). Between two cycles the join holds impressions that wait for their
 label, labels that wait for their impression, and samples emitted but not yet trained (a
-training batch is a fixed number of samples, and a cycle's samples rarely fill the last
-one). All of it is written into the checkpoint directory next to the weights, the
-optimizer, the positions and the ledger, and committed with them: a cycle that fails or
-is killed leaves no trace, and its re-run from the checkpoint re-joins the very same
-samples and trains the very same batches.
+training batch is a fixed number of samples, drawn from a window of several batches'
+worth: picasso.sample_buffer). All of it is written into the checkpoint directory next
+to the weights, the optimizer, the positions and the ledger, and committed with them: a
+cycle that fails or is killed leaves no trace, and its re-run from the checkpoint
+re-joins the very same samples and trains the very same batches.
 
 The watermark of the bounded cycles is event time: the oldest newest-event-time of the
 partitions this cycle reads, less the allowed lateness (sample_join.event_watermark). A
@@ -32,6 +32,7 @@ from picasso.connectors.metric_plots import label_delay_svg
 from picasso.delayed_feedback import late_share
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.stream_state import Ledger, StreamModel
+from picasso.sample_buffer import SampleBuffer
 from picasso.sample_join import JoinCounts, JoinState, OrphanLabel, event_watermark, sample_schema
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig, Trainer
@@ -69,18 +70,18 @@ class JoinedCycle:
 
 
 class JoinedStreamModel(StreamModel):
-    """A StreamModel that joins before it trains. `take` turns one decoded poll into
-    training batches of exactly `batch_rows` samples; `score_and_train` trains them."""
+    """A StreamModel that joins before it trains. `take` turns one decoded poll into the
+    training batches it completes (picasso.sample_buffer: batch_rows samples each, mixed);
+    `score_and_train` trains them."""
 
     def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: str | None, topics: JoinedTopics,
-                 decoders: JoinDecoders, join: JoinState, ready: pa.Table, newest: dict[str, int], batch_rows: int):
+                 decoders: JoinDecoders, join: JoinState, ready: SampleBuffer, newest: dict[str, int]):
         super().__init__(trainer, ledger, checkpoint)
         self.topics = topics
         self.decoders = decoders
         self.join = join
         self.ready = ready
         self.newest = newest
-        self.batch_rows = batch_rows
         self.active: set[str] = set()
         self.cycle = JoinedCycle()
         self.window = JoinedCycle()  # the cycles since the last published version
@@ -96,14 +97,15 @@ class JoinedStreamModel(StreamModel):
         files = {name: read_checkpoint_file(base.checkpoint, name) for name in JoinState.FILES} if base.checkpoint else {}
         if files and all(files.values()):
             join = JoinState.from_files(files, schema, policy)
-            ready = pa.ipc.open_file(pa.BufferReader(read_checkpoint_file(base.checkpoint, READY_FILE))).read_all()
+            ready = SampleBuffer.from_bytes(read_checkpoint_file(base.checkpoint, READY_FILE), sample_schema(schema),
+                                            batch_rows)
             newest = json.loads(read_checkpoint_file(base.checkpoint, PARTITIONS_FILE))["newest_ms"]
         elif base.checkpoint and base.ledger.partitions:
             raise ValueError(f"{base.checkpoint} was written by a stream without a join: its impressions "
                              "and labels were never joined (use a new --workdir)")
         else:
-            join, ready, newest = JoinState(policy, schema), sample_schema(schema).empty_table(), {}
-        return cls(base.trainer, base.ledger, base.checkpoint, topics, decoders, join, ready, newest, batch_rows)
+            join, ready, newest = JoinState(policy, schema), SampleBuffer(sample_schema(schema), batch_rows), {}
+        return cls(base.trainer, base.ledger, base.checkpoint, topics, decoders, join, ready, newest)
 
     # -- a cycle -----------------------------------------------------------------------
 
@@ -134,9 +136,8 @@ class JoinedStreamModel(StreamModel):
         self.cycle.counts.add(out.counts)
         self.cycle.delays_ms.append(out.delays_ms)
         self.cycle.orphans += len(out.orphans)
-        if out.samples.num_rows:
-            self.ready = pa.concat_tables([self.ready, out.samples]) if self.ready.num_rows else out.samples
-        return self._full_batches(), out.orphans
+        self.ready.add(out.samples)
+        return self.ready.batches(), out.orphans
 
     def weighted(self, batch: PackedBatch) -> PackedBatch:
         """Under `correct`, the batch with the loss weights of late labels
@@ -145,13 +146,6 @@ class JoinedStreamModel(StreamModel):
             return batch
         counts = self.join.counts
         return batch.with_late_share(late_share(counts.positives, counts.late_labels))
-
-    def _full_batches(self) -> list[pa.Table]:
-        batches = []
-        while self.ready.num_rows >= self.batch_rows:
-            batches.append(self.ready.slice(0, self.batch_rows))
-            self.ready = self.ready.slice(self.batch_rows)
-        return batches
 
     # -- what a published version reports ------------------------------------------------
 
@@ -187,11 +181,7 @@ class JoinedStreamModel(StreamModel):
     # -- checkpoints -------------------------------------------------------------------
 
     def extra_files(self) -> dict[str, bytes]:
-        sink = pa.BufferOutputStream()
-        ready = self.ready.combine_chunks()
-        with pa.ipc.new_file(sink, ready.schema) as writer:
-            writer.write_table(ready)
-        return {**self.join.to_files(), READY_FILE: sink.getvalue().to_pybytes(),
+        return {**self.join.to_files(), READY_FILE: self.ready.to_bytes(),
                 PARTITIONS_FILE: json.dumps({"newest_ms": self.newest}, sort_keys=True).encode()}
 
 

@@ -19,7 +19,9 @@ from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.joined_stream_state import JoinedTopics
 from picasso.pipelines.stream import StreamConfig, run_stream
-from picasso.sample_join import DELAY_COLUMN, JoinState
+from picasso.connectors.join_events import JoinDecoders
+from picasso.sample_buffer import SampleBuffer
+from picasso.sample_join import DELAY_COLUMN, JoinState, sample_schema
 from picasso.synthetic import PlantedModel
 from picasso.synthetic_events import EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig
@@ -81,8 +83,6 @@ def joined(kafka_bootstrap, topics, mlflow_server, tmp_path_factory):
 def _final_join(config) -> tuple[str, JoinState]:
     path = latest_checkpoint(config.checkpoint_dir)
     files = {name: read_checkpoint_file(path, name) for name in JoinState.FILES}
-    from picasso.connectors.join_events import JoinDecoders
-
     return path, JoinState.from_files(files, JoinDecoders(SPEC, JOIN).feature_schema, JOIN.policy())
 
 
@@ -104,11 +104,13 @@ def test_every_impression_is_decided_once_with_the_label_an_offline_join_gives(j
     assert counts.late_labels == counts.corrections == int(np.count_nonzero(late)) > 0
     assert counts.duplicate_labels == int(np.count_nonzero(truth["duplicated"]))
     assert counts.orphan_labels == 1
-    # What was trained: every sample emitted, in batches of exactly 100, the rest waiting.
+    # What was trained: every sample emitted, in batches of exactly 100, the rest (less
+    # than the buffer's window of 4 batches) waiting in the checkpoint.
     emitted = counts.positives + counts.negatives + counts.corrections
     assert sum(r.samples for r in reports) == emitted
     ready = read_checkpoint_file(latest_checkpoint(config.checkpoint_dir), "join-ready.arrow")
-    assert summary.step == emitted // 100 and ready is not None
+    waiting = SampleBuffer.from_bytes(ready, sample_schema(JoinDecoders(SPEC, JOIN).feature_schema), 100)
+    assert summary.step * 100 + waiting.num_rows == emitted and 300 <= waiting.num_rows < 400
 
 
 def test_bad_events_and_orphan_labels_reach_the_dead_letter_topic(joined, kafka_bootstrap):

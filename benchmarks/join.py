@@ -1,0 +1,281 @@
+"""Sample join: throughput, memory, exactness and what late labels cost the model.
+
+The planted model's impression and click streams (picasso.synthetic_events: Criteo's 39
+fields, clicks after an exponential delay with a mean of 5 minutes, 2% of them sent twice)
+are joined with W = 15 minutes by picasso's columnar core (picasso.sample_join) and by the
+same policy written the obvious way, one event at a time over dicts of row dicts
+(picasso.sample_join_reference), fed the very same calls: events in event-time order, cut
+into calls of --call-events, each followed by the watermark (the newest event time).
+
+- Throughput, on one core: both joins take the same calls until 1M impressions wait for
+  their label (about 15 minutes of traffic at 1,200 impressions a second); then the next
+  --timed-events events are timed. `vs_dict_join` is the dict join's time over picasso's.
+- Memory per pending impression, at 1M pending: what the core's state allocated (Python
+  objects and numpy arrays by tracemalloc, the feature rows by their Arrow buffers), over
+  the impressions it holds; against the raw event's size as JSON on the topic.
+- Exactness: a whole stream joined to its end, every sample's label (and every correction)
+  against an offline join of the stream's truth with the same policy. `label_errors` counts
+  the impressions whose samples differ.
+- Quality: three models trained on the same impressions in the same order of arrival, with
+  the true labels (no delay), with the joined samples under `drop`, and under `correct`
+  (with its loss weights, picasso.delayed_feedback); each scored on the same held-out
+  impressions with their true labels. `auc_delta@drop` and `auc_delta@correct` are the
+  joined models' AUC less the true-label model's.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+import tracemalloc
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+
+from benchmarks.harness import parse_args, report
+from picasso.batch import pack
+from picasso.builtin_specs import criteo_spec
+from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.delayed_feedback import late_share
+from picasso.metrics import auc
+from picasso.packing import PackingPlan
+from picasso.sample_buffer import SampleBuffer
+from picasso.sample_join import (
+    CORRECTION_COLUMN, KEY_COLUMN, Impressions, JoinPolicy, JoinState, Labels, join_keys,
+)
+from picasso.sample_join_reference import DictJoin
+from picasso.synthetic import PlantedModel
+from picasso.synthetic_events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream
+from picasso.trainer import TrainConfig, Trainer
+
+START_MS = 1_780_000_000_000
+WAIT_MS = 15 * 60_000
+QUALITY_WAITS = 12  # the quality stream's length, in waits W
+LATE_SHARE = "late_share"  # the benchmark's own column: d̂ when the sample was emitted
+
+
+def decoded_features(spec, impressions: pa.Table) -> pa.Table:
+    """The canonical rows of impression events (what the join holds)."""
+    decoder = RecordDecoder(spec, DecodeOptions(require_label=False))
+    return decoder.decode_table(impressions.drop([REQUEST_ID, EVENT_TIME]), "impressions").table
+
+
+def calls_of(spec, stream, call_events: int):
+    """The stream as join calls: (Impressions | None, Labels | None, watermark), events in
+    event-time order, the watermark the newest event time so far (one partition each)."""
+    imp, lab = stream.impressions, stream.labels
+    imp_keys = join_keys([imp.column(REQUEST_ID)])
+    lab_keys = join_keys([lab.column(REQUEST_ID)])
+    imp_times, lab_times = imp.column(EVENT_TIME).to_numpy(), lab.column(EVENT_TIME).to_numpy()
+    features = decoded_features(spec, imp)
+    values = lab.column(spec.label).to_numpy().astype(np.int8)
+    times = np.concatenate([imp_times, lab_times])
+    is_label = np.r_[np.zeros(len(imp_times), bool), np.ones(len(lab_times), bool)]
+    order = np.argsort(times, kind="stable")
+    calls = []
+    for start in range(0, len(order), call_events):
+        part = order[start:start + call_events]
+        i = part[~is_label[part]]
+        j = part[is_label[part]] - len(imp_times)
+        impressions = Impressions(imp_keys[i], imp_times[i], features.take(pa.array(i))) if len(i) else None
+        labels = Labels(lab_keys[j], lab_times[j], values[j]) if len(j) else None
+        calls.append((impressions, labels, int(times[part].max())))
+    return calls
+
+
+def raw_event_bytes(stream, sample: int = 20_000) -> float:
+    rows = stream.impressions.slice(0, sample).to_pylist()
+    return float(np.mean([len(json.dumps(row, separators=(",", ":"))) for row in rows]))
+
+
+# -- throughput and memory ----------------------------------------------------------------
+
+
+def throughput(spec, args) -> dict:
+    rate = 1_200.0
+    rows = int(args.pending * 1.05 + args.timed_events)
+    stream = make_event_stream(PlantedModel(spec), rows, stream=1,
+                               config=EventStreamConfig(start_ms=START_MS, impressions_per_s=rate))
+    calls = calls_of(spec, stream, args.call_events)
+    raw = raw_event_bytes(stream)
+    del stream
+    policy = JoinPolicy(wait_ms=WAIT_MS)
+    schema = calls[0][0].rows.schema
+    results = {}
+    for name, make in (("picasso", lambda: JoinState(policy, schema)), ("dict join", lambda: DictJoin(policy, schema))):
+        gc.collect()
+        tracemalloc.start()
+        join = make()
+        filled = 0
+        while _pending(join) < args.pending:
+            join.advance(*calls[filled])
+            filled += 1
+        python_bytes = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        pending = _pending(join)
+        arrow_bytes = sum(table.nbytes for _, table in join._segments) if isinstance(join, JoinState) else 0
+        timed, events = calls[filled:], 0
+        started = time.perf_counter()
+        for call in timed:
+            join.advance(*call)
+            events += sum(len(part) for part in call[:2] if part is not None)
+            if events >= args.timed_events:
+                break
+        seconds = time.perf_counter() - started
+        results[name] = {"events_per_s": events / seconds, "events": events, "pending": pending,
+                         "bytes_per_pending": (python_bytes + arrow_bytes) / pending}
+        del join
+    results["raw_event_bytes"] = raw
+    return results
+
+
+def _pending(join) -> int:
+    if isinstance(join, JoinState):
+        return join.pending
+    return sum(1 for record in join.records.values() if record.state in ("pending", "pending-late"))
+
+
+# -- exactness and quality ------------------------------------------------------------------
+
+
+def offline_samples(truth: pa.Table, wait_ms: int, late: str) -> dict[int, list[tuple[int, int]]]:
+    """Per impression key, its samples (label, correction) by the policy, from the truth."""
+    keys = join_keys([truth.column(REQUEST_ID)]).tolist()
+    delays = truth.column("label_delay_ms").to_numpy()
+    expected = {}
+    for key, delay in zip(keys, delays.tolist()):
+        if 0 <= delay <= wait_ms:
+            expected[key] = [(1, 0)]
+        elif delay > wait_ms and late == "correct":
+            expected[key] = [(0, 0), (1, 1)]
+        else:
+            expected[key] = [(0, 0)]
+    return expected
+
+
+def joined_samples(calls, schema, policy: JoinPolicy) -> tuple[pa.Table, list[float], int]:
+    """Every sample of the stream in order of emission, each sample's d̂ at emission, and
+    how many were emitted while the stream ran: the rest come out when a last watermark
+    past every impression ends it (for the exactness check, not for training: a live
+    stream would still hold them)."""
+    join = JoinState(policy, schema)
+    parts, shares, live = [], [], 0
+    for i, call in enumerate([*calls, (None, None, 2**62)]):
+        out = join.advance(*call)
+        if out.samples.num_rows:
+            parts.append(out.samples)
+            shares += [late_share(join.counts.positives, join.counts.late_labels)] * out.samples.num_rows
+        if i < len(calls):
+            live += out.samples.num_rows
+    return pa.concat_tables(parts), shares, live
+
+
+def label_errors(samples: pa.Table, expected: dict[int, list[tuple[int, int]]]) -> int:
+    got: dict[int, list[tuple[int, int]]] = {}
+    for key, label, correction in zip(samples.column(KEY_COLUMN).to_pylist(), samples.column("label").to_pylist(),
+                                      samples.column(CORRECTION_COLUMN).to_pylist()):
+        got.setdefault(key, []).append((int(label), int(correction)))
+    return sum(1 for key in expected.keys() | got.keys() if sorted(got.get(key, [])) != sorted(expected.get(key, [])))
+
+
+def train_and_score(spec, samples: pa.Table, held_out: pa.Table, labels: np.ndarray, batch: int,
+                    mix: bool = True) -> float:
+    """Train on the samples in their order, in batches as the joined stream cuts them
+    (picasso.sample_buffer), then score the held-out rows. Samples with a LATE_SHARE
+    column train with the loss weights of late labels (the share at their emission)."""
+    plan = PackingPlan.from_spec(spec)
+    trainer = Trainer(spec, TrainConfig(device="cpu", seed=0))
+    buffer = SampleBuffer(samples.schema, batch, window=4 if mix else 1)
+    for start in range(0, samples.num_rows, batch):
+        buffer.add(samples.slice(start, batch))
+        for table in buffer.batches():
+            packed = pack(table, spec, plan)
+            if LATE_SHARE in table.column_names:
+                packed = packed.with_late_share(float(np.mean(table.column(LATE_SHARE).to_numpy())))
+            trainer.train_step(packed)
+    return auc(labels, trainer.predict(pack(held_out, spec, plan)))
+
+
+def quality(spec, args) -> dict:
+    planted = PlantedModel(spec)
+    # The stream lasts QUALITY_WAITS waits: a join emits no negative in its first W, and
+    # the quality of a stream that short would be that of its start-up.
+    config = EventStreamConfig(start_ms=START_MS, impressions_per_s=args.quality_rows / (QUALITY_WAITS * WAIT_MS / 1000))
+    stream = make_event_stream(planted, args.quality_rows, stream=2, config=config)
+    calls = calls_of(spec, stream, args.quality_call_events)
+    schema = calls[0][0].rows.schema
+    held = make_event_stream(planted, args.held_out_rows, stream=3, config=config)
+    held_out = decoded_features(spec, held.impressions)
+    held_labels = held.truth.column(spec.label).to_numpy().astype(np.float64)
+    results = {}
+    trained = {}
+    for late in ("drop", "correct"):
+        policy = JoinPolicy(wait_ms=WAIT_MS, late_labels=late, horizon_ms=24 * 3_600_000)
+        samples, shares, live = joined_samples(calls, schema, policy)
+        results[f"label_errors@{late}"] = label_errors(samples, offline_samples(stream.truth, WAIT_MS, late))
+        trained[late] = samples.slice(0, live), shares[:live]
+        results[f"samples@{late}"] = live
+    # The true labels of the same impressions, in their order of arrival: no join, no delay.
+    keys = set(trained["drop"][0].column(KEY_COLUMN).to_pylist())
+    every = pa.concat_tables([call[0].rows for call in calls if call[0] is not None])
+    truth_label = stream.truth.column(spec.label).to_numpy().astype(np.float32)
+    every = every.set_column(every.schema.get_field_index("label"), "label", pa.array(truth_label))
+    same = np.array([key in keys for key in join_keys([stream.truth.column(REQUEST_ID)]).tolist()])
+    results["auc@true"] = train_and_score(spec, every.filter(pa.array(same)), held_out, held_labels, args.batch,
+                                          mix=False)
+    for late, (samples, shares) in trained.items():
+        if late == "correct":
+            samples = samples.append_column(LATE_SHARE, pa.array(shares, pa.float64()))
+        results[f"auc@{late}"] = train_and_score(spec, samples, held_out, held_labels, args.batch)
+    results["late_share"] = float(np.mean(stream.truth.column("label_delay_ms").to_numpy()[
+        stream.truth.column("label_delay_ms").to_numpy() >= 0] > WAIT_MS))
+    return results
+
+
+def main() -> None:
+    args = parse_args(__doc__.splitlines()[0], lambda p: (
+        p.add_argument("--pending", type=int, default=1_000_000, help="impressions waiting when timing starts"),
+        p.add_argument("--timed-events", type=int, default=400_000),
+        p.add_argument("--call-events", type=int, default=10_000, help="events per join call"),
+        p.add_argument("--quality-rows", type=int, default=300_000, help="impressions the models train on"),
+        p.add_argument("--quality-call-events", type=int, default=1_000,
+                       help="events per join call in the quality runs (a poll's worth)"),
+        p.add_argument("--held-out-rows", type=int, default=50_000),
+        p.add_argument("--batch", type=int, default=1_000)))
+    spec = criteo_spec()
+    cpus = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(cpus)})  # the join on one core
+    speed = throughput(spec, args)
+    os.sched_setaffinity(0, cpus)
+    quality_results = quality(spec, args)
+    core, plain, raw = speed["picasso"], speed["dict join"], speed["raw_event_bytes"]
+    metrics = {
+        "events_per_s": core["events_per_s"], "dict_join_events_per_s": plain["events_per_s"],
+        "pending": core["pending"], "bytes_per_pending": core["bytes_per_pending"],
+        "dict_join_bytes_per_pending": plain["bytes_per_pending"], "raw_event_bytes": raw,
+        "memory_over_raw": core["bytes_per_pending"] / raw,
+        "label_errors": quality_results["label_errors@drop"] + quality_results["label_errors@correct"],
+        **quality_results,
+        "auc_delta@drop": quality_results["auc@drop"] - quality_results["auc@true"],
+        "auc_delta@correct": quality_results["auc@correct"] - quality_results["auc@true"],
+        "wait_ms": WAIT_MS, "call_events": args.call_events,
+    }
+    ratios = {"vs_dict_join": core["events_per_s"] / plain["events_per_s"],
+              "memory_target_over_measured": 2 * raw / core["bytes_per_pending"]}
+    rows = [
+        ["events/s, 1M pending (one core)", core["events_per_s"], plain["events_per_s"]],
+        ["bytes per pending impression", core["bytes_per_pending"], plain["bytes_per_pending"]],
+        ["raw impression event (JSON bytes)", raw, raw],
+        ["label errors (drop + correct)", metrics["label_errors"], "-"],
+        ["AUC: true labels / drop / correct",
+         f"{quality_results['auc@true']:.4f} / {quality_results['auc@drop']:.4f} / "
+         f"{quality_results['auc@correct']:.4f}", "-"],
+    ]
+    report("join", ["", "picasso", "dict join"], rows, ratios, metrics, args.json)
+
+
+if __name__ == "__main__":
+    main()
