@@ -85,7 +85,7 @@ class JoinedStreamModel(StreamModel):
         self.active: set[str] = set()
         self.cycle = JoinedCycle()
         self.window = JoinedCycle()  # the cycles since the last published version
-        self.series: dict[str, list] = {}  # join.cycle.<count> -> [[step, value of each cycle], ...]
+        self.series: dict[str, list] = {}  # join.cycle.<count> -> [[cycle, its value], ...]
 
     @classmethod
     def load_joined(cls, spec: FeatureSpec, config: TrainConfig, root: str, topics: JoinedTopics,
@@ -155,9 +155,12 @@ class JoinedStreamModel(StreamModel):
                 "waiting_labels": self.join.waiting_labels, "ready_samples": self.ready.num_rows}
 
     def end_cycle(self) -> None:
-        step = self.trainer.step
+        # Logged with the cycle's number as its step: several cycles may end at one
+        # training step (the first ones fill the sample buffer), and MLflow keeps one
+        # point per metric and step.
+        cycle = self.ledger.cycles
         for name, value in {**asdict(self.cycle.counts), **self.held()}.items():
-            self.series.setdefault(f"join.cycle.{name}", []).append([step, value])
+            self.series.setdefault(f"join.cycle.{name}", []).append([cycle, value])
         self.window.counts.add(self.cycle.counts)
         self.window.delays_ms += self.cycle.delays_ms
 

@@ -317,8 +317,9 @@ class StreamRunner:
         )
         outbox = PublishOutbox(config.publish_dir)
         outbox.add(request)
+        joined = {"watermark_ms": model.join.watermark, "wait_ms": config.joined.join.wait_ms} if config.joined else {}
         outcomes = self._flush(outbox, newest={request.checkpoint_path: {
-            "newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles,
+            "newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles, **joined,
             "samples": model.trainer.samples}})
         mine = next(o for o in outcomes if o.checkpoint_path == request.checkpoint_path)
         if mine.status != PUBLISHED:
