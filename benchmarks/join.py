@@ -8,7 +8,7 @@ same policy written the obvious way, one event at a time over dicts of row dicts
 into calls of --call-events, each followed by the watermark (the newest event time).
 
 - Throughput, on one core: both joins take the same calls until 1M impressions wait for
-  their label (about 15 minutes of traffic at 1,200 impressions a second); then the next
+  their label (15 minutes of traffic at 1,500 impressions a second); then the next
   --timed-events events are timed. `vs_dict_join` is the dict join's time over picasso's.
 - Memory per pending impression, at 1M pending: what the core's state allocated (Python
   objects and numpy arrays by tracemalloc, the feature rows by their Arrow buffers), over
@@ -16,10 +16,11 @@ into calls of --call-events, each followed by the watermark (the newest event ti
 - Exactness: a whole stream joined to its end, every sample's label (and every correction)
   against an offline join of the stream's truth with the same policy. `label_errors` counts
   the impressions whose samples differ.
-- Quality: three models trained on the same impressions in the same order of arrival, with
-  the true labels (no delay), with the joined samples under `drop`, and under `correct`
-  (with its loss weights, picasso.delayed_feedback); each scored on the same held-out
-  impressions with their true labels. `auc_delta@drop` and `auc_delta@correct` are the
+- Quality: three models trained on the same impressions, decided while impressions
+  arrive: with the true labels in their order of arrival (no delay), with the joined
+  samples in their order of emission under `drop`, and under `correct` (with its loss
+  weights, picasso.delayed_feedback); each scored on the same held-out impressions with
+  their true labels. `auc_delta@drop` and `auc_delta@correct` are the
   joined models' AUC less the true-label model's.
 """
 
@@ -95,8 +96,10 @@ def raw_event_bytes(stream, sample: int = 20_000) -> float:
 
 
 def throughput(spec, args) -> dict:
-    rate = 1_200.0
-    rows = int(args.pending * 1.05 + args.timed_events)
+    # About a fifth of the impressions are clicked within W and leave at once: for
+    # `pending` to wait, W must hold a third more impressions than that.
+    rate = 1.35 * args.pending / (WAIT_MS / 1000)
+    rows = int(rate * WAIT_MS / 1000 * 1.1) + args.timed_events
     stream = make_event_stream(PlantedModel(spec), rows, stream=1,
                                config=EventStreamConfig(start_ms=START_MS, impressions_per_s=rate))
     calls = calls_of(spec, stream, args.call_events)
@@ -116,7 +119,7 @@ def throughput(spec, args) -> dict:
         python_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         pending = _pending(join)
-        arrow_bytes = sum(table.nbytes for _, table in join._segments) if isinstance(join, JoinState) else 0
+        arrow_bytes = join.rows.arrow_bytes if isinstance(join, JoinState) else 0
         timed, events = calls[filled:], 0
         started = time.perf_counter()
         for call in timed:
@@ -158,17 +161,19 @@ def offline_samples(truth: pa.Table, wait_ms: int, late: str) -> dict[int, list[
 
 def joined_samples(calls, schema, policy: JoinPolicy) -> tuple[pa.Table, list[float], int]:
     """Every sample of the stream in order of emission, each sample's d̂ at emission, and
-    how many were emitted while the stream ran: the rest come out when a last watermark
-    past every impression ends it (for the exactness check, not for training: a live
-    stream would still hold them)."""
+    how many were emitted while impressions still arrived. The rest come out after the
+    last impression, as the late clicks move the watermark on in long strides, with no
+    positive among them: a live stream never has such an end, and training on it would
+    measure the end of the benchmark's stream (they count for the exactness check)."""
     join = JoinState(policy, schema)
+    last_impressions = max(i for i, call in enumerate(calls) if call[0] is not None)
     parts, shares, live = [], [], 0
     for i, call in enumerate([*calls, (None, None, 2**62)]):
         out = join.advance(*call)
         if out.samples.num_rows:
             parts.append(out.samples)
             shares += [late_share(join.counts.positives, join.counts.late_labels)] * out.samples.num_rows
-        if i < len(calls):
+        if i <= last_impressions:
             live += out.samples.num_rows
     return pa.concat_tables(parts), shares, live
 
@@ -210,22 +215,28 @@ def quality(spec, args) -> dict:
     held = make_event_stream(planted, args.held_out_rows, stream=3, config=config)
     held_out = decoded_features(spec, held.impressions)
     held_labels = held.truth.column(spec.label).to_numpy().astype(np.float64)
-    results = {}
-    trained = {}
+    # Every model trains on the impressions more than W older than the last one: those a
+    # live join has decided, every one of them.
+    keys = join_keys([stream.truth.column(REQUEST_ID)])
+    times = stream.truth.column(EVENT_TIME).to_numpy()
+    cutoff = times.max() - WAIT_MS
+    decided = set(keys[times < cutoff].tolist())
+    results, trained = {}, {}
     for late in ("drop", "correct"):
         policy = JoinPolicy(wait_ms=WAIT_MS, late_labels=late, horizon_ms=24 * 3_600_000)
         samples, shares, live = joined_samples(calls, schema, policy)
         results[f"label_errors@{late}"] = label_errors(samples, offline_samples(stream.truth, WAIT_MS, late))
-        trained[late] = samples.slice(0, live), shares[:live]
-        results[f"samples@{late}"] = live
+        samples, shares = samples.slice(0, live), np.array(shares[:live])
+        kept = np.array([key in decided for key in samples.column(KEY_COLUMN).to_pylist()])
+        trained[late] = samples.filter(pa.array(kept)), shares[kept].tolist()
+        results[f"samples@{late}"] = int(kept.sum())
     # The true labels of the same impressions, in their order of arrival: no join, no delay.
-    keys = set(trained["drop"][0].column(KEY_COLUMN).to_pylist())
     every = pa.concat_tables([call[0].rows for call in calls if call[0] is not None])
     truth_label = stream.truth.column(spec.label).to_numpy().astype(np.float32)
     every = every.set_column(every.schema.get_field_index("label"), "label", pa.array(truth_label))
-    same = np.array([key in keys for key in join_keys([stream.truth.column(REQUEST_ID)]).tolist()])
-    results["auc@true"] = train_and_score(spec, every.filter(pa.array(same)), held_out, held_labels, args.batch,
-                                          mix=False)
+    results["auc@true"] = train_and_score(spec, every.filter(pa.array(times < cutoff)), held_out, held_labels,
+                                          args.batch, mix=False)
+    results["samples@true"] = int(np.count_nonzero(times < cutoff))
     for late, (samples, shares) in trained.items():
         if late == "correct":
             samples = samples.append_column(LATE_SHARE, pa.array(shares, pa.float64()))

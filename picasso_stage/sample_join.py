@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import io
 import json
+from itertools import repeat
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import pyarrow as pa
 
+from picasso.feature_rows import MERGE_ROWS, FeatureRows
 from picasso.hashing import splitmix64_array, hash_to_buckets
 
 LATE_LABEL_POLICIES = ("drop", "correct")
@@ -245,18 +247,14 @@ class JoinState:
         self.watermark: int | None = None
         self.counts = JoinCounts()
         # Slot i of the arrays is the record of one impression, in arrival order; its
-        # features are row row_ids[i] of the segments, -1 once it needs them no more.
+        # feature row is in self.rows while a sample may still need it.
         self._size = 0
         self.keys = np.zeros(0, np.uint64)
         self.times = np.zeros(0, np.int64)
         self.states = np.zeros(0, np.int8)
         self.label_times = np.zeros(0, np.int64)  # of the first label; -1 none
-        self.row_ids = np.zeros(0, np.int64)
+        self.rows = FeatureRows(schema, merge_rows=min(MERGE_ROWS, 8 * block))  # small blocks, small tables
         self._index: dict[int, int] = {}  # key -> slot
-        self._segments: list[tuple[int, pa.Table]] = []  # (first row id, its feature rows)
-        self._next_row = 0
-        self._rows_needed = 0  # rows some record still points at
-        self._rows_stored = 0  # rows the segments hold
         self._block_due = np.zeros(0, np.int64)  # per block: the earliest time of a waiting record
         self._block_keep = np.zeros(0, np.int64)  # per block: the earliest time of a live record
         self._live = 0
@@ -283,10 +281,9 @@ class JoinState:
     def nbytes(self) -> int:
         """Bytes the records hold: features, arrays and the key index (an estimate of the
         dict's share: its table and its two int objects per entry)."""
-        features = sum(table.nbytes for _, table in self._segments)
-        arrays = sum(a.nbytes for a in (self.keys, self.times, self.states, self.label_times, self.row_ids))
+        arrays = sum(a.nbytes for a in (self.keys, self.times, self.states, self.label_times))
         index = len(self._index) * (36 + 28) + _dict_table_bytes(len(self._index))
-        return features + arrays + index
+        return self.rows.nbytes + arrays + index
 
     # -- the join ----------------------------------------------------------------------
 
@@ -442,10 +439,9 @@ class JoinState:
     # -- storage of the records ---------------------------------------------------------
 
     def _lookup(self, keys: np.ndarray) -> np.ndarray:
-        get = self._index.get
-        return np.fromiter((get(k, -1) for k in keys.tolist()), dtype=np.int64, count=len(keys))
+        return np.fromiter(map(self._index.get, keys.tolist(), repeat(-1)), dtype=np.int64, count=len(keys))
 
-    def _append(self, keys: np.ndarray, times: np.ndarray, rows: pa.Table) -> None:
+    def _append(self, keys: np.ndarray, times: np.ndarray, rows: pa.Table | None) -> None:
         start, n = self._size, len(keys)
         end = start + n
         if end > len(self.keys):
@@ -454,16 +450,12 @@ class JoinState:
             self.times = _grown(self.times, capacity, 0)
             self.states = _grown(self.states, capacity, FORGOTTEN)
             self.label_times = _grown(self.label_times, capacity, -1)
-            self.row_ids = _grown(self.row_ids, capacity, -1)
         self.keys[start:end] = keys
         self.times[start:end] = times
         self.states[start:end] = PENDING
         self.label_times[start:end] = -1
-        self.row_ids[start:end] = np.arange(self._next_row, self._next_row + n)
-        self._add_segment(rows)
-        self._next_row += n
-        self._rows_needed += n
-        self._rows_stored += n
+        if rows is not None:
+            self.rows.add(np.arange(start, end), rows)
         self._size = end
         self._index.update(zip(keys.tolist(), range(start, end)))
         self._live += n
@@ -478,43 +470,10 @@ class JoinState:
 
     def _release(self, slots: np.ndarray) -> None:
         """These records' feature rows are needed no more (emitted for good)."""
-        held = slots[self.row_ids[slots] >= 0]
-        self.row_ids[held] = -1
-        self._rows_needed -= len(held)
-
-    def _add_segment(self, rows: pa.Table) -> None:
-        """Append the rows of new row ids, then merge the newest segments while the older
-        one is at most twice the newer: O(log n) segments, so a take touches few of them,
-        and each row is copied O(log n) times."""
-        segments = self._segments
-        segments.append((self._next_row, rows))
-        while len(segments) >= 2 and segments[-2][1].num_rows <= 2 * segments[-1][1].num_rows:
-            (first, older), (_, newer) = segments[-2], segments[-1]
-            segments[-2:] = [(first, pa.concat_tables([older, newer]).combine_chunks())]
-
-    def _features(self, row_ids: np.ndarray) -> pa.Table:
-        """The feature rows of row_ids, which must ascend."""
-        if not len(row_ids):
-            return self.schema.empty_table()
-        starts = np.array([s for s, _ in self._segments], dtype=np.int64)
-        segment = np.searchsorted(starts, row_ids, side="right") - 1
-        bounds = np.searchsorted(segment, np.arange(len(self._segments) + 1))
-        parts = []
-        for s, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
-            if hi > lo:
-                first, table = self._segments[s]
-                parts.append(table.take(pa.array(row_ids[lo:hi] - first)))
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+        self.rows.release(slots)
 
     def _compact(self) -> None:
-        """Give back what emitted and forgotten records hold, once it is a good part of the
-        whole: each compaction copies what is kept, so it waits for a quarter's waste."""
-        if self._rows_stored - self._rows_needed > max(self._rows_needed // 4, self._block):
-            slots = np.flatnonzero(self.row_ids[:self._size] >= 0)
-            table = self._features(self.row_ids[slots]).combine_chunks() if len(slots) else self.schema.empty_table()
-            self.row_ids[slots] = np.arange(len(slots))
-            self._segments = [(0, table)]
-            self._next_row = self._rows_stored = self._rows_needed = len(slots)
+        """Drop forgotten slots once they are half the arrays."""
         if self._size > 4 * self._block and self._live < self._size // 2:
             self._renumber()
 
@@ -522,10 +481,13 @@ class JoinState:
         """Drop forgotten slots from the arrays, and renumber the index."""
         alive = np.flatnonzero(self.states[:self._size] != FORGOTTEN)
         n = len(alive)
-        for name in ("keys", "times", "states", "label_times", "row_ids"):
+        for name in ("keys", "times", "states", "label_times"):
             array = getattr(self, name)
             array[:n] = array[alive]
-            array[n:self._size] = -1 if name in ("label_times", "row_ids") else (FORGOTTEN if name == "states" else 0)
+            array[n:self._size] = -1 if name == "label_times" else (FORGOTTEN if name == "states" else 0)
+        remap = np.full(self._size, -1, np.int64)
+        remap[alive] = np.arange(n)
+        self.rows.renumber(remap, len(self.keys))
         self._size = n
         self._index = dict(zip(self.keys[:n].tolist(), range(n)))
         self._reblock()
@@ -548,9 +510,8 @@ class JoinState:
         """The state as files for a checkpoint: the records and their feature rows (Arrow
         IPC files), and the rest (JSON, with the labels still waiting)."""
         slots = np.flatnonzero(self.states[:self._size] != FORGOTTEN)
-        row_ids = self.row_ids[slots]
-        with_rows = row_ids >= 0
-        features = self._features(row_ids[with_rows]) if with_rows.any() else self.schema.empty_table()
+        with_rows = self.rows.row_of[slots] >= 0
+        features = self.rows.take(slots[with_rows])
         records = pa.table({"key": self.keys[slots], "time": self.times[slots], "state": self.states[slots],
                             "label_time": self.label_times[slots], "has_row": with_rows})
         rest = {
@@ -572,13 +533,11 @@ class JoinState:
         records = _read_ipc(files["join-records.arrow"])
         features = _read_ipc(files["join-features.arrow"]).select(schema.names).cast(schema)
         has_row = records.column("has_row").to_numpy(zero_copy_only=False)
-        state._append(records.column("key").to_numpy(), records.column("time").to_numpy(), features)
+        state._append(records.column("key").to_numpy(), records.column("time").to_numpy(), None)
         n = records.num_rows
         state.states[:n] = records.column("state").to_numpy()
         state.label_times[:n] = records.column("label_time").to_numpy()
-        state.row_ids[:n] = -1
-        state.row_ids[np.flatnonzero(has_row)] = np.arange(features.num_rows)
-        state._next_row = state._rows_needed = state._rows_stored = features.num_rows
+        state.rows.add(np.flatnonzero(has_row), features)
         state._reblock()
         state.watermark = rest["watermark"]
         state.counts = JoinCounts(**rest["counts"])
@@ -618,7 +577,7 @@ class _Emitted:
             self.counts.positives += len(slots)
         else:
             self.counts.negatives += len(slots)
-        rows = state._features(state.row_ids[slots])
+        rows = state.rows.take(slots)
         n = len(slots)
         rows = rows.set_column(rows.schema.get_field_index("label"), "label",
                                pa.array(np.full(n, label, dtype=np.float32)))

@@ -13,7 +13,13 @@ Beam graph between cycles: it is in the model's checkpoint (pipelines.joined_str
 
 On a streaming runner the same samples come from pipelines.join_labels.JoinLabels, which
 keeps the join in Beam's keyed state instead; both take their decisions from
-picasso.sample_join.
+picasso.sample_join:
+
+  Messages → DecodeJoinEvents ─┬→ SplitJoinEvents → JoinLabels → PackSamples ─┬→ PicassoTrain
+                               └→ SpanPositions ──────────────────────────────┘
+
+(PicassoTrain's local mode trains once, when every batch is in: that is, only when the
+stream ends. tests/test_join_graph.py runs this graph under TestStream.)
 """
 
 from __future__ import annotations
@@ -26,11 +32,13 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils.shared import Shared
 
 from picasso.batch import PackedBatch, pack
+from picasso.connectors.decoders import RecordDecoder
 from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of, orphan_dead_letter
 from picasso.connectors.kafka_source import Messages
 from picasso.packing import PackingPlan
 from picasso.pipelines.decode_messages import DEAD_LETTERS, MessageSpan
+from picasso.pipelines.join_labels import IMPRESSIONS, LABELS
 from picasso.pipelines.joined_stream_state import JoinedTopics
 from picasso.sample_join import Impressions, Labels
 from picasso.spec import FeatureSpec
@@ -143,3 +151,43 @@ class PackSamples(beam.PTransform):
 
     def expand(self, samples):
         return samples | "Pack" >> beam.Map(self.pack_samples).with_output_types(PackedBatch)
+
+
+def _events_by_kind(chunk: JoinEventChunk):
+    if isinstance(chunk.events, Impressions):
+        yield beam.pvalue.TaggedOutput(IMPRESSIONS, chunk.events)
+    elif isinstance(chunk.events, Labels):
+        yield beam.pvalue.TaggedOutput(LABELS, chunk.events)
+
+
+class SplitJoinEvents(beam.PTransform):
+    """JoinEventChunks in; {IMPRESSIONS: Impressions, LABELS: Labels} out: the input
+    join_labels.JoinLabels takes. A chunk whose every event was refused carries none (its
+    span still counts: SpanPositions)."""
+
+    def expand(self, chunks):
+        split = chunks | "ByKind" >> beam.FlatMap(_events_by_kind).with_outputs(IMPRESSIONS, LABELS)
+        return {IMPRESSIONS: split[IMPRESSIONS], LABELS: split[LABELS]}
+
+
+class SpanPositions(beam.PTransform):
+    """JoinEventChunks in; for each, a PackedBatch with no samples whose positions are its
+    span's ({source: next position}).
+
+    JoinLabels' samples carry no positions: a sample leaves the join long after its
+    impression's message, often decided by another partition's label or by the watermark.
+    So the positions reach the trainer on batches of their own, which it merges without
+    training (Trainer._finish). They say how far the source was read; the impressions
+    still pending then live in the runner's keyed state, not in the model's checkpoint."""
+
+    def __init__(self, spec: FeatureSpec):
+        super().__init__()
+        self.spec = spec
+        self.plan = PackingPlan.from_spec(spec)
+        self.empty = RecordDecoder(spec).schema.empty_table()
+
+    def positions_of(self, chunk: JoinEventChunk) -> PackedBatch:
+        return pack(self.empty, self.spec, self.plan, positions={chunk.span.source: chunk.span.next_position})
+
+    def expand(self, chunks):
+        return chunks | "Positions" >> beam.Map(self.positions_of).with_output_types(PackedBatch)
