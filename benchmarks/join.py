@@ -31,7 +31,6 @@ import json
 import os
 import time
 import tracemalloc
-from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa

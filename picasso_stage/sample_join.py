@@ -28,17 +28,18 @@ place: at a million pending impressions a copy per call would cost more than the
 
 Keys are 64-bit hashes of the join-key fields (join_keys), and the state is columnar:
 numpy arrays of keys, times and states, the features in Arrow tables, and one dict from
-key to slot. A pending impression costs its canonical feature row (about 300 bytes for
-Criteo's 39 fields, against about 600 as JSON) plus about 140 bytes of bookkeeping.
+key to slot (picasso.feature_rows keeps the rows). A pending impression costs its
+canonical feature row, a few dozen bytes of arrays and its dict entry; benchmarks.join
+measures the whole against the raw event.
 """
 
 from __future__ import annotations
 
 import io
 import json
-from itertools import repeat
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
+from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
@@ -208,10 +209,10 @@ def orphaned(label_times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.
 def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
     """One uint64 key per row from the join-key columns (strings or integers).
 
-    Strings hash with picasso.hashing's FNV-1a, integers as themselves, then each column
-    is mixed in with splitmix64, so ("a", 1) and (1, "a") differ. Two distinct keys
-    collide with probability 2^-64 per pair: about 3e-8 for any collision among a million
-    pending impressions."""
+    Strings hash with picasso.hashing's FNV-1a (kept to 62 bits), integers as themselves,
+    then each column is mixed in with splitmix64, so ("a", 1) and (1, "a") differ. Two
+    distinct text keys collide with probability about 2^-62 per pair: about 1e-7 for any
+    collision among a million pending impressions."""
     key = np.zeros(len(columns[0]) if len(columns) else 0, dtype=np.uint64)
     for i, column in enumerate(columns):
         if isinstance(column, pa.ChunkedArray):
