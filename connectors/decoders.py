@@ -74,7 +74,7 @@ class _Verdicts:
         self.bad[rows] = True
 
 
-def _as_array(values) -> pa.Array | None:
+def as_arrow_array(values) -> pa.Array | None:
     """An Arrow array for a column, or None when its values have no single Arrow type."""
     if isinstance(values, pa.ChunkedArray):
         return values.combine_chunks() if values.num_chunks != 1 else values.chunk(0)
@@ -237,7 +237,7 @@ class RecordDecoder:
         columns = {}
         if table is not None:
             for name in names:
-                column = _as_array(table.column(name))
+                column = as_arrow_array(table.column(name))
                 columns[name] = self._parse_text_column(name, column)
             columns = {name: _scatter(values, kept, n) for name, values in columns.items()}
         positions = _positions(first_position, positions, n)
@@ -280,7 +280,7 @@ class RecordDecoder:
         spec = self.spec
         # One contiguous array per Arrow column, made once (a table of many IPC messages
         # comes in many chunks).
-        columns = {name: _as_array(v) if isinstance(v, pa.ChunkedArray) else v for name, v in columns.items()}
+        columns = {name: as_arrow_array(v) if isinstance(v, pa.ChunkedArray) else v for name, v in columns.items()}
         out: dict[str, pa.Array] = {}
         label_values = columns.get(spec.label)
         if label_values is None and self.options.require_label:
@@ -369,7 +369,7 @@ class RecordDecoder:
         """float64 values and a null mask; values of a wrong type are refused."""
         if values is None:
             return np.zeros(n), np.ones(n, dtype=bool)
-        arr = _as_array(values)
+        arr = as_arrow_array(values)
         if arr is not None and (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type)
                                 or pa.types.is_null(arr.type)):
             null = _null_mask(arr, n)
@@ -417,7 +417,7 @@ class RecordDecoder:
         """Bags of row indices (before packing offsets), one per row; bad rows refused."""
         if values is None:
             return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), pa.array([], pa.int64()))
-        arr = _as_array(values)
+        arr = as_arrow_array(values)
         parts = _id_parts(arr, n) if arr is not None else None
         if parts is not None:
             lengths, flat, null_ids = parts

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.decoders import DecodeOptions, RecordDecoder, as_arrow_array
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.message_formats import DecodedMessages, decode_messages
@@ -78,7 +78,7 @@ class EventFields:
 
     def _key_text(self, name: str, values, n: int, verdicts) -> pa.Array:
         """The key field as text; rows without a usable one refused (and given "")."""
-        arr = _arrow(values)
+        arr = as_arrow_array(values) if values is not None else None
         if arr is not None and (pa.types.is_integer(arr.type) or pa.types.is_string(arr.type)
                                 or pa.types.is_large_string(arr.type) or pa.types.is_null(arr.type)):
             if arr.null_count:
@@ -101,7 +101,7 @@ class EventFields:
 
     def _times(self, values, n: int, verdicts) -> np.ndarray:
         name = self.time
-        arr = _arrow(values)
+        arr = as_arrow_array(values) if values is not None else None
         if arr is not None and pa.types.is_integer(arr.type):
             null = arr.is_null().to_numpy(zero_copy_only=False) if arr.null_count else np.zeros(n, bool)
             times = arr.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -178,20 +178,6 @@ def orphan_dead_letter(orphan: OrphanLabel, join: JoinSpec, label_field: str) ->
               f"{join.orphan_grace_ms / 1000:g} s of the label's time")
     return MessageDeadLetter(topic=topic, partition=int(partition), offset=int(offset), key=None, value=value,
                              timestamp_ms=orphan.time_ms, reason=reason)
-
-
-def _arrow(values) -> pa.Array | None:
-    if isinstance(values, pa.ChunkedArray):
-        return values.combine_chunks()
-    if isinstance(values, pa.Array):
-        return values
-    if values is None:
-        return None
-    try:
-        arr = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        return None
-    return None if any(isinstance(v, bool) for v in values) else arr
 
 
 def _items(values, n: int) -> list:

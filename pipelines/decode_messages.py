@@ -64,20 +64,24 @@ class PackedMessages:
         return self.batch.data.nbytes
 
 
-class _DecodeMessagesDoFn(beam.DoFn):
-    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions):
-        self.spec = spec
-        self.formats = formats
-        self.options = options
+class DecodePollDoFn(beam.DoFn):
+    """What every decode of a Kafka poll does around its decoder: count the messages,
+    records and refusals, send the dead letters to the tagged output, and make the poll's
+    MessageSpan. Subclasses decode (decode) and make the main element (chunk)."""
 
     def setup(self):
-        self.decoder = RecordDecoder(self.spec, self.options)
         self.messages_in = Metrics.counter("picasso", "messages_in")
         self.records_in = Metrics.counter("picasso", "rows_in")
         self.dead = Metrics.counter("picasso", "dead_letters")
 
+    def decode(self, messages: Messages):
+        raise NotImplementedError
+
+    def chunk(self, messages: Messages, decoded, span: MessageSpan):
+        raise NotImplementedError
+
     def process(self, messages: Messages):
-        decoded = decode_messages(self.decoder, self.formats[messages.topic], messages)
+        decoded = self.decode(messages)
         self.messages_in.inc(len(messages))
         self.records_in.inc(decoded.records_in)
         self.dead.inc(decoded.records_refused)
@@ -89,7 +93,24 @@ class _DecodeMessagesDoFn(beam.DoFn):
             newest_timestamp_ms=max(messages.timestamps) if messages.timestamps else None,
             offset_sum=sum(messages.offsets),
         )
-        yield DecodedMessageChunk(decoded.table, span)
+        yield self.chunk(messages, decoded, span)
+
+
+class _DecodeMessagesDoFn(DecodePollDoFn):
+    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions):
+        self.spec = spec
+        self.formats = formats
+        self.options = options
+
+    def setup(self):
+        super().setup()
+        self.decoder = RecordDecoder(self.spec, self.options)
+
+    def decode(self, messages: Messages):
+        return decode_messages(self.decoder, self.formats[messages.topic], messages)
+
+    def chunk(self, messages: Messages, decoded, span: MessageSpan) -> DecodedMessageChunk:
+        return DecodedMessageChunk(decoded.table, span)
 
 
 class DecodeMessages(beam.PTransform):

@@ -37,7 +37,7 @@ from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of, orphan_dead_letter
 from picasso.connectors.kafka_source import Messages
 from picasso.packing import PackingPlan
-from picasso.pipelines.decode_messages import DEAD_LETTERS, MessageSpan
+from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodePollDoFn, MessageSpan
 from picasso.pipelines.join_labels import IMPRESSIONS, LABELS
 from picasso.pipelines.joined_stream_state import JoinedTopics
 from picasso.sample_join import Impressions, Labels
@@ -58,37 +58,25 @@ class JoinEventChunk:
         return self.events.rows.nbytes if isinstance(self.events, Impressions) else 64 * len(self.events or ())
 
 
-class _DecodeJoinEventsDoFn(beam.DoFn):
+class _DecodeJoinEventsDoFn(DecodePollDoFn):
     def __init__(self, spec: FeatureSpec, topics: JoinedTopics, formats: dict[str, str]):
         self.spec, self.topics, self.formats = spec, topics, formats
 
     def setup(self):
+        super().setup()
         self.decoders = JoinDecoders(self.spec, self.topics.join)
-        self.messages_in = Metrics.counter("picasso", "messages_in")
-        self.records_in = Metrics.counter("picasso", "rows_in")
-        self.dead = Metrics.counter("picasso", "dead_letters")
 
-    def process(self, messages: Messages):
+    def decode(self, messages: Messages):
         impressions = messages.topic == self.topics.impressions
         decoder = self.decoders.impressions if impressions else self.decoders.labels
-        decoded = decode_poll(decoder, self.formats[messages.topic], messages)
-        self.messages_in.inc(len(messages))
-        self.records_in.inc(decoded.records_in)
-        self.dead.inc(decoded.records_refused)
-        for letter in decoded.dead_letters:
-            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
-        table = decoded.table
-        events = None
+        return decode_poll(decoder, self.formats[messages.topic], messages)
+
+    def chunk(self, messages: Messages, decoded, span: MessageSpan) -> JoinEventChunk:
+        table, events = decoded.table, None
         if table.num_rows:
-            events = impressions_of(table, self.decoders.feature_names) if impressions else \
-                labels_of(table, messages.source)
-        span = MessageSpan(
-            source=messages.source, start=messages.start, next_position=messages.next_position,
-            messages=len(messages), records_in=decoded.records_in, records_refused=decoded.records_refused,
-            newest_timestamp_ms=max(messages.timestamps) if messages.timestamps else None,
-            offset_sum=sum(messages.offsets),
-        )
-        yield JoinEventChunk(messages.topic, events, span)
+            events = impressions_of(table, self.decoders.feature_names) if messages.topic == self.topics.impressions \
+                else labels_of(table, messages.source)
+        return JoinEventChunk(messages.topic, events, span)
 
 
 class DecodeJoinEvents(beam.PTransform):
