@@ -10,9 +10,9 @@ into calls of --call-events, each followed by the watermark (the newest event ti
 - Throughput, on one core: both joins take the same calls until 1M impressions wait for
   their label (15 minutes of traffic at 1,500 impressions a second); then the next
   --timed-events events are timed. `vs_dict_join` is the dict join's time over picasso's.
-- Memory per pending impression, at 1M pending: what the core's state allocated (Python
-  objects and numpy arrays by tracemalloc, the feature rows by their Arrow buffers), over
-  the impressions it holds; against the raw event's size as JSON on the topic.
+- Memory per pending impression, at 1M pending: what the join's state allocated (Python
+  objects and numpy arrays, the feature rows among them, by tracemalloc), over the
+  impressions it holds; against the raw event's size as JSON on the topic.
 - Exactness: a whole stream joined to its end, every sample's label (and every correction)
   against an offline join of the stream's truth with the same policy. `label_errors` counts
   the impressions whose samples differ.
@@ -118,7 +118,6 @@ def throughput(spec, args) -> dict:
         python_bytes = tracemalloc.get_traced_memory()[0]
         tracemalloc.stop()
         pending = _pending(join)
-        arrow_bytes = join.rows.arrow_bytes if isinstance(join, JoinState) else 0
         timed, events = calls[filled:], 0
         started = time.perf_counter()
         for call in timed:
@@ -128,7 +127,7 @@ def throughput(spec, args) -> dict:
                 break
         seconds = time.perf_counter() - started
         results[name] = {"events_per_s": events / seconds, "events": events, "pending": pending,
-                         "bytes_per_pending": (python_bytes + arrow_bytes) / pending}
+                         "bytes_per_pending": python_bytes / pending}
         del join
     results["raw_event_bytes"] = raw
     return results

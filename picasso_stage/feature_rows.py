@@ -1,4 +1,4 @@
-"""The feature rows a join holds, by record slot, in a few Arrow tables.
+"""The feature rows a join holds, by record slot, in a few tables of rows.
 
 picasso.sample_join keeps its records (keys, times, states) in numpy arrays and their
 canonical feature rows here. Rows come in a table per call and leave one by one (a record
@@ -10,7 +10,8 @@ neither copy them all again and again nor take from hundreds of small tables:
   dropped when none is left. Rows leave roughly in arrival order, so old tables empty and
   go; each rewrite halves a table, so a row is copied at most about twice more.
 Rows keep their slots' order everywhere, so a take of ascending slots is ascending in
-every table.
+every table. The tables are numpy arrays (picasso.row_arrays): rows come in and leave as
+Arrow tables, but a take from Arrow costs a kernel call per column.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from picasso.row_arrays import RowArrays, RowLayout
+
 MERGE_ROWS = 65_536
 
 
 @dataclass
 class _Table:
     first: int  # the row id of its first row; its rows are first, first + 1, ...
-    rows: pa.Table
+    rows: RowArrays
     owners: np.ndarray  # the slot of each row (-1: a slot renumbered away)
     held: int  # rows still held
 
@@ -34,6 +37,7 @@ class _Table:
 class FeatureRows:
     def __init__(self, schema: pa.Schema, merge_rows: int = MERGE_ROWS):
         self.schema = schema
+        self.layout = RowLayout(schema)
         self.merge_rows = merge_rows
         self.row_of = np.zeros(0, np.int64)  # per slot: its row id, -1 when it holds none
         self._tables: list[_Table] = []
@@ -45,13 +49,8 @@ class FeatureRows:
         return sum(t.held for t in self._tables)
 
     @property
-    def arrow_bytes(self) -> int:
-        """What the rows' Arrow buffers take."""
-        return sum(t.rows.nbytes for t in self._tables)
-
-    @property
     def nbytes(self) -> int:
-        return self.arrow_bytes + sum(t.owners.nbytes for t in self._tables) + self.row_of.nbytes
+        return sum(t.rows.nbytes + t.owners.nbytes for t in self._tables) + self.row_of.nbytes
 
     def reserve(self, slots: int) -> None:
         """Room for slots [0, slots)."""
@@ -67,7 +66,7 @@ class FeatureRows:
             return
         self.reserve(int(slots[-1]) + 1)
         self.row_of[slots] = np.arange(self._next_row, self._next_row + n)
-        self._tables.append(_Table(self._next_row, rows, np.asarray(slots, np.int64).copy(), n))
+        self._tables.append(_Table(self._next_row, self.layout.from_arrow(rows), np.asarray(slots, np.int64).copy(), n))
         self._next_row += n
         while len(self._tables) >= 2 and self._tables[-2].held + self._tables[-1].held <= self.merge_rows:
             self._rewrite(len(self._tables) - 2, merge_next=True)
@@ -84,8 +83,8 @@ class FeatureRows:
         for t, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist())):
             if hi > lo:
                 part = self._tables[t]
-                parts.append(part.rows.take(pa.array(ids[lo:hi] - part.first)))
-        return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
+                parts.append(part.rows.take(ids[lo:hi] - part.first))
+        return self.layout.to_arrow(RowArrays.concat(parts))
 
     def release(self, slots: np.ndarray) -> None:
         """These slots' rows are needed no more (slots without one are skipped)."""
@@ -98,7 +97,7 @@ class FeatureRows:
         for t in np.flatnonzero(gone).tolist():
             self._tables[t].held -= int(gone[t])
         emptied = [t for t in np.flatnonzero(gone).tolist()
-                   if self._tables[t].held * 2 < self._tables[t].rows.num_rows]
+                   if self._tables[t].held * 2 < len(self._tables[t].rows)]
         for t in sorted(emptied, reverse=True):  # from the back: the indices before stay put
             self._rewrite(t)
         if emptied:
@@ -122,14 +121,14 @@ class FeatureRows:
         for part in parts:
             owners = part.owners
             held = np.flatnonzero((owners >= 0) & (self.row_of[owners.clip(0)] == part.first + np.arange(len(owners))))
-            kept_rows.append(part.rows.take(pa.array(held)) if len(held) < part.rows.num_rows else part.rows)
+            kept_rows.append(part.rows.take(held) if len(held) < len(part.rows) else part.rows)
             kept_owners.append(owners[held])
         owners = np.concatenate(kept_owners)
         replaced = slice(t, t + len(parts))
         if not len(owners):
             self._tables[replaced] = []
             return
-        rows = pa.concat_tables(kept_rows).combine_chunks() if len(kept_rows) > 1 else kept_rows[0]
+        rows = RowArrays.concat(kept_rows)
         self.row_of[owners] = first + np.arange(len(owners))
         self._tables[replaced] = [_Table(first, rows, owners, len(owners))]
 

@@ -26,9 +26,9 @@ emits depends on the state and its arguments only, never on a clock or on I/O, s
 hosts fed the same events and watermarks emit the same samples. The state is updated in
 place: at a million pending impressions a copy per call would cost more than the join.
 
-Keys are 64-bit hashes of the join-key fields (join_keys), and the state is columnar:
-numpy arrays of keys, times and states, the features in Arrow tables, and one dict from
-key to slot (picasso.feature_rows keeps the rows). A pending impression costs its
+Keys are 64-bit hashes of the join-key fields (join_keys), and the state is numpy
+arrays: a key, a time and a state per record, the feature rows one after another
+(picasso.feature_rows), and one dict from key to slot. A pending impression costs its
 canonical feature row, a few dozen bytes of arrays and its dict entry; benchmarks.join
 measures the whole against the raw event.
 """
