@@ -1,7 +1,8 @@
 """Day files: date partitions of Parquet, JSONL or Criteo TSV parts.
 
-Layout: ROOT/date=YYYY-MM-DD/part-NNNNN.{parquet,jsonl,tsv}; ROOT is a local path or a URL
-(picasso.storage). A part is written whole at once (a temporary name and a rename on a
+Layout: ROOT/date=YYYY-MM-DD/part-NNNNN.{parquet,jsonl,tsv}, or with hours
+ROOT/date=YYYY-MM-DD/hour=HH/part-… (connectors.partitions names them); ROOT is a local
+path or a URL (picasso.storage). A part is written whole at once (a temporary name and a rename on a
 local disk, one put on an object store), so a reader never sees half a file.
 """
 
@@ -19,6 +20,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from picasso import storage
+from picasso.connectors.partitions import partition_path
 
 FORMATS = {"parquet": ".parquet", "jsonl": ".jsonl", "tsv": ".tsv"}
 
@@ -48,8 +50,9 @@ class UnreadableFile:
     reason: str
 
 
-def partition_dir(root: str | Path, date: str) -> str:
-    return storage.join(root, f"date={date}")
+def partition_dir(root: str | Path, partition: str) -> str:
+    """The folder of a partition: a date (YYYY-MM-DD) or a date and hour (YYYY-MM-DDTHH)."""
+    return storage.join(root, *partition_path(partition).split("/"))
 
 
 def format_of(path: str | Path) -> str:
@@ -63,10 +66,13 @@ def list_day_files(root: str | Path, date: str) -> list[str]:
     directory = partition_dir(root, date)
     if not storage.exists(directory):
         raise FileNotFoundError(f"no partition for {date}: {directory} does not exist")
-    files = [storage.join(directory, name) for name in storage.children(directory)
+    children = storage.children(directory)
+    files = [storage.join(directory, name) for name in children
              if name.startswith("part-") and name.endswith(tuple(FORMATS.values()))]
     if not files:
-        raise FileNotFoundError(f"partition {directory} holds no part files")
+        hours = sorted(name for name in children if name.startswith("hour="))
+        split = f" but hourly partitions ({hours[0]} .. {hours[-1]}): name them, e.g. --hours 0..23" if hours else ""
+        raise FileNotFoundError(f"partition {directory} holds no part files{split}")
     return files
 
 

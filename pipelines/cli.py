@@ -24,6 +24,8 @@ from rich.table import Table
 from picasso import storage
 from picasso.connectors.local_store import HalfMadeStoreError
 from picasso.durations import duration_arg
+from picasso.connectors.partitions import with_hours
+from picasso.pipelines.backfill_cli import add_range_args, range_partitions, run_daily_range
 from picasso.pipelines.beam_options import add_pipeline_command, split_beam_args
 from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
@@ -105,13 +107,16 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--out", required=True, help="root of the date=YYYY-MM-DD partitions")
     generate.add_argument("--start-date", default=DEMO_DATE)
     generate.add_argument("--days", type=int, default=1)
+    generate.add_argument("--hourly", action="store_true",
+                          help="hourly partitions, date=D/hour=HH, 24 a day; --rows is then rows per hour")
     _add_generate_args(generate)
     _add_event_args(generate)
 
-    daily = add_pipeline_command(commands, "daily", help="train on one date partition and publish a model version")
+    daily = add_pipeline_command(commands, "daily", help="train on one partition, or a range of them, and publish "
+                                                        "a model version of each")
     daily.add_argument("--spec", default="criteo")
-    daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD partitions")
-    daily.add_argument("--date", required=True)
+    daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD[/hour=HH] partitions")
+    add_range_args(daily)
     daily.add_argument("--eval-date", default=None,
                        help="evaluate on this day (e.g. the next one) instead of a holdout slice of --date")
     _add_daily_args(daily)
@@ -284,6 +289,11 @@ def _summary(title: str, values: dict) -> None:
 
 
 def _finite(value):
+    """The value with every float that is not finite as None (JSON has no NaN), nested too."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -304,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             from picasso.pipelines.generate import dates_from
 
             dates = dates_from(args.start_date, args.days)
+            if args.hourly:
+                if args.events:
+                    raise ValueError("--hourly writes labelled rows; event streams (--events) are written by date")
+                dates = with_hours(dates, "0..23")
             if args.events:
                 days = _generate_events(args, dates)
                 _summary("generated events", {d.date: _event_summary(d) for d in days})
@@ -327,6 +341,18 @@ def main(argv: list[str] | None = None) -> int:
             output = run_publish_pending(args)
             _summary("publish-pending", output)
             pending = bool(output["pending"])
+        elif args.command == "daily" and (partitions := range_partitions(args)) is not None:
+            from picasso.pipelines.backfill import RangeStopped
+
+            try:
+                output = run_daily_range(args, partitions, daily_config(args, args.data, partitions[0]), console)
+            except RangeStopped as stopped:
+                console.print(f"[red]range stopped:[/red] {stopped}")
+                if args.json:
+                    print(json.dumps(_finite({"error": str(stopped), "failed": stopped.partition,
+                                              "partitions": [asdict(r) for r in stopped.results]})))
+                return STOPPED_EXIT
+            pending = any(p["status"] == "pending" for p in output["partitions"])
         else:
             if args.command == "demo":
                 data = storage.join(args.workdir, "data")
@@ -350,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     output["seconds"] = round(time.perf_counter() - started, 2)
     if args.json:
-        print(json.dumps({k: _finite(v) for k, v in output.items()}))
+        print(json.dumps(_finite(output)))
     if output.get("stopped"):
         # The stream gave up on an error no retry mends (pipelines/cycle_failures.py): not
         # 0, and not 3 either, since rerunning as it is would fail the same way.

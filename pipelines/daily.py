@@ -1,4 +1,5 @@
-"""The daily pipeline: one date partition of day files → a new model version.
+"""The daily pipeline: one partition of day files (a date, or a date and hour) → a new
+model version.
 
   ReadDayFiles → DecodeRecords ─┬─ train   → PackFeatures → PicassoTrain → checkpoint
                                 ├─ holdout → PackFeatures → EvaluateCheckpoint ─┐
@@ -30,6 +31,7 @@ from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.champion import champion_checkpoint
 from picasso.connectors.day_files import ReadDayFiles, list_day_files, partition_dir
 from picasso.connectors.decoders import DecodeOptions
+from picasso.connectors.partitions import parse_partition, partition_path
 from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, PublishToMLflow
 from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox, PublishOutcome
 from picasso.connectors.publish_policy import PublishPolicy
@@ -42,6 +44,7 @@ from picasso.trainer import EvalMetrics, TrainConfig
 
 log = logging.getLogger(__name__)
 PLANTED_FILE = "_planted.json"  # written by `picasso generate` next to the parts
+CHECKPOINTED = "checkpointed"  # a partition trained and evaluated, whose version is still to come
 WARM_STARTS = ("latest", "champion", "none")
 
 
@@ -60,10 +63,15 @@ class DailyConfig:
     warm_start: str = "latest"  # latest | champion | none
     force: bool = False  # run a date that is done already
     policy: PublishPolicy = PublishPolicy()
+    # False: train, checkpoint and evaluate, but make no version yet (status "checkpointed");
+    # a range publishes every N partitions (pipelines/backfill.py, publish_checkpointed).
+    publish: bool = True
     runner: str = "FnApiRunner"
     beam_args: tuple[str, ...] = ()
 
     def __post_init__(self):
+        for partition in filter(None, (self.date, self.eval_date)):
+            parse_partition(partition)  # a clear error for a date that is not one
         if self.warm_start not in WARM_STARTS:
             raise ValueError(f"warm start must be one of {', '.join(WARM_STARTS)}, got {self.warm_start!r}")
         if not 0 <= self.holdout_fraction < 1:
@@ -83,7 +91,7 @@ class DailyConfig:
         return storage.join(self.workdir, "publish")
 
     def dead_letter_dir(self, date: str) -> str:
-        return storage.join(self.workdir, "dead_letters", f"date={date}")
+        return storage.join(self.workdir, "dead_letters", *partition_path(date).split("/"))
 
     @property
     def result_path(self) -> str:
@@ -96,7 +104,7 @@ class DailyConfig:
 @dataclass(frozen=True)
 class DailyResult:
     date: str
-    status: str  # published | pending (MLflow was unreachable; the outbox holds it)
+    status: str  # published | pending (MLflow was unreachable; the outbox holds it) | checkpointed
     model_uri: str | None
     version: str | None
     run_id: str | None
@@ -187,6 +195,17 @@ def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: 
     })
 
 
+def _write_checkpointed(request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts, path: str) -> None:
+    """The result of a partition that makes no version (yet): its request is kept in it,
+    so that publishing it later needs nothing but this file."""
+    _write_json(path, {
+        "status": CHECKPOINTED, "model_uri": None, "version": None, "run_id": None, "champion": False,
+        "promotion_reason": "", "error": None, "request": request.to_dict(),
+        "checkpoint": checkpoint.path, "step": checkpoint.step, "evaluation": facts.evaluation,
+        "warm_start_from": facts.warm_start_from, **request.metrics,
+    })
+
+
 def _evaluation_rows(pipeline: beam.Pipeline, config: DailyConfig, decoded):
     """The holdout slice of the day, or the whole evaluation day."""
     if config.eval_date is None:
@@ -241,6 +260,10 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     requests = metrics | "PublishRequest" >> beam.Map(
         lambda m, ckpt: _publish_request(m, ckpt, facts), ckpt=beam.pvalue.AsSingleton(checkpoint)
     )
+    if not config.publish:
+        requests | "WriteResult" >> beam.Map(_write_checkpointed, checkpoint=beam.pvalue.AsSingleton(checkpoint),
+                                             facts=facts, path=config.result_path)
+        return
     outcomes = requests | "PublishToMLflow" >> PublishToMLflow(config.mlflow, config.publish_dir, config.policy)
     outcomes | "WriteResult" >> beam.Map(
         _write_result,
@@ -274,7 +297,7 @@ def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
 
 def _done_result(config: DailyConfig, outcome: dict) -> DailyResult:
     """The result of a date done before; a pending publish of it is retried first."""
-    if outcome["status"] != PUBLISHED:
+    if outcome["status"] not in (PUBLISHED, CHECKPOINTED):
         outbox = PublishOutbox(config.publish_dir)
         outbox.flush(config.mlflow, config.policy)
         record = outbox.published(outcome["checkpoint"])
@@ -332,6 +355,19 @@ def run_daily(config: DailyConfig) -> DailyResult:
         build_daily(pipeline, config, start_from, warm_start_from)
     counters = picasso_counters(pipeline.result) if hasattr(pipeline, "result") else {}
     return _result(config, json.loads(storage.read_text(config.result_path)), counters)
+
+
+def publish_checkpointed(config: DailyConfig) -> DailyResult:
+    """Publish the version of a partition that was only checkpointed (config.publish was
+    False), through the outbox as a daily run does; a published one is left as it is."""
+    outcome = json.loads(storage.read_text(config.result_path))
+    if outcome["status"] != CHECKPOINTED:
+        return _result(config, outcome, {}, skipped=True)
+    request = PublishRequest.from_dict(outcome["request"])
+    published = PublishOutbox(config.publish_dir).submit(request, config.mlflow, config.policy)
+    outcome = {k: v for k, v in outcome.items() if k != "request"} | _outcome_fields(published)
+    _write_json(config.result_path, outcome)
+    return _result(config, outcome, {})
 
 
 def result_dict(result: DailyResult) -> dict:

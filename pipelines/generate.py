@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from picasso import storage
 from picasso.connectors.day_files import FORMATS, partition_dir, write_part
+from picasso.connectors.partitions import parse_partition
 from picasso.join_spec import JoinSpec
 from picasso.metrics import auc
 from picasso.pipelines.daily import PLANTED_FILE
@@ -66,9 +67,15 @@ def dates_from(start: str, days: int) -> list[str]:
     return [(first + dt.timedelta(days=i)).isoformat() for i in range(days)]
 
 
-def day_stream(date: str) -> int:
-    """The planted model's stream number of a date: days since 2000-01-01."""
-    return (dt.date.fromisoformat(date) - dt.date(2000, 1, 1)).days
+HOUR_STREAMS = 1_000_000  # hourly partitions' streams start here, above every date's
+
+
+def day_stream(partition: str) -> int:
+    """The planted model's stream number of a partition: days since 2000-01-01 for a date,
+    HOUR_STREAMS + hours since then for an hour (so an hour never repeats a date's rows)."""
+    date, hour = parse_partition(partition)
+    days = (date - dt.date(2000, 1, 1)).days
+    return days if hour is None else HOUR_STREAMS + days * 24 + hour
 
 
 def midnight_ms(date: str) -> int:
@@ -91,10 +98,11 @@ def generate_days(
     synthetic: SyntheticConfig = SyntheticConfig(),
     on_part: Callable[[int], None] = lambda rows: None,
 ) -> list[GeneratedDay]:
-    """Write `rows` rows per date as date=YYYY-MM-DD/part-NNNNN.<fmt>.
+    """Write `rows` rows per partition as date=YYYY-MM-DD[/hour=HH]/part-NNNNN.<fmt>.
 
-    Day k of the calendar (days since 2000-01-01) is the planted model's stream k, so a
-    date always holds the same rows for the same seed.
+    Day k of the calendar (days since 2000-01-01) is the planted model's stream k (hours
+    have streams of their own, day_stream), so a partition always holds the same rows for
+    the same seed.
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")

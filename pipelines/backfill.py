@@ -1,0 +1,94 @@
+"""Many partitions in one process: `picasso daily --dates START..END` (or with hours).
+
+A backfill of a quarter, or a day of hourly runs, is a range of partitions. Run as
+separate `picasso daily` processes, each pays the interpreter's, Beam's, the kernels' and
+MLflow's start-up again, seconds that dwarf a small partition's training. Here one process
+runs them in order: each partition is a daily run (pipelines/daily.py), warm-started from
+the one before, and ends as its own checkpoint and result file; every `publish_every`
+partitions, and at the last, it becomes its own model version too.
+
+Partitions are done once, as daily runs are: a re-run of the range skips the partitions
+with a result and resumes at the first without. A partition that fails stops the range
+there: the partitions before it keep their results, the last of them is published if it
+was only checkpointed, and RangeStopped says which partition failed and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from picasso.pipelines.daily import CHECKPOINTED, DailyConfig, DailyResult, publish_checkpointed, run_daily
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RangeProgress:
+    """Where a range stands after one more partition."""
+
+    done: int  # partitions finished, skipped ones included
+    total: int
+    result: DailyResult  # the partition just finished
+    seconds: float  # since the range started
+    rows_per_s: float  # rows trained and evaluated per second of the partitions trained here
+    eta_s: float | None  # the partitions left at the pace of those trained so far; None before any
+
+
+class RangeStopped(Exception):
+    """A partition failed; the range stopped there."""
+
+    def __init__(self, partition: str, cause: BaseException, results: list[DailyResult]):
+        self.partition, self.cause, self.results = partition, cause, results
+        done = f"{len(results)} partition(s) before it are done" if results else "no partition is done"
+        super().__init__(f"partition {partition} failed: {type(cause).__name__}: {cause} ({done}; "
+                         f"run the same range again to resume at {partition})")
+
+
+def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: int = 1,
+              on_partition: Callable[[RangeProgress], None] = lambda progress: None) -> list[DailyResult]:
+    """Daily runs of `partitions`, in order, in this process; template is every run's
+    config but for its date (and its warm start after the first run: the partition before)."""
+    if not partitions:
+        raise ValueError("the range holds no partition")
+    if publish_every < 1:
+        raise ValueError(f"publish every N partitions needs N >= 1, got {publish_every}")
+    if template.eval_date is not None:
+        raise ValueError("a range evaluates each partition on its holdout slice; an evaluation day is for one date")
+    if len(set(partitions)) != len(partitions) or list(partitions) != sorted(partitions):
+        raise ValueError("a range's partitions are distinct and in time order")
+    started, trained_seconds, trained, rows = time.perf_counter(), 0.0, 0, 0
+    results: list[DailyResult] = []
+    for i, partition in enumerate(partitions):
+        publish = i == len(partitions) - 1 or (i + 1) % publish_every == 0
+        config = replace(template, date=partition, publish=publish)
+        if results:
+            config = replace(config, warm_start="latest")  # the partition before, whatever the first started from
+        began = time.perf_counter()
+        try:
+            result = run_daily(config)
+        except Exception as err:  # noqa: BLE001 - any failure stops the range, and says where
+            results = _publish_the_last(template, results)
+            raise RangeStopped(partition, err, results) from err
+        if not result.skipped:
+            trained_seconds += time.perf_counter() - began
+            trained += 1
+            rows += result.samples + result.holdout_samples
+        results.append(result)
+        left = len(partitions) - len(results)
+        on_partition(RangeProgress(
+            done=len(results), total=len(partitions), result=result, seconds=time.perf_counter() - started,
+            rows_per_s=rows / trained_seconds if trained_seconds else 0.0,
+            eta_s=trained_seconds / trained * left if trained else None))
+    return _publish_the_last(template, results)
+
+
+def _publish_the_last(template: DailyConfig, results: list[DailyResult]) -> list[DailyResult]:
+    """The last partition done gets its version if it was only checkpointed (a range cut
+    short by a failure, or one whose last partition was done, unpublished, by a longer one)."""
+    if results and results[-1].status == CHECKPOINTED:
+        log.info("publishing %s, the last partition done", results[-1].date)
+        results = [*results[:-1], publish_checkpointed(replace(template, date=results[-1].date))]
+    return results

@@ -1,0 +1,86 @@
+"""`picasso daily` over a range of partitions: its flags, its progress and its summary.
+
+`--dates START..END` (days, or hours: 2026-11-01T00..2026-11-01T23), or `--date D`
+with `--hours H..H`, runs pipelines/backfill.py's run_range: one process, one line of
+progress per partition (done out of total, rows/s, AUC, version, time left), and a table
+at the end with a row per partition.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import asdict, replace
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from picasso.connectors.partitions import partition_range, with_hours
+from picasso.pipelines.backfill import RangeProgress, run_range
+
+log = logging.getLogger(__name__)
+
+
+def add_range_args(daily: argparse.ArgumentParser) -> None:
+    which = daily.add_mutually_exclusive_group(required=True)
+    which.add_argument("--date", help="one partition: YYYY-MM-DD, or YYYY-MM-DDTHH for an hourly one")
+    which.add_argument("--dates", metavar="START..END",
+                       help="a range of partitions, in one process: 2026-11-01..2026-11-30, or with hours "
+                            "2026-11-01T00..2026-11-01T23")
+    daily.add_argument("--hours", metavar="H..H", default=None,
+                       help="split each date into these hourly partitions (date=D/hour=HH), e.g. 0..23")
+    daily.add_argument("--publish-every", type=int, default=1, metavar="N",
+                       help="in a range, make a version every N partitions and at the last; the others are "
+                            "checkpointed and evaluated (default: every partition)")
+
+
+def range_partitions(args) -> list[str] | None:
+    """The partitions the flags name, or None for a single partition (run as before)."""
+    if args.dates is None and args.hours is None:
+        if args.publish_every != 1:
+            raise ValueError("--publish-every is for a range (--dates, or --hours)")
+        return None
+    partitions = partition_range(args.dates or args.date)
+    if args.hours is not None:
+        partitions = with_hours(partitions, args.hours)
+    return partitions
+
+
+def run_daily_range(args, partitions: list[str], config, console: Console) -> dict:
+    """Run the range; its results as the command's output (RangeStopped propagates)."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        task = progress.add_task(f"daily {partitions[0]}..{partitions[-1]}", total=len(partitions))
+
+        def on_partition(p: RangeProgress) -> None:
+            line = progress_line(p)
+            log.info(line)
+            progress.update(task, completed=p.done, description=line)
+
+        results = run_range(replace(config, date=partitions[0]), partitions, args.publish_every, on_partition)
+    console.print(summary_table(results))
+    return {"partitions": [asdict(r) for r in results],
+            "trained": sum(not r.skipped for r in results), "skipped": sum(r.skipped for r in results),
+            "versions": [r.version for r in results if r.version is not None],
+            "tracking_uri": config.mlflow.tracking_uri}
+
+
+def progress_line(p: RangeProgress) -> str:
+    r = p.result
+    what = "done before" if r.skipped else f"{r.samples + r.holdout_samples:,} rows"
+    version = f"version {r.version}" if r.version else r.status
+    left = "" if p.eta_s is None or p.done == p.total else f"; about {p.eta_s:.0f} s left"
+    pace = f" at {p.rows_per_s:,.0f} rows/s" if p.rows_per_s else ""
+    return f"[{p.done}/{p.total}] {r.date}: {what}{pace}, AUC {r.auc:.4f}, {version}{left}"
+
+
+def summary_table(results) -> Table:
+    table = Table(title=f"daily: {len(results)} partition(s)")
+    for name in ("partition", "rows", "AUC", "log loss", "version", ""):
+        table.add_column(name, justify="left" if name in ("partition", "") else "right")
+    for r in results:
+        note = "done before" if r.skipped else ("champion" if r.champion else "")
+        table.add_row(r.date, f"{r.samples + r.holdout_samples:,}", f"{r.auc:.4f}", f"{r.logloss:.4f}",
+                      r.version or r.status, note)
+    return table
