@@ -41,23 +41,31 @@ class PackedModel(nn.Module):
         """Logits, shape (N,)."""
         return self.dense_part(batch.dense, self.lookup(batch))
 
-    def backward(self, batch: TorchBatch, pooled: list[torch.Tensor]) -> float:
-        """The local step every mode takes: the batch's mean log loss from `pooled` (this
+    def backward(self, batch: TorchBatch, pooled: list[torch.Tensor], loss_batch: int | None = None) -> float:
+        """The local step every mode takes: the batch's log loss from `pooled` (this
         model's lookups, or a GBA worker's of its pulled rows), and its backward pass,
         which leaves the dense gradients in .grad and sends the pooled embeddings' gradient
         through the fused kernels (a table stepped, or a worker's row gradients). Returns
-        the loss summed over the batch's samples, before the update."""
+        the loss summed over the batch's samples, before the update.
+
+        The loss is the batch's mean, or with `loss_batch` its sum over loss_batch samples
+        (the mean times num_samples / loss_batch), so that a short batch's samples weigh
+        what a full one's do (see TrainConfig.loss_batch_size). A batch of loss_batch
+        samples takes exactly the mean's step. GBA and sync workers send means, which
+        their aggregation weighs by samples."""
         self.train()
         logits = self.dense_part(batch.dense, pooled)
+        share = 1.0 if loss_batch is None else batch.num_samples / loss_batch
         if batch.late_share is None:
             loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")
-            loss.backward()
+            (loss if share == 1.0 else loss * share).backward()
             return float(loss.detach()) * batch.num_samples
         # A joined stream that corrects late labels: importance weights (delayed_feedback);
         # the summed loss reported is the unweighted one, comparable with other runs'.
         losses = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="none")
         weights = importance_weights(torch.sigmoid(logits), batch.label, batch.late_share)
-        (weights * losses).mean().backward()
+        weighted = (weights * losses).mean()
+        (weighted if share == 1.0 else weighted * share).backward()
         return float(losses.detach().sum())
 
 
