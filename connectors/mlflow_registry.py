@@ -355,8 +355,7 @@ class _Publication:
                     **({"mlflow.parentRunId": parent} if parent else {})}
         run = client.create_run(experiment_id, run_name=self.request.run_name, tags=run_tags)
         run_id = run.info.run_id
-        client.log_batch(run_id, metrics=_metric_entities(self.metrics(), self.series()),
-                         params=[Param(k, v) for k, v in self.params().items()])
+        client.log_batch(run_id, params=[Param(k, v) for k, v in self.params().items()])
         client.log_artifacts(run_id, str(artifacts))
         with _active_run(run_id), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*type hints to the `predict` method")
@@ -376,7 +375,10 @@ class _Publication:
                 signature=serving_signature(),
                 metadata={"input_fields": input_fields(checkpoint.spec)},
             )
-        client.set_tag(run_id, tags.MODEL_ID, info.model_id)
+        # The metrics after the model, each naming it: logged before, log_model would read
+        # every metric's history back from the server to link it to the model.
+        client.log_batch(run_id, metrics=_metric_entities(self.metrics(), self.series(), info.model_id))
+        client.set_tag(run_id, tags.MODEL_ID, info.model_id)  # last: the run is complete
         self.on_stage("model_logged")
         return run_id, info.model_id, weights, delta
 
@@ -467,14 +469,14 @@ def _active_run(run_id: str):
     mlflow.end_run()
 
 
-def _metric_entities(values: dict[str, float], series: dict[str, list]) -> list[Metric]:
+def _metric_entities(values: dict[str, float], series: dict[str, list], model_id: str) -> list[Metric]:
     import time
 
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, 0) for k, v in values.items()]
+    metrics = [Metric(k, v, now, 0, model_id=model_id) for k, v in values.items()]
     for name, points in series.items():
-        metrics += [Metric(_metric_name(name), float(value), now, int(step)) for step, value in points
-                    if value is not None and math.isfinite(float(value))]
+        metrics += [Metric(_metric_name(name), float(value), now, int(step), model_id=model_id)
+                    for step, value in points if value is not None and math.isfinite(float(value))]
     return metrics
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from dataclasses import asdict, replace
 
 from rich.console import Console
@@ -52,8 +53,10 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> di
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"daily {partitions[0]}..{partitions[-1]}", total=len(partitions))
+        finished_at = []  # the wall clock (epoch seconds) as each partition ends
 
         def on_partition(p: RangeProgress) -> None:
+            finished_at.append(time.time())
             line = progress_line(p)
             log.info(line)
             progress.update(task, completed=p.done, description=line)
@@ -62,7 +65,7 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> di
     console.print(summary_table(results))
     return {"partitions": [asdict(r) for r in results],
             "trained": sum(not r.skipped for r in results), "skipped": sum(r.skipped for r in results),
-            "versions": [r.version for r in results if r.version is not None],
+            "versions": [r.version for r in results if r.version is not None], "finished_at": finished_at,
             "tracking_uri": config.mlflow.tracking_uri}
 
 
