@@ -18,7 +18,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from picasso.connectors.partitions import partition_range, with_hours
-from picasso.pipelines.backfill import RangeProgress, run_range
 
 log = logging.getLogger(__name__)
 
@@ -50,12 +49,14 @@ def range_partitions(args) -> list[str] | None:
 
 def run_daily_range(args, partitions: list[str], config, console: Console) -> dict:
     """Run the range; its results as the command's output (RangeStopped propagates)."""
+    from picasso.pipelines.backfill import run_range  # Beam and MLflow: only for a run
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(f"daily {partitions[0]}..{partitions[-1]}", total=len(partitions))
         finished_at = []  # the wall clock (epoch seconds) as each partition ends
 
-        def on_partition(p: RangeProgress) -> None:
+        def on_partition(p) -> None:  # a backfill.RangeProgress
             finished_at.append(time.time())
             line = progress_line(p)
             log.info(line)
@@ -69,7 +70,8 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> di
             "tracking_uri": config.mlflow.tracking_uri}
 
 
-def progress_line(p: RangeProgress) -> str:
+def progress_line(p) -> str:
+    """One partition's line: p is a backfill.RangeProgress."""
     r = p.result
     what = "done before" if r.skipped else f"{r.samples + r.holdout_samples:,} rows"
     version = f"version {r.version}" if r.version else r.status
