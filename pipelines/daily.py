@@ -31,8 +31,8 @@ from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.champion import champion_checkpoint
 from picasso.connectors.day_files import ReadDayFiles, list_day_files, partition_dir
 from picasso.connectors.decoders import DecodeOptions
-from picasso.connectors.partitions import parse_partition, partition_path
 from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, PublishToMLflow
+from picasso.connectors.partitions import parse_partition, partition_path
 from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox, PublishOutcome
 from picasso.connectors.publish_policy import PublishPolicy
 from picasso.pipelines.counters import picasso_counters
@@ -184,8 +184,9 @@ def _write_json(path: str, values: dict) -> None:
 
 
 def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts,
-                  path: str) -> None:
+                  path: str, **more) -> None:
     _write_json(path, {
+        **more,
         **_outcome_fields(outcome),
         "checkpoint": checkpoint.path,
         "step": checkpoint.step,
@@ -198,12 +199,8 @@ def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: 
 def _write_checkpointed(request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts, path: str) -> None:
     """The result of a partition that makes no version (yet): its request is kept in it,
     so that publishing it later needs nothing but this file."""
-    _write_json(path, {
-        "status": CHECKPOINTED, "model_uri": None, "version": None, "run_id": None, "champion": False,
-        "promotion_reason": "", "error": None, "request": request.to_dict(),
-        "checkpoint": checkpoint.path, "step": checkpoint.step, "evaluation": facts.evaluation,
-        "warm_start_from": facts.warm_start_from, **request.metrics,
-    })
+    _write_result(PublishOutcome(CHECKPOINTED, checkpoint.path), request, checkpoint, facts, path,
+                  publish_request=request.to_dict())
 
 
 def _evaluation_rows(pipeline: beam.Pipeline, config: DailyConfig, decoded):
@@ -363,9 +360,8 @@ def publish_checkpointed(config: DailyConfig) -> DailyResult:
     outcome = json.loads(storage.read_text(config.result_path))
     if outcome["status"] != CHECKPOINTED:
         return _result(config, outcome, {}, skipped=True)
-    request = PublishRequest.from_dict(outcome["request"])
-    published = PublishOutbox(config.publish_dir).submit(request, config.mlflow, config.policy)
-    outcome = {k: v for k, v in outcome.items() if k != "request"} | _outcome_fields(published)
+    request = PublishRequest.from_dict(outcome.pop("publish_request"))
+    outcome |= _outcome_fields(PublishOutbox(config.publish_dir).submit(request, config.mlflow, config.policy))
     _write_json(config.result_path, outcome)
     return _result(config, outcome, {})
 
