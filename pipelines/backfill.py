@@ -20,16 +20,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from picasso.connectors.day_files import list_day_files
 from picasso.pipelines.daily import CHECKPOINTED, DailyConfig, DailyResult, publish_checkpointed, run_daily
 
 log = logging.getLogger(__name__)
+MISSING_POLICIES = ("fail", "skip")
 
 
 @dataclass(frozen=True)
 class RangeProgress:
     """Where a range stands after one more partition."""
 
-    done: int  # partitions finished, skipped ones included
+    done: int  # partitions finished, those done before and missing ones included
     total: int
     result: DailyResult  # the partition just finished
     seconds: float  # since the range started
@@ -48,11 +50,18 @@ class RangeStopped(Exception):
 
 
 def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: int = 1,
-              on_partition: Callable[[RangeProgress], None] = lambda progress: None) -> list[DailyResult]:
+              on_partition: Callable[[RangeProgress], None] = lambda progress: None,
+              missing: str = "fail") -> list[DailyResult]:
     """Daily runs of `partitions`, in order, in this process; template is every run's
-    config but for its date (and its warm start after the first run: the partition before)."""
+    config but for its date (and its warm start after the first run: the partition before).
+
+    missing: what a partition without files does: "fail" stops the range there, as any
+    failure does; "skip" passes over it with a warning (real data has days without
+    events), and it has no result."""
     if not partitions:
         raise ValueError("the range holds no partition")
+    if missing not in MISSING_POLICIES:
+        raise ValueError(f"missing partitions: one of {', '.join(MISSING_POLICIES)}, got {missing!r}")
     if publish_every < 1:
         raise ValueError(f"publish every N partitions needs N >= 1, got {publish_every}")
     if template.eval_date is not None:
@@ -66,6 +75,9 @@ def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: i
         config = replace(template, date=partition, publish=publish)
         if results:
             config = replace(config, warm_start="latest")  # the partition before, whatever the first started from
+        if missing == "skip" and not _has_files(template.data_root, partition):
+            log.warning("%s: no partition there, skipped (--missing skip)", partition)
+            continue
         began = time.perf_counter()
         try:
             result = run_daily(config)
@@ -77,12 +89,20 @@ def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: i
             trained += 1
             rows += result.samples + result.holdout_samples
         results.append(result)
-        left = len(partitions) - len(results)
+        left = len(partitions) - i - 1
         on_partition(RangeProgress(
-            done=len(results), total=len(partitions), result=result, seconds=time.perf_counter() - started,
+            done=i + 1, total=len(partitions), result=result, seconds=time.perf_counter() - started,
             rows_per_s=rows / trained_seconds if trained_seconds else 0.0,
             eta_s=trained_seconds / trained * left if trained else None))
     return _publish_the_last(template, results)
+
+
+def _has_files(root: str, partition: str) -> bool:
+    try:
+        list_day_files(root, partition)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def _publish_the_last(template: DailyConfig, results: list[DailyResult]) -> list[DailyResult]:

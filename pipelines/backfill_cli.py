@@ -30,6 +30,9 @@ def add_range_args(daily: argparse.ArgumentParser) -> None:
                             "2026-11-01T00..2026-11-01T23")
     daily.add_argument("--hours", metavar="H..H", default=None,
                        help="split each date into these hourly partitions (date=D/hour=HH), e.g. 0..23")
+    daily.add_argument("--missing", choices=("fail", "skip"), default="fail",
+                       help="in a range, a partition with no files stops it (fail, the default) or is skipped "
+                            "with a warning (skip: data with days of no events)")
     daily.add_argument("--publish-every", type=int, default=1, metavar="N",
                        help="in a range, make a version every N partitions and at the last; the others are "
                             "checkpointed and evaluated (default: every partition)")
@@ -38,8 +41,8 @@ def add_range_args(daily: argparse.ArgumentParser) -> None:
 def range_partitions(args) -> list[str] | None:
     """The partitions the flags name, or None for a single partition (run as before)."""
     if args.dates is None and args.hours is None:
-        if args.publish_every != 1:
-            raise ValueError("--publish-every is for a range (--dates, or --hours)")
+        if args.publish_every != 1 or args.missing != "fail":
+            raise ValueError("--publish-every and --missing are for a range (--dates, or --hours)")
         return None
     partitions = partition_range(args.dates or args.date)
     if args.hours is not None:
@@ -62,11 +65,13 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> di
             log.info(line)
             progress.update(task, completed=p.done, description=line)
 
-        results = run_range(replace(config, date=partitions[0]), partitions, args.publish_every, on_partition)
+        results = run_range(replace(config, date=partitions[0]), partitions, args.publish_every, on_partition,
+                            missing=args.missing)
     console.print(summary_table(results))
     return {"partitions": [asdict(r) for r in results],
             "trained": sum(not r.skipped for r in results), "skipped": sum(r.skipped for r in results),
             "versions": [r.version for r in results if r.version is not None], "finished_at": finished_at,
+            "missing": sorted(set(partitions) - {r.date for r in results}),
             "tracking_uri": config.mlflow.tracking_uri}
 
 

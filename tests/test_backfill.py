@@ -104,3 +104,11 @@ def test_hourly_partitions_from_the_command_line(mlflow_server, tmp_path, capsys
     stopped = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert stopped["failed"] == "2026-11-02T00" and [p["date"] for p in stopped["partitions"]] == ["2026-11-01T23"]
     assert "no partition for 2026-11-02T00" in stopped["error"]
+
+
+def test_missing_partitions_can_be_skipped_and_a_bad_policy_is_refused(days, mlflow_server, tmp_path):
+    template = _template(days, tmp_path, mlflow_server)
+    with pytest.raises(ValueError, match="missing partitions: one of fail, skip"):
+        run_range(template, DAYS, missing="ignore")
+    results = run_range(template, ["2026-10-31", DAYS[0]], missing="skip")  # no 2026-10-31: skipped
+    assert [(r.date, r.version) for r in results] == [(DAYS[0], "1")]
