@@ -32,18 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import pyarrow.parquet as pq
-
+from benchmarks import movielens as ml
 from benchmarks.harness import parse_args, report
-from picasso.batch import pack
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint
-from picasso.connectors.day_files import list_day_files
-from picasso.connectors.decoders import RecordDecoder
-from picasso.metrics import auc
-from picasso.packing import PackingPlan
 from picasso.pipelines.generate import dates_from, generate_days
+from picasso.spec import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 START = "2026-10-01"
@@ -64,24 +58,14 @@ def picasso(*args: str) -> tuple[dict, float, float]:
 
 def held_out_auc(workdir: Path, data: Path, date: str) -> float:
     """The AUC of the workdir's latest checkpoint on a day it never saw."""
-    spec = criteo_spec()
-    trainer = Trainer(spec, TrainConfig())  # the flags' defaults, as the runs used
+    trainer = Trainer(criteo_spec(), TrainConfig())  # the flags' defaults, as the runs used
     trainer.restore(latest_checkpoint(workdir / "checkpoints"))
-    decoder, plan = RecordDecoder(spec), PackingPlan.from_spec(spec)
-    labels, scores = [], []
-    for path in list_day_files(data, date):
-        table = decoder.decode_table(pq.read_table(path), path).table
-        labels.append(table.column("label").to_numpy())
-        scores.append(trainer.predict(pack(table, spec, plan)))
-    return auc(np.concatenate(labels), np.concatenate(scores))
+    return ml.evaluate_days(trainer, data, [date]).auc
 
 
 def movielens(root: Path, wheel: str | None) -> dict:
     """picasso through `daily --dates` on MovieLens' training days, and the tuned LR, both
     scored on the test days."""
-    from benchmarks import movielens as ml
-    from picasso.spec import load_spec
-
     rows = ml.load_rows(ml.find_wheel(wheel))
     data, workdir = root / "movielens", root / "movielens-work"
     ml.write_days(rows, data)

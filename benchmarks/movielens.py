@@ -46,7 +46,6 @@ worse. So the defaults are where a user of a data set this size should start.
 
 from __future__ import annotations
 
-import datetime as dt
 import io
 import os
 import subprocess
@@ -63,9 +62,10 @@ import pyarrow as pa
 from picasso.batch import pack
 from picasso.connectors.day_files import list_day_files, partition_dir, read_chunks, write_part
 from picasso.connectors.decoders import RecordDecoder
-from picasso.metrics import auc, logloss
+from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.pipelines.decode import holdout_mask
+from picasso.pipelines.generate import dates_from
 from picasso.spec import FeatureSpec, load_spec
 from picasso.trainer import EvalMetrics, TrainConfig, Trainer, evaluation_metrics
 
@@ -326,7 +326,7 @@ def cli_check(root: str | Path, spec_path: str | Path, dates: list[str], workdir
 
     from picasso.pipelines.cli import main as picasso_main
 
-    eval_date = _next_date(dates[-1])
+    eval_date = dates_from(dates[-1], 2)[1]  # the day after
     for date in dates:
         code = picasso_main(["daily", "--spec", str(spec_path), "--data", str(root), "--date", date,
                              "--workdir", str(workdir), "--holdout", str(settings.holdout_fraction),
@@ -343,10 +343,6 @@ def cli_check(root: str | Path, spec_path: str | Path, dates: list[str], workdir
     return {"days": len(dates), "eval_date": eval_date, "cli_auc": evaluate_days(restored, root, [eval_date]).auc,
             "driver_auc": evaluate_days(ours, root, [eval_date]).auc, "steps": (restored.step, ours.step),
             "identical": theirs.keys() == mine.keys() and all(torch.equal(theirs[k], mine[k]) for k in theirs)}
-
-
-def _next_date(date: str) -> str:
-    return (dt.date.fromisoformat(date) + dt.timedelta(days=1)).isoformat()
 
 
 # -- the report ----------------------------------------------------------------------------
