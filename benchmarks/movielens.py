@@ -37,11 +37,13 @@ batch: each sample of a small day weighed up to 57 times one of a full chunk, an
 accumulators took those steps' large gradients. With every sample weighted alike
 (TrainConfig.loss_batch_size) the defaults give 0.688-0.690, and on the test 0.7164-0.7171
 against LR's 0.7119. Nothing else moved validation AUC beyond seed noise (+-0.002): batch
-size, learning rates, embedding dim 4-32, MLP sizes, the four models, dropout, weight decay
-on the dense part; L2 on embedding rows, more passes per day and sparse lr 0.1+ made it
-worse. So the defaults are where a user of a data set this size should start.
+size, learning rates, embedding dim 4-32, MLP sizes, the four models, more passes per day
+and sparse lr 0.1+ (worse). Nor did the regularisation flags, which `--regularisation`
+scores one at a time on the validation days: --weight-decay 1e-5/1e-4 +0.0003/+0.0004,
+--dropout 0.1/0.3 -0.0007/-0.0003, --embedding-l2 1e-4/1e-3 -0.002/-0.017 (2 seeds). So
+the defaults are where a user of a data set this size should start.
 
-    python -m benchmarks.movielens [--wheel PATH] [--seeds 3] [--check-cli N] [--json]
+    python -m benchmarks.movielens [--wheel PATH] [--seeds 3] [--check-cli N] [--regularisation] [--json]
 """
 
 from __future__ import annotations
@@ -314,6 +316,30 @@ def picasso_run(root, spec, split: Split, config: TrainConfig, settings: DailySe
     return evaluate_days(trainer, root, split.validation if on == "validation" else split.test)
 
 
+# The training flags' regularisation, one at a time, at strengths around where such
+# options usually start (--regularisation); each scored on the validation days.
+REGULARISATION = {
+    "none (the defaults)": {},
+    "--weight-decay 1e-5": {"weight_decay": 1e-5},
+    "--weight-decay 1e-4": {"weight_decay": 1e-4},
+    "--embedding-l2 1e-4": {"embedding_l2": 1e-4},
+    "--embedding-l2 1e-3": {"embedding_l2": 1e-3},
+    "--dropout 0.1": {"dropout": 0.1},
+    "--dropout 0.3": {"dropout": 0.3},
+}
+
+
+def regularisation_sweep(root, spec, split: Split, seeds: int) -> dict[str, EvalMetrics]:
+    """Per setting, the validation metrics of picasso's defaults with it, the mean of `seeds` runs."""
+    swept = {}
+    for name, settings in REGULARISATION.items():
+        runs = [picasso_run(root, spec, split, TrainConfig(seed=seed, log_every=0, **settings), DailySettings(),
+                            on="validation") for seed in range(seeds)]
+        swept[name] = EvalMetrics(*(float(np.mean([getattr(m, f) for m in runs])) for f in
+                                    ("auc", "logloss", "samples", "mean_prediction", "mean_label")))
+    return swept
+
+
 # -- the real CLI, to confirm the driver is the product ----------------------------------------
 
 
@@ -353,7 +379,7 @@ def _row(name: str, m: EvalMetrics) -> list:
 
 
 def main() -> None:
-    from benchmarks.harness import parse_args, report
+    from benchmarks.harness import parse_args, print_table, report
 
     def extra(parser):
         parser.add_argument("--wheel", default=None, help=f"the recbole wheel (default: ${WHEEL_ENV}, else download)")
@@ -361,6 +387,8 @@ def main() -> None:
         parser.add_argument("--seeds", type=int, default=3, help="picasso runs, seeds 0..N-1 (the mean is reported)")
         parser.add_argument("--check-cli", type=int, default=0, metavar="N",
                             help="also run `picasso daily` on the first N days and compare with the driver")
+        parser.add_argument("--regularisation", action="store_true",
+                            help="also score each regularisation flag on the validation days (--seeds runs each)")
 
     args = parse_args(__doc__.splitlines()[0], extra)
     rows = load_rows(find_wheel(args.wheel))
@@ -373,6 +401,7 @@ def main() -> None:
         runs = [picasso_run(root, spec, split, TrainConfig(seed=seed, log_every=0), DailySettings())
                 for seed in range(args.seeds)]
         cli = cli_check(root, SPEC_PATH, split.train[: args.check_cli], Path(scratch) / "work") if args.check_cli else None
+        swept = regularisation_sweep(root, spec, split, args.seeds) if args.regularisation else None
     picasso_auc = float(np.mean([m.auc for m in runs]))
     picasso_logloss = float(np.mean([m.logloss for m in runs]))
     metrics = {"lr": vars(lr.test), "lr_C": lr.C, "lr_crosses": lr.crosses, "lr_validation_auc": lr.validation_auc,
@@ -381,6 +410,12 @@ def main() -> None:
                          "first_test_day": split.test[0]}}
     if cli is not None:
         metrics["cli_check"] = cli
+    if swept is not None:
+        metrics["regularisation_validation"] = {name: vars(m) for name, m in swept.items()}
+        print_table(f"regularisation on the validation days ({split.validation[0]}..{split.validation[-1]}), "
+                    f"mean of {args.seeds} seeds; LR tuned {lr.validation_auc:.4f}",
+                    ["setting", "validation AUC", "log loss", "mean prediction"],
+                    [_row(name, m) for name, m in swept.items()])
     report(
         f"movielens-100k: the last {len(split.test)} days ({split.test[0]}..{split.test[-1]})",
         ["model", "test AUC", "test log loss", "mean prediction"],

@@ -192,7 +192,8 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: Spars
         scratch, bounds = _NO_SCRATCH, field_rows.to(torch.int64).contiguous()
     _ops.fused_update(
         weight, list(slots), ids.contiguous(), offsets.contiguous(), grad.contiguous().float(), num_fields,
-        optimizer.name, optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, int(step),
+        optimizer.name, optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, optimizer.weight_decay,
+        int(step),
         _flags(mean_pooled), _limits(max_len), bounds, scratch, disjoint_fields,
     )
 

@@ -23,10 +23,15 @@ Optimizers (all with the rows' own slots):
            must match a torch.optim.Adagrad model exactly
 - adam:    lazy, only touched rows move: m = b1·m + (1-b1)·g; v = b2·v + (1-b2)·g²;
            w -= lr · (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps), t the global step.
+- weight_decay (any of them): coupled L2, lazy. Each row a step touches first takes
+           g += weight_decay · w (w its float32 value before the step), so the slots see
+           the decayed gradient too (row-wise adagrad: s += mean((g + wd·w)²)); rows not in
+           the batch are not decayed. FBGEMM's WeightDecayMode.L2, TF's sparse L2.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +46,15 @@ class SparseOptimizer:
     eps: float = 1e-8
     beta1: float = 0.9
     beta2: float = 0.999
+    weight_decay: float = 0.0
 
     def __post_init__(self):
         if self.name not in OPTIMIZERS:
             raise ValueError(f"sparse optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
+        decay = self.weight_decay
+        # bool is an int: True would pass silently as a decay of 1.
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not (math.isfinite(decay) and decay >= 0):
+            raise ValueError(f"weight_decay must be a finite float >= 0, got {decay!r}")
 
     def slot_shapes(self, rows: int, dim: int) -> list[tuple[int, ...]]:
         """Shapes of the per-row optimizer slots of a (rows, dim) table."""
@@ -129,6 +139,8 @@ def fused_update(
     if unique.numel() == 0:
         return
     w = weight[unique].float()
+    if optimizer.weight_decay:  # coupled L2 (see the module docstring); g is this call's own sum
+        g.add_(w, alpha=optimizer.weight_decay)
     if optimizer.name == "sgd":
         w -= optimizer.lr * g
     elif optimizer.name == "adagrad":

@@ -134,10 +134,11 @@ def _update_rows_kernel(
     unique_ptr, row_starts_ptr, counts_ptr, order_ptr, bag_of_ptr, scale_ptr,
     w_row_stride, w_col_stride, s0_row_stride, s0_col_stride, s1_row_stride, s1_col_stride,
     g_row_stride, g_col_stride, dim,
-    lr, eps, beta1, beta2, bias1, bias2,
-    OPTIMIZER: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
+    lr, eps, beta1, beta2, weight_decay, bias1, bias2,
+    OPTIMIZER: tl.constexpr, HAS_WEIGHT_DECAY: tl.constexpr, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    """One unique row: sum its occurrences' scaled bag gradients, then one optimizer step."""
+    """One unique row: sum its occurrences' scaled bag gradients, then one optimizer step
+    (L2 decay first folded into the gradient)."""
     u = tl.program_id(0)
     row = tl.load(unique_ptr + u)
     first = tl.load(row_starts_ptr + u)
@@ -156,6 +157,9 @@ def _update_rows_kernel(
 
     w_ptrs = weight_ptr + row * w_row_stride + cols * w_col_stride
     w = tl.load(w_ptrs, mask=in_row, other=0.0).to(tl.float32)
+    # Compiled out when off, as the other backends skip it: 0 * w is not 0 for an inf w.
+    if HAS_WEIGHT_DECAY:
+        g += weight_decay * w
     if OPTIMIZER == "sgd":
         w -= lr * g
     elif OPTIMIZER == "adagrad":
@@ -297,8 +301,9 @@ def fused_update(
     _update_rows_kernel[(unique.numel(),)](
         weight, slot0, slot1, grad_bags, unique, row_starts, counts, order, bag_of, scale,
         *_strides(weight), *_strides(slot0), *_strides(slot1), *_strides(grad_bags), dim,
-        optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, *_bias_corrections(optimizer, step),
-        OPTIMIZER=optimizer.name, BLOCK_L=block_l, BLOCK_D=block_d, num_warps=_num_warps(block_l, block_d),
+        optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, optimizer.weight_decay,
+        *_bias_corrections(optimizer, step), OPTIMIZER=optimizer.name, HAS_WEIGHT_DECAY=optimizer.weight_decay != 0,
+        BLOCK_L=block_l, BLOCK_D=block_d, num_warps=_num_warps(block_l, block_d),
     )
 
 

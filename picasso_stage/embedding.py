@@ -11,6 +11,8 @@ the rows' gradients from the same backward instead (lookup_with_row_gradients).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -93,8 +95,7 @@ class PackedEmbedding(nn.Module):
         default's hyper-parameters) and give it fresh, zeroed slots."""
         self.optimizers: dict[str, SparseOptimizer] = {}
         for group in self.plan.groups:
-            optimizer = SparseOptimizer(group.optimizer or default.name, default.lr, default.eps, default.beta1,
-                                        default.beta2)
+            optimizer = replace(default, name=group.optimizer or default.name)
             self.optimizers[group.name] = optimizer
             for i in range(2):  # drop the slots of a previous optimizer
                 self._buffers.pop(f"slot{i}_{group.name}", None)

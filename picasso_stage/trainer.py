@@ -14,6 +14,7 @@ batch i+1 is made and prepared in a worker thread, on idle CPU time, while batch
 from __future__ import annotations
 
 import logging
+import math
 import time
 from contextlib import nullcontext
 from collections.abc import Iterable
@@ -26,6 +27,7 @@ import torch
 from picasso.batch import PackedBatch, TorchBatch
 from picasso.cache import CacheConfig, HotCache, PreparedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from picasso.dense_adam import DenseAdam
 from picasso.embedding import PackedEmbedding
 from picasso.interleave import StepPipeline, worth_interleaving
 from picasso.kernels import SparseOptimizer
@@ -69,11 +71,32 @@ class TrainConfig:
     # Adam and Adagrad are blind to one scale for every step: only the weights between
     # steps change, and a run of equal batches steps exactly as with the batch mean.
     loss_batch_size: int | None = None
+    # Regularisation, all off by default (benchmarks.movielens found none that helped at the
+    # default learning rates; larger models on fewer rows may want them):
+    weight_decay: float = 0.0  # L2 on the dense weights: Adam's, added to their gradients
+    # L2 on embedding rows: added to a row's gradient in the fused update, on the rows each
+    # step touches (FBGEMM's and TensorFlow's sparse L2): a row decays as often as it is seen.
+    embedding_l2: float = 0.0
+    dropout: float = 0.0  # the probability of zeroing each hidden activation of the MLPs while training
 
     def __post_init__(self):
         size = self.loss_batch_size
         if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
             raise ValueError(f"loss_batch_size must be a positive integer (samples) or None, got {size!r}")
+        for name in ("weight_decay", "embedding_l2", "dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.dropout >= 1:
+            raise ValueError(f"dropout must be below 1, got {self.dropout!r}")
+
+    def sparse_optimizer_settings(self) -> SparseOptimizer:
+        """The default optimizer of the embedding tables (fields may name another kind)."""
+        return SparseOptimizer(self.sparse_optimizer, lr=self.lr_sparse, weight_decay=self.embedding_l2)
+
+    def dense_optimizer_for(self, params) -> DenseAdam:
+        """The dense part's optimizer: every mode steps the dense weights with this one."""
+        return DenseAdam(params, lr=self.lr_dense, weight_decay=self.weight_decay)
 
 
 @dataclass(frozen=True)
@@ -142,8 +165,8 @@ class Trainer:
         self.plan = PackingPlan.from_spec(spec)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
-        self.model = build_model(config.model, spec, self.plan, config.hidden)
-        sparse = SparseOptimizer(config.sparse_optimizer, lr=config.lr_sparse)
+        self.model = build_model(config.model, spec, self.plan, config.hidden, config.dropout)
+        sparse = config.sparse_optimizer_settings()
         for module in self.model.modules():
             if isinstance(module, PackedEmbedding):
                 module.configure_optimizer(sparse)
@@ -155,7 +178,7 @@ class Trainer:
             # Module.compile keeps state_dict keys (torch.compile(module) would prefix them).
             self.model.dense_part.compile()
         # Embedding tables are buffers stepped by their fused optimizer; Adam sees the rest.
-        self.dense_optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr_dense)
+        self.dense_optimizer = config.dense_optimizer_for(self.model.parameters())
         self.step = 0
         self.start_step = 0  # the step this trainer was built or restored at
         self.samples = 0

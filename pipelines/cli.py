@@ -30,6 +30,7 @@ from picasso.pipelines.beam_options import add_pipeline_command, split_beam_args
 from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
 from picasso.pipelines.distributed_cli import add_ps_commands
+from picasso.pipelines.train_args import add_model_args, model_settings
 from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
                                            run_publish_pending)
 from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
@@ -82,12 +83,7 @@ def _add_daily_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default="picasso-ctr")
     parser.add_argument("--batch-size", type=int, default=2048)
     parser.add_argument("--holdout", type=float, default=0.1, help="fraction of the day held out for evaluation")
-    parser.add_argument("--lr-dense", type=float, default=1e-3)
-    parser.add_argument("--lr-sparse", type=float, default=0.05)
-    parser.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
-    parser.add_argument("--model", choices=["wide_deep", "deepfm", "dlrm", "dcn_v2"], default="wide_deep")
-    parser.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad",
-                        help="default optimizer of the embedding tables (fields may name their own)")
+    add_model_args(parser)
     add_cache_args(parser)
     parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
@@ -250,11 +246,7 @@ def daily_config(args, data: str, date: str):
         spec=load_spec(args.spec),
         mlflow=target,
         train=TrainConfig(
-            model=args.model,
-            sparse_optimizer=args.sparse_optimizer,
-            hidden=tuple(int(size) for size in args.hidden.split(",")),
-            lr_dense=args.lr_dense,
-            lr_sparse=args.lr_sparse,
+            **model_settings(args),
             device=args.device,
             cache=cache_config(args),
             interleave=interleave_setting(args),

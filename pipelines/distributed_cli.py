@@ -25,7 +25,8 @@ import sys
 import time
 from pathlib import Path
 
-from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
+from picasso.pipelines.train_args import MODEL_FLAGS, add_model_args, flag_value, model_settings
+from picasso.spec import SpecError, load_spec
 
 log = logging.getLogger(__name__)
 MODES = ("gba", "async")
@@ -107,11 +108,7 @@ def _add_checkpoint_every(parser: argparse.ArgumentParser) -> None:
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     """The model and its hyper-parameters: the same flags, and values, in every mode."""
-    parser.add_argument("--model", choices=["wide_deep", "deepfm", "dlrm", "dcn_v2"], default="wide_deep")
-    parser.add_argument("--hidden", default="256,128", help="MLP sizes, comma-separated")
-    parser.add_argument("--lr-dense", type=float, default=1e-3)
-    parser.add_argument("--lr-sparse", type=float, default=0.05)
-    parser.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad")
+    add_model_args(parser)
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -148,9 +145,7 @@ def _trainer(args):
         spec = load_spec(args.spec)
     except SpecError as err:
         raise SystemExit(f"error: {err}") from None
-    config = TrainConfig(model=args.model, hidden=tuple(int(s) for s in args.hidden.split(",")),
-                         lr_dense=args.lr_dense, lr_sparse=args.lr_sparse, sparse_optimizer=args.sparse_optimizer,
-                         seed=args.seed, log_every=0, device="cpu")
+    config = TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu")
     trainer = Trainer(spec, config)
     root = Path(args.workdir) / "checkpoints"
     try:
@@ -235,12 +230,11 @@ def run_ps(args) -> int:
 def _shard_argv(args, index: int) -> list[str]:
     """The command line of shard `index`: this one's flags, that shard's index."""
     argv = ["ps", "--shard-index", str(index)]
-    for flag in ("spec", "workdir", "mode", "global_batches", "decay", "samples", "lease", "model", "hidden", "lr_dense",
-                 "lr_sparse", "sparse_optimizer", "seed", "host", "port", "shards", "workers", "timeout",
-                 "checkpoint_every", "tls_cert", "tls_key"):
+    for flag in ("spec", "workdir", "mode", "global_batches", "decay", "samples", "lease", *MODEL_FLAGS, "seed",
+                 "host", "port", "shards", "workers", "timeout", "checkpoint_every", "tls_cert", "tls_key"):
         value = getattr(args, flag)
         if value is not None:
-            argv += ["--" + flag.replace("_", "-"), str(value)]
+            argv += ["--" + flag.replace("_", "-"), flag_value(flag, value)]
     return argv
 
 

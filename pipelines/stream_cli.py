@@ -14,6 +14,7 @@ from picasso import storage
 from picasso.pipelines.beam_options import add_pipeline_command
 from picasso.pipelines.cache_args import add_cache_args, cache_config
 from picasso.pipelines.publish_cli import add_publish_args, publish_policy
+from picasso.pipelines.train_args import add_model_args, model_settings
 from picasso.durations import duration_arg
 from picasso.sample_join import LATE_LABEL_POLICIES
 from picasso.spec import load_spec
@@ -83,9 +84,7 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
                         help="default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db")
     stream.add_argument("--experiment", default="picasso")
     stream.add_argument("--model-name", default="picasso-ctr")
-    stream.add_argument("--lr-dense", type=float, default=1e-3)
-    stream.add_argument("--lr-sparse", type=float, default=0.05)
-    stream.add_argument("--hidden", default="256,128")
+    add_model_args(stream)
     stream.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
     stream.add_argument("--device", default="auto")
     add_cache_args(stream, interleave=False)  # a stream cycle trains batch by batch
@@ -180,8 +179,7 @@ def stream_config(args):
         workdir=workdir,
         spec=load_spec(args.spec),
         mlflow=target,
-        train=TrainConfig(hidden=tuple(int(s) for s in args.hidden.split(",")), lr_dense=args.lr_dense,
-                          lr_sparse=args.lr_sparse, device=args.device, cache=cache_config(args)),
+        train=TrainConfig(**model_settings(args), device=args.device, cache=cache_config(args)),
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         group_id=args.group_id,
         dead_letter_topic=args.dead_letter_topic,

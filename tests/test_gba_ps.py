@@ -37,12 +37,15 @@ def _in_process(trainer: Trainer, shards: int, gba: GBAConfig):
     return servers, built[0][1], in_process(servers)
 
 
-@pytest.mark.parametrize("sparse_optimizer", ["adagrad", "adam"])
-def test_one_worker_without_aggregation_trains_like_the_trainer(sparse_optimizer, tmp_path):
+@pytest.mark.parametrize("settings", [{"sparse_optimizer": "adagrad"}, {"sparse_optimizer": "adam"},
+                                      {"sparse_optimizer": "adagrad", "weight_decay": 0.01, "embedding_l2": 0.05}],
+                         ids=["adagrad", "adam", "adagrad, L2 on dense weights and embedding rows"])
+def test_one_worker_without_aggregation_trains_like_the_trainer(settings, tmp_path):
     """M = 1, one worker, every push answered before the next pull: each step is the
     Trainer's step, on two shards, and the checkpoint the shards make restores into a
-    Trainer that trains on exactly like the one that never left local mode."""
-    config = replace(CONFIG, sparse_optimizer=sparse_optimizer)
+    Trainer that trains on exactly like the one that never left local mode. With L2 too:
+    the shards decay what the Trainer decays."""
+    config = replace(CONFIG, **settings)
     batches, _ = planted_batches(SPEC, 320, 64)
     local = Trainer(SPEC, config)
     for batch in batches[:4]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 
 import pytest
 import torch
@@ -57,7 +58,8 @@ def field_rows_of(ids: torch.Tensor, offsets: torch.Tensor, fields: int, rows: i
 @pytest.mark.parametrize("optimizer", reference.OPTIMIZERS)
 @pytest.mark.parametrize("truncate", [False, True])
 @pytest.mark.parametrize("split", ["by owner", "by field rows", "by disjoint fields"])
-def test_fused_update_agrees_with_reference(seed, optimizer, truncate, split):
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_fused_update_agrees_with_reference(seed, optimizer, truncate, split, weight_decay):
     g, ids, offsets, mean_pooled = random_bags(seed)
     max_len = torch.randint(1, 4, (4,), generator=g) if truncate else None
     field_rows = field_rows_of(ids, offsets, 4, 200) if split != "by owner" else None
@@ -65,7 +67,7 @@ def test_fused_update_agrees_with_reference(seed, optimizer, truncate, split):
         ids.copy_(torch.randperm(200, generator=g)[ids])
         field_rows = None
     dim = (3, 8, 16, 33)[seed]
-    spec = SparseOptimizer(optimizer, lr=0.1)
+    spec = SparseOptimizer(optimizer, lr=0.1, weight_decay=weight_decay)
     weight = torch.randn(200, dim, generator=g)
     slots = [torch.rand(shape, generator=g) for shape in spec.slot_shapes(200, dim)]
     expected_weight, expected_slots = weight.clone(), [s.clone() for s in slots]
@@ -123,6 +125,12 @@ def test_bad_inputs_are_clear_errors():
         SparseOptimizer("rmsprop")
     with pytest.raises(ValueError, match="unknown kernel backend"):
         load_backend("cuda-magic")
+
+
+@pytest.mark.parametrize("weight_decay", [-0.1, float("nan"), float("inf"), True, "0.1"])
+def test_a_bad_weight_decay_is_refused(weight_decay):
+    with pytest.raises(ValueError, match=rf"weight_decay .*got {re.escape(repr(weight_decay))}"):
+        SparseOptimizer("sgd", 0.1, weight_decay=weight_decay)
 
 
 def test_dispatch_uses_the_cpu_kernels_on_cpu_unless_told_otherwise(monkeypatch):
@@ -333,6 +341,18 @@ def test_sketch_add_cpu_matches_reference():
         actual = cpu.sketch_add(actual_counters, rows, counts, multipliers, 8)
         assert torch.equal(expected, actual)
     assert torch.equal(expected_counters, actual_counters)
+
+
+def test_sgd_weight_decay_on_one_row_by_hand(backend):
+    """Coupled L2 on the one row in the batch, w - lr * (g + wd * w), and on no other row
+    (lazy decay). Powers of two throughout, so every backend must be exact."""
+    module, device = backend
+    weight = torch.tensor([[1.0, 1.0], [2.0, -4.0], [8.0, 8.0]], device=device)
+    grad = torch.tensor([[[1.0, 0.5]]], device=device)
+    ids, offsets = torch.tensor([1], device=device), torch.tensor([0], dtype=torch.int32, device=device)
+    module.fused_update(weight, [], ids, offsets, grad, 1, SparseOptimizer("sgd", 0.25, weight_decay=0.5), 1)
+    expected = torch.tensor([[1.0, 1.0], [2.0 - 0.25 * (1.0 + 1.0), -4.0 - 0.25 * (0.5 - 2.0)], [8.0, 8.0]])
+    torch.testing.assert_close(weight.cpu(), expected, atol=0.0, rtol=0.0)
 
 
 def test_elementwise_adagrad_is_torch_adagrad():

@@ -127,10 +127,11 @@ def test_lookup_matches_reference(name, seed):
 @pytest.mark.parametrize("seed", SEEDS[:2])
 @pytest.mark.parametrize("optimizer", reference.OPTIMIZERS)
 @pytest.mark.parametrize("name", SHAPES)
-def test_fused_update_matches_reference_over_steps(name, optimizer, seed):
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_fused_update_matches_reference_over_steps(name, optimizer, seed, weight_decay):
     """A fresh batch every step; the slots carry over, so errors in them would compound."""
     shape, gen = SHAPES[name], torch.Generator().manual_seed(seed)
-    opt = reference.SparseOptimizer(optimizer)
+    opt = reference.SparseOptimizer(optimizer, weight_decay=weight_decay)
     weight = random_table(shape.rows, shape.dim, gen)
     slots = slots_for(opt, weight)
     for step in (1, 2, 3):

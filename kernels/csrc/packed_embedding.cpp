@@ -126,15 +126,19 @@ namespace {
 
 struct Step {
   int kind;  // 0 sgd, 1 row-wise adagrad, 2 lazy adam, 3 element-wise adagrad
-  float lr, eps, beta1, beta2, bias1, bias2;
+  float lr, eps, beta1, beta2, weight_decay, bias1, bias2;
   float* state;  // adagrad: one per row; element-wise adagrad: (rows, dim)
   float* m;      // adam: (rows, dim)
   float* v;
 };
 
+// g: the row's summed gradient, the caller's scratch, so L2 decay (g += wd * w, with w
+// before the step) folds into it in place: no copy, and no pass at all when wd is 0.
 template <typename DimT>
-inline void apply_step(const Step& s, DimT dim_t, float* row, int64_t r, const float* g) {
+inline void apply_step(const Step& s, DimT dim_t, float* row, int64_t r, float* g) {
   const int64_t dim = dim_t.value();
+  if (s.weight_decay != 0.0f)
+    for (int64_t d = 0; d < dim; ++d) g[d] += s.weight_decay * row[d];
   if (s.kind == 0) {
     for (int64_t d = 0; d < dim; ++d) row[d] -= s.lr * g[d];
   } else if (s.kind == 1) {
@@ -223,7 +227,7 @@ void sum_and_step(DimT dim_t, const BagsT& bags, const int64_t* id, const float*
 //   calls) as the scratch map.
 void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch::Tensor ids, torch::Tensor offsets,
                   torch::Tensor grad, int64_t num_fields, std::string optimizer, double lr, double eps, double beta1,
-                  double beta2, int64_t step, torch::Tensor mean_pooled, torch::Tensor max_len,
+                  double beta2, double weight_decay, int64_t step, torch::Tensor mean_pooled, torch::Tensor max_len,
                   torch::Tensor field_rows, torch::Tensor slot_of_row, bool disjoint_fields) {
   check_inputs(weight, ids, offsets, num_fields);
   TORCH_CHECK(grad.is_contiguous() && grad.scalar_type() == torch::kFloat32, "grad must be contiguous float32");
@@ -235,6 +239,7 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
                static_cast<float>(eps),
                static_cast<float>(beta1),
                static_cast<float>(beta2),
+               static_cast<float>(weight_decay),
                kind == 2 ? static_cast<float>(1.0 - std::pow(beta1, step)) : 1.0f,
                kind == 2 ? static_cast<float>(1.0 - std::pow(beta2, step)) : 1.0f,
                kind == 1 || kind == 3 ? slots.at(0).data_ptr<float>() : nullptr,

@@ -44,7 +44,7 @@ def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
     layout = ShardLayout.from_model(trainer.model, num_shards)
     state = trainer.state()
     part = layout.split(state["model"])[index]
-    shard = Shard(index, layout, part, gba, trainer.config.lr_dense,
+    shard = Shard(index, layout, part, gba, trainer.config,
                   dense_optimizer=state["dense_optimizer"] if index == 0 else None,
                   step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget,
                   positions=dict(trainer.positions) if index == 0 else None, checkpoint_every=checkpoint_every,

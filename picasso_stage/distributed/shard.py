@@ -1,9 +1,9 @@
 """One parameter-server shard: its part of the model, its optimizers, its token control.
 
 A shard holds, under the Trainer's state-dict keys (layout.py): on shard 0 the dense
-parameters with a torch.optim.Adam over them (the Trainer's dense optimizer, same learning
-rate, same state layout), and on every shard its stripe of each embedding table with the
-table's sparse optimizer slots. It also counts, per local row, how many optimizer steps
+parameters with Adam over them (the Trainer's dense optimizer, from
+TrainConfig.dense_optimizer_for: same settings, same state layout), and on every shard its
+stripe of each embedding table with the table's sparse optimizer slots (weight decay too). It also counts, per local row, how many optimizer steps
 have updated it (its version), which gives each pushed row its own staleness.
 
 `pull` and `push` are what the RPC layer (param_server.py) serves; a lock makes each one
@@ -27,6 +27,7 @@ from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGra
 from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl, WorkerDropped
 from picasso.distributed.layout import ShardLayout, TableLayout
 from picasso.distributed.ledger import Ledger
+from picasso.trainer import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class ShardSnapshot:
 
 class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
-                 lr_dense: float, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
+                 train: TrainConfig, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
                  sample_budget: int | None = None, positions: dict[str, int] | None = None, checkpoint_every: int = 0,
                  ledger: Ledger | None = None):
         """sample_budget: pulls answer stop once pushes of this many samples have been
@@ -71,7 +72,7 @@ class Shard:
             if index == 0 else []
         for name, param in zip(layout.dense, self.params):
             self.tensors[name] = param.data  # one storage: the optimizer steps what pulls read
-        self.dense_optimizer = torch.optim.Adam(self.params, lr=lr_dense) if self.params else None
+        self.dense_optimizer = train.dense_optimizer_for(self.params) if self.params else None
         if dense_optimizer is not None and self.dense_optimizer is not None:
             self.dense_optimizer.load_state_dict(dense_optimizer)
         self.versions = {t.key: torch.zeros(layout.local_rows(index, t), dtype=torch.int64) for t in layout.tables}

@@ -306,7 +306,7 @@ class SyncReplica:
         self.trainer, self.rank, self.world_size, self.straggler = trainer, rank, world_size, Straggler(slowdown)
         self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY))
         config = trainer.config
-        self.computer = GradientComputer(build_model(config.model, trainer.spec, trainer.plan, config.hidden))
+        self.computer = GradientComputer(build_model(config.model, trainer.spec, trainer.plan, config.hidden, config.dropout))
         self.exchange = GradientExchange(ExchangeLayout.of(self.layout, self.shard.tensors, self.computer),
                                          rank, world_size)
         self.positions = dict(trainer.positions)  # how far every rank's sources are trained

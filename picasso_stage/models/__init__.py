@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from picasso.models.common import MLP
 from picasso.models.dcn_v2 import DCNv2
 from picasso.models.deepfm import DeepFM
 from picasso.models.dlrm import DLRM
@@ -14,7 +15,16 @@ from picasso.spec import FeatureSpec
 MODELS = {"wide_deep": WideDeep, "deepfm": DeepFM, "dlrm": DLRM, "dcn_v2": DCNv2}
 
 
-def build_model(name: str, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...]) -> nn.Module:
+def build_model(name: str, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...],
+                dropout: float = 0.0) -> nn.Module:
+    """dropout: the probability of zeroing each hidden activation of every MLP in the
+    model while it trains (0: none)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    return MODELS[name](spec, plan, hidden)
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+    model = MODELS[name](spec, plan, hidden)
+    for module in model.modules():
+        if isinstance(module, MLP):
+            module.dropout = float(dropout)
+    return model

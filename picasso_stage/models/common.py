@@ -69,7 +69,26 @@ class PackedModel(nn.Module):
         return float(losses.detach().sum())
 
 
-def mlp(sizes: list[int], last_relu: bool = False) -> nn.Sequential:
+class MLP(nn.Sequential):
+    """Linear layers with ReLU between them, and dropout after each ReLU while training.
+
+    Dropout is applied in forward rather than held as modules of its own, so the layers'
+    state_dict keys are the same with or without it: a checkpoint trained without dropout
+    warm-starts a run with it, and the other way round."""
+
+    def __init__(self, *layers: nn.Module):
+        super().__init__(*layers)
+        self.dropout = 0.0  # set for the whole model by models.build_model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self:
+            x = layer(x)
+            if self.dropout and isinstance(layer, nn.ReLU):
+                x = F.dropout(x, self.dropout, self.training)
+        return x
+
+
+def mlp(sizes: list[int], last_relu: bool = False) -> MLP:
     """Linear layers with ReLU between them; `last_relu` when the output feeds another
     layer (DLRM's bottom MLP, DCN-v2's deep tower) rather than being a logit."""
     layers: list[nn.Module] = []
@@ -77,7 +96,8 @@ def mlp(sizes: list[int], last_relu: bool = False) -> nn.Sequential:
         layers.append(nn.Linear(sizes[i], sizes[i + 1]))
         if last_relu or i < len(sizes) - 2:
             layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+    return MLP(*layers)
+
 
 
 def flat_input(dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
