@@ -143,5 +143,5 @@ setup(
         "aws": ["boto3>=1.28"],
         "bench": ["crc32c>=2.4", "moto[server]>=5.0", "boto3>=1.28"],
     },
-    entry_points={"console_scripts": ["picasso = picasso.pipelines.cli:main"]},
+    entry_points={"console_scripts": ["picasso = picasso.pipelines.process_exit:console_main"]},
 )

@@ -12,7 +12,6 @@ import json
 import logging
 import math
 import os
-import sys
 import time
 from dataclasses import asdict
 
@@ -26,6 +25,7 @@ from picasso.connectors.local_store import HalfMadeStoreError
 from picasso.durations import duration_arg
 from picasso.connectors.partitions import with_hours
 from picasso.pipelines.backfill_cli import add_range_args, range_partitions, run_daily_range
+from picasso.pipelines.process_exit import run_command
 from picasso.pipelines.beam_options import add_pipeline_command, split_beam_args
 from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
@@ -383,4 +383,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)

@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from picasso.pipelines.process_exit import run_command
 from picasso.pipelines.train_args import MODEL_FLAGS, add_model_args, flag_value, model_settings
 from picasso.spec import SpecError, load_spec
 
@@ -383,4 +384,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command(main)
