@@ -400,6 +400,7 @@ class Trainer:
         if checkpoint.spec != self.spec:
             raise ValueError(f"checkpoint {path} was trained on another spec ({checkpoint.spec.name})")
         state = checkpoint.state
+        self._check_architecture(path, state.get("config", {}))
         self.model.load_state_dict(state["model"])  # copies into the tables (the big tier, with a cache)
         if self.cache is not None:
             if "cache" in state:
@@ -415,6 +416,20 @@ class Trainer:
         self.start_step = self.step
         self.positions = dict(checkpoint.positions)
         self.restored_from = str(path)
+
+    def _check_architecture(self, path, saved: dict) -> None:
+        """Refuse, by flag, a checkpoint of another model or other MLP sizes: its weights
+        have other shapes (torch would say only which tensors differ). The other settings
+        (learning rates, regularisation, the cache) may change from one run to the next."""
+        differ = []
+        if "model" in saved and saved["model"] != self.config.model:
+            differ.append(f"--model {saved['model']} (this run: {self.config.model})")
+        if "hidden" in saved and tuple(saved["hidden"]) != tuple(self.config.hidden):
+            differ.append(f"--hidden {','.join(map(str, saved['hidden']))} "
+                          f"(this run: {','.join(map(str, self.config.hidden))})")
+        if differ:
+            raise ValueError(f"checkpoint {path} was trained with {' and '.join(differ)}: train on with its "
+                             "settings, or start another model (--warm-start none, or another workdir)")
 
     def warm_start(self, root: str | Path) -> str | None:
         """Restore the latest checkpoint under root, if there is one."""

@@ -39,10 +39,12 @@ def batches():
     return planted_batches(SPEC, rows=30 * 64, batch_size=64)[0]
 
 
-@pytest.mark.parametrize("sparse_optimizer", ["adagrad", "adam", "sgd"])
+@pytest.mark.parametrize("sparse_optimizer, embedding_l2", [("adagrad", 0.0), ("adam", 0.0), ("sgd", 0.0),
+                                                             ("adagrad", 0.05)])
 @pytest.mark.parametrize("interleave", [False, True])
-def test_cached_training_equals_uncached(batches, sparse_optimizer, interleave):
-    config = replace(CONFIG, sparse_optimizer=sparse_optimizer)
+def test_cached_training_equals_uncached(batches, sparse_optimizer, embedding_l2, interleave):
+    """With L2 on embedding rows too: a staged row decays in the fast tier as in the table."""
+    config = replace(CONFIG, sparse_optimizer=sparse_optimizer, embedding_l2=embedding_l2)
     plain = Trainer(SPEC, replace(config, interleave=False))
     plain.train(batches)
     cached = Trainer(SPEC, replace(config, cache=SMALL_CACHE, interleave=interleave))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -98,6 +99,14 @@ def test_second_day_warm_starts_from_the_checkpoint(first_run, mlflow_server, tm
     assert checkpoint.state["samples"] == result.samples + second.samples
     # Positions of both days are in the new checkpoint.
     assert len(checkpoint.positions) == 4
+
+
+def test_a_warm_start_onto_other_mlp_sizes_is_refused_by_flag(first_run, mlflow_server, tmp_path):
+    _, workdir, model_name = first_run
+    generate_days(criteo_spec(), tmp_path, ["2026-11-03"], rows=500, rows_per_file=500)
+    config = replace(_config(tmp_path, "2026-11-03", workdir, mlflow_server, model_name), train=TrainConfig(hidden=(32,)))
+    with pytest.raises(ValueError, match=r"--hidden 64,32 \(this run: 32\)"):
+        run_daily(config)
 
 
 def test_bad_rows_go_to_dead_letters_and_the_run_goes_on(mlflow_server, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -223,6 +224,17 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path, monkeypatch):
         trainer.save_checkpoint(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [Path(good).name]
     assert latest_checkpoint(tmp_path) == good
+
+
+@pytest.mark.parametrize("change, named", [({"hidden": (16,)}, "--hidden 32,16 (this run: 16)"),
+                                           ({"model": "dlrm"}, "--model wide_deep (this run: dlrm)")])
+def test_restore_onto_another_architecture_is_refused_by_flag(change, named, tmp_path):
+    trainer = Trainer(SPEC, CONFIG)
+    path = trainer.save_checkpoint(tmp_path)
+    with pytest.raises(ValueError, match=re.escape(named)):
+        Trainer(SPEC, replace(CONFIG, **change)).restore(path)
+    # What may change between runs does not stop a restore.
+    Trainer(SPEC, replace(CONFIG, lr_dense=0.5, weight_decay=0.1, dropout=0.2, embedding_l2=0.01)).restore(path)
 
 
 def test_restore_with_a_different_spec_raises(tmp_path):
