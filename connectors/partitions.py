@@ -12,6 +12,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 
+# What a range does with a partition that has no files: stop there, or pass over it.
+MISSING_POLICIES = ("fail", "skip")
+
 _NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:T(\d{2}))?$")
 _HOURS = re.compile(r"^(\d{1,2})(?:\.\.(\d{1,2}))?$")
 MAX_PARTITIONS = 100_000  # a range longer than this is a typo (years of hours), not a backfill

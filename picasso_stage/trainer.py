@@ -90,6 +90,11 @@ class TrainConfig:
         if self.dropout >= 1:
             raise ValueError(f"dropout must be below 1, got {self.dropout!r}")
 
+    def build_model(self, spec: FeatureSpec, plan: PackingPlan):
+        """The model these settings describe, untrained: the Trainer's, a sync rank's or a
+        GBA worker's (so every mode gets every setting, dropout included)."""
+        return build_model(self.model, spec, plan, self.hidden, self.dropout)
+
     def sparse_optimizer_settings(self) -> SparseOptimizer:
         """The default optimizer of the embedding tables (fields may name another kind)."""
         return SparseOptimizer(self.sparse_optimizer, lr=self.lr_sparse, weight_decay=self.embedding_l2)
@@ -165,7 +170,7 @@ class Trainer:
         self.plan = PackingPlan.from_spec(spec)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
-        self.model = build_model(config.model, spec, self.plan, config.hidden, config.dropout)
+        self.model = config.build_model(spec, self.plan)
         sparse = config.sparse_optimizer_settings()
         for module in self.model.modules():
             if isinstance(module, PackedEmbedding):

@@ -21,10 +21,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from picasso.connectors.day_files import list_day_files
+from picasso.connectors.partitions import MISSING_POLICIES
 from picasso.pipelines.daily import CHECKPOINTED, DailyConfig, DailyResult, publish_checkpointed, run_daily
 
 log = logging.getLogger(__name__)
-MISSING_POLICIES = ("fail", "skip")
 
 
 @dataclass(frozen=True)

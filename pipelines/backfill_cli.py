@@ -11,13 +11,17 @@ from __future__ import annotations
 import argparse
 import logging
 import time
+from typing import TYPE_CHECKING
 from dataclasses import asdict, replace
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from picasso.connectors.partitions import partition_range, with_hours
+from picasso.connectors.partitions import MISSING_POLICIES, partition_range, with_hours
+
+if TYPE_CHECKING:  # backfill imports Beam and MLflow: at run time only once a range runs
+    from picasso.pipelines.backfill import RangeProgress
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,7 @@ def add_range_args(daily: argparse.ArgumentParser) -> None:
                             "2026-11-01T00..2026-11-01T23")
     daily.add_argument("--hours", metavar="H..H", default=None,
                        help="split each date into these hourly partitions (date=D/hour=HH), e.g. 0..23")
-    daily.add_argument("--missing", choices=("fail", "skip"), default="fail",
+    daily.add_argument("--missing", choices=MISSING_POLICIES, default="fail",
                        help="in a range, a partition with no files stops it (fail, the default) or is skipped "
                             "with a warning (skip: data with days of no events)")
     daily.add_argument("--publish-every", type=int, default=1, metavar="N",
@@ -59,7 +63,7 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> di
         task = progress.add_task(f"daily {partitions[0]}..{partitions[-1]}", total=len(partitions))
         finished_at = []  # the wall clock (epoch seconds) as each partition ends
 
-        def on_partition(p) -> None:  # a backfill.RangeProgress
+        def on_partition(p: RangeProgress) -> None:
             finished_at.append(time.time())
             line = progress_line(p)
             log.info(line)
@@ -75,8 +79,8 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> di
             "tracking_uri": config.mlflow.tracking_uri}
 
 
-def progress_line(p) -> str:
-    """One partition's line: p is a backfill.RangeProgress."""
+def progress_line(p: RangeProgress) -> str:
+    """One partition's line."""
     r = p.result
     what = "done before" if r.skipped else f"{r.samples + r.holdout_samples:,} rows"
     version = f"version {r.version}" if r.version else r.status

@@ -25,14 +25,14 @@ from picasso.connectors.local_store import HalfMadeStoreError
 from picasso.durations import duration_arg
 from picasso.connectors.partitions import with_hours
 from picasso.pipelines.backfill_cli import add_range_args, range_partitions, run_daily_range
-from picasso.pipelines.process_exit import run_command
 from picasso.pipelines.beam_options import add_pipeline_command, split_beam_args
 from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
 from picasso.pipelines.distributed_cli import add_ps_commands
-from picasso.pipelines.train_args import add_model_args, model_settings
+from picasso.pipelines.process_exit import run_command
 from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
                                            run_publish_pending)
+from picasso.pipelines.train_args import add_model_args, model_settings
 from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
 from picasso.synthetic_events import DELAY_DISTRIBUTIONS
 

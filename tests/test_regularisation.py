@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from picasso.distributed.ps_checkpoint import build_shard
+from picasso.models import MODELS
+from picasso.models.common import MLP
+from picasso.packing import PackingPlan
 from picasso.distributed.gba import GBAConfig
 from picasso.pipelines import distributed_cli
 from picasso.pipelines.cli import build_parser, daily_config
@@ -79,6 +82,14 @@ def test_dropout_acts_while_training_only_and_keeps_the_checkpoint_layout(tmp_pa
     restored = Trainer(SPEC, replace(CONFIG, dropout=0.5))
     restored.restore(plain.save_checkpoint(tmp_path))
     assert (restored.predict(batch) == plain.predict(batch)).all()
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_mode_builds_its_model_with_the_dropout(model):
+    """TrainConfig.build_model is how the Trainer, a sync rank and a GBA worker build theirs."""
+    built = replace(CONFIG, model=model, dropout=0.3).build_model(SPEC, PackingPlan.from_spec(SPEC))
+    mlps = [m for m in built.modules() if isinstance(m, MLP)]
+    assert mlps and all(m.dropout == 0.3 for m in mlps)
 
 
 def test_a_warm_start_trains_with_the_settings_it_was_given(tmp_path):

@@ -87,7 +87,6 @@ def join_job(address: ServerAddress, settings: JoinSettings = JoinSettings(),
              spec: FeatureSpec | None = None) -> Joined:
     """spec: the one the caller packs its batches with; refused unless it is the server's."""
     from picasso.distributed.local_gradient import GradientComputer
-    from picasso.models import build_model
     from picasso.packing import PackingPlan
 
     first = address.connect(0)
@@ -114,7 +113,7 @@ def join_job(address: ServerAddress, settings: JoinSettings = JoinSettings(),
         if settings.row_cache is not None:
             client = CachedPSClient(client, settings.row_cache, seed=settings.seed)
         config = description.config
-        model = build_model(config.model, description.spec, PackingPlan.from_spec(description.spec), config.hidden)
+        model = config.build_model(description.spec, PackingPlan.from_spec(description.spec))
         joined = Joined(GBAWorker(client, GradientComputer(model), settings.slowdown), description, connections,
                         address.timeout_s)
     except TransportError as err:

@@ -3,8 +3,9 @@
 A shard holds, under the Trainer's state-dict keys (layout.py): on shard 0 the dense
 parameters with Adam over them (the Trainer's dense optimizer, from
 TrainConfig.dense_optimizer_for: same settings, same state layout), and on every shard its
-stripe of each embedding table with the table's sparse optimizer slots (weight decay too). It also counts, per local row, how many optimizer steps
-have updated it (its version), which gives each pushed row its own staleness.
+stripe of each embedding table with the table's sparse optimizer slots (its weight decay
+too). It also counts, per local row, how many optimizer steps have updated it (its
+version), which gives each pushed row its own staleness.
 
 `pull` and `push` are what the RPC layer (param_server.py) serves; a lock makes each one
 atomic, so a pull never sees half a step. When a push completes a global batch, the

@@ -67,7 +67,6 @@ from picasso.distributed.local_gradient import GradientComputer, LocalGradient
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.staleness import NO_DECAY
 from picasso.distributed.worker import Straggler
-from picasso.models import build_model
 from picasso.trainer import Trainer, merge_positions
 
 _EXACT = 2 ** 24  # float32 holds every integer below this: header counts travel as floats
@@ -306,7 +305,7 @@ class SyncReplica:
         self.trainer, self.rank, self.world_size, self.straggler = trainer, rank, world_size, Straggler(slowdown)
         self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY))
         config = trainer.config
-        self.computer = GradientComputer(build_model(config.model, trainer.spec, trainer.plan, config.hidden, config.dropout))
+        self.computer = GradientComputer(config.build_model(trainer.spec, trainer.plan))
         self.exchange = GradientExchange(ExchangeLayout.of(self.layout, self.shard.tensors, self.computer),
                                          rank, world_size)
         self.positions = dict(trainer.positions)  # how far every rank's sources are trained

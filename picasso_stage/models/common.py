@@ -99,7 +99,6 @@ def mlp(sizes: list[int], last_relu: bool = False) -> MLP:
     return MLP(*layers)
 
 
-
 def flat_input(dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
     """(N, num_dense + Σ fields × width): dense values, then every field's embedding."""
     return torch.cat([dense] + [p.flatten(1) for p in pooled], dim=1)
