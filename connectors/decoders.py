@@ -6,11 +6,13 @@ and validated by one column-wise validator, so the rules are the same everywhere
 - label: required (in training), a number in [0, 1];
 - dense fields: numbers, finite; missing means 0; `log1p` fields become sign(x)·log(1+|x|);
 - sparse fields: an id, or a list of at most max_len ids; missing means an empty bag.
-  Hashed fields take string or integer ids; vocab fields take integers in [0, vocab_size);
+  Hashed and dynamic fields take string or integer ids (integers in [0, 2^64)); vocab
+  fields take integers in [0, vocab_size);
 - unknown fields: ignored, or refused when DecodeOptions.unknown_fields is "reject".
 
 The canonical table holds `label` (float32), one float32 column per dense field and one
-list<int64> column of row indices per sparse field, in spec order. Columns are checked
+list<int64> column of row indices per sparse field (a dynamic field's: its ids' 64-bit
+keys, picasso.hashing.key_of), in spec order. Columns are checked
 with vectorised Arrow/numpy ops; only a column that fails its fast path (mixed types from
 JSON, say) is walked element by element, to name the culprit rows. No exception escapes.
 """
@@ -30,7 +32,7 @@ import pyarrow.csv as pa_csv
 
 from picasso.connectors.dead_letters import DeadLetter
 from picasso.connectors.id_hashing import hash_many
-from picasso.hashing import bucket_of, hash_to_buckets
+from picasso.hashing import bucket_of, hash_to_buckets, key_of, keys_of
 from picasso.spec import FeatureSpec, SparseField
 
 _ARROW_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError, ValueError)
@@ -255,7 +257,7 @@ class RecordDecoder:
                 ids = pc.list_flatten(bags)
                 ids = pc.if_else(pc.equal(ids, ""), pa.scalar(None, pa.string()), ids)
                 column = pa.ListArray.from_arrays(bags.offsets, ids, mask=bags.is_null())
-            if f.hashed:
+            if f.takes_strings:
                 return column
             try:
                 return column.cast(pa.list_(pa.int64()) if f.multi_hot else pa.int64())
@@ -392,13 +394,13 @@ class RecordDecoder:
         return numbers, null
 
     def _plain_hashed(self, columns: dict[str, object], n: int) -> dict[str, pa.ListArray]:
-        """Bags of the hashed fields whose column holds exactly one id per row (a string or
-        integer Arrow array without nulls: the usual shape of JSON events), hashed
-        together. No row of such a column can be refused, and one hash call over all of
+        """Bags of the hashed (and dynamic) fields whose column holds exactly one id per row
+        (a string or integer Arrow array without nulls: the usual shape of JSON events),
+        hashed together. No row of such a column can be refused, and one hash call over all of
         them costs about what one call per field costs in overhead alone."""
         plain: dict[pa.DataType, list[tuple[SparseField, pa.Array]]] = {}
         for f in self.spec.sparse:
-            arr = columns.get(f.name) if f.hashed else None
+            arr = columns.get(f.name) if f.takes_strings else None
             if (isinstance(arr, pa.Array) and arr.null_count == 0 and len(arr) == n
                     and (pa.types.is_integer(arr.type) and not _has_negative(arr)
                          or pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type))):
@@ -408,9 +410,12 @@ class RecordDecoder:
         offsets = pa.array(np.arange(n + 1, dtype=np.int32))
         out = {}
         for fields in plain.values():
-            rows = hash_many([arr for _, arr in fields], [f.hash_buckets for f, _ in fields])
-            for (f, _), field_rows in zip(fields, rows):
-                out[f.name] = pa.ListArray.from_arrays(offsets, pa.array(field_rows))
+            hashed = [(f, arr) for f, arr in fields if f.hashed]
+            rows = hash_many([arr for _, arr in hashed], [f.hash_buckets for f, _ in hashed]) if hashed else []
+            ids = dict(zip((f.name for f, _ in hashed), rows))
+            ids.update({f.name: keys_of(arr) for f, arr in fields if not f.hashed})
+            for f, _ in fields:
+                out[f.name] = pa.ListArray.from_arrays(offsets, pa.array(ids[f.name]))
         return out
 
     def _sparse(self, f: SparseField, values, n: int, verdicts: _Verdicts) -> pa.ListArray:
@@ -423,16 +428,17 @@ class RecordDecoder:
             lengths, flat, null_ids = parts
             ids = flat.fill_null(0 if pa.types.is_integer(flat.type) else "") if flat.null_count else flat
             # owner: the row of each id; built only when some id may need refusing.
-            negative_ids = f.hashed and _has_negative(ids)
-            owner = np.repeat(np.arange(n), lengths) if not f.hashed or null_ids.any() or negative_ids else None
+            negative_ids = f.takes_strings and _has_negative(ids)
+            owner = (np.repeat(np.arange(n), lengths) if not f.takes_strings or null_ids.any() or negative_ids
+                     else None)
             if null_ids.any():
                 verdicts.refuse(owner[null_ids], lambda i: f"field '{f.name}': {_NULL_ID}")
-            if f.hashed:
+            if f.takes_strings:
                 if negative_ids:
                     negative = ids.to_numpy(zero_copy_only=False) < 0
                     first = _first_per_row(owner, negative, ids)
                     verdicts.refuse(owner[negative], lambda i: f"field '{f.name}': {_id_problem(first[i], f)}")
-                rows = hash_to_buckets(ids, f.hash_buckets)
+                rows = hash_to_buckets(ids, f.hash_buckets) if f.hashed else keys_of(ids)
             elif pa.types.is_integer(ids.type):
                 rows = ids.to_numpy(zero_copy_only=False).astype(np.int64)
             else:
@@ -443,7 +449,7 @@ class RecordDecoder:
             items = values.to_pylist() if isinstance(values, (pa.Array, pa.ChunkedArray)) else list(values)
             lengths, rows, owner = self._sparse_slow(f, items, verdicts)
         verdicts.refuse(lengths > f.max_len, lambda i: f"field '{f.name}': {lengths[i]} ids, more than max_len {f.max_len}")
-        if not f.hashed:
+        if f.vocab_size is not None:
             out_of_range = (rows < 0) | (rows >= f.vocab_size)
             verdicts.refuse(owner[out_of_range], lambda i: f"field '{f.name}': {_out_of_range(f)}")
             rows = np.where(out_of_range, 0, rows)
@@ -467,7 +473,7 @@ class RecordDecoder:
                 verdicts.refuse(np.array([i]), lambda _: f"field '{f.name}': {problem}")
                 continue
             lengths[i] = len(bag)
-            rows.extend(bucket_of(v, f.hash_buckets) if f.hashed else v for v in bag)
+            rows.extend(_row_of(v, f) for v in bag)
             owner.extend([i] * len(bag))
         return lengths, np.array(rows, dtype=np.int64), np.array(owner, dtype=np.int64)
 
@@ -522,19 +528,27 @@ def _id_problem(value, f: SparseField) -> str | None:
     rather than wrapped. Out-of-range vocab ids are refused by the caller, which checks
     whole columns at once.
     """
-    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not f.hashed):
-        kind = "integer or string" if f.hashed else "integer"
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not f.takes_strings):
+        kind = "integer or string" if f.takes_strings else "integer"
         return f"expected {kind} ids, got {_describe(value)}"
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:  # JSON's "\ud800": a lone surrogate, which no UTF-8 id has
             return f"string id {value!r:.40} is not valid Unicode (a lone surrogate)"
-    elif f.hashed and not 0 <= value < _UINT64_END:
-        return f"integer id {value} is outside [0, 2^64) (hashed ids are unsigned 64-bit)"
-    elif not f.hashed and not 0 <= value < f.vocab_size:
+    elif f.takes_strings and not 0 <= value < _UINT64_END:
+        kind = "hashed" if f.hashed else "dynamic"
+        return f"integer id {value} is outside [0, 2^64) ({kind} ids are unsigned 64-bit)"
+    elif not f.takes_strings and not 0 <= value < f.vocab_size:
         return _out_of_range(f)
     return None
+
+
+def _row_of(value: int | str, f: SparseField) -> int:
+    """The id a valid raw id packs as: its bucket, its dynamic key, or the vocab id itself."""
+    if f.hashed:
+        return bucket_of(value, f.hash_buckets)
+    return key_of(value) if f.dynamic is not None else value
 
 
 def _has_negative(ids: pa.Array) -> bool:

@@ -21,7 +21,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from picasso.connectors import registry_tags as tags
-from picasso.connectors.model_delta import DeltaMismatch, apply_delta, compute_delta, load_delta, save_delta
+from picasso.connectors.model_delta import (DeltaMismatch, apply_delta, compute_delta, delta_stats, load_delta,
+                                            save_delta)
 from picasso.connectors.serving_weights import file_sha256, load_weights, save_weights
 
 DELTA_FILE, DELTA_INFO = "delta.pt", "delta.json"
@@ -37,6 +38,8 @@ class DeltaArtifact:
     whole_tensors: int
     delta_bytes: int
     full_bytes: int  # of the target's serving weights
+    new_ids: int = 0  # ids dynamic tables admitted since the base version
+    tombstones: int = 0  # ids they evicted
 
 
 def latest_version(client: MlflowClient, model_name: str):
@@ -102,11 +105,9 @@ class DeltaStore:
         with tempfile.TemporaryDirectory(prefix="picasso-base-") as tmp:
             base_path = self._cached(model_name, base_sha) or download_weights(client, previous, Path(tmp))
             delta = compute_delta(load_weights(base_path), target, base_sha, weights_sha)
-        delta_bytes = save_delta(delta, directory / DELTA_FILE)
-        artifact = DeltaArtifact(
-            directory=str(directory), base_version=str(previous.version), base_sha256=base_sha, target_sha256=weights_sha,
-            changed_rows=sum(int(r["ids"].numel()) for r in delta["rows"].values()),
-            whole_tensors=len(delta["whole"]), delta_bytes=delta_bytes, full_bytes=weights.stat().st_size)
+        stats = delta_stats(delta, save_delta(delta, directory / DELTA_FILE), weights.stat().st_size)
+        artifact = DeltaArtifact(directory=str(directory), base_version=str(previous.version), base_sha256=base_sha,
+                                 target_sha256=weights_sha, **asdict(stats))
         (directory / DELTA_INFO).write_text(json.dumps(asdict(artifact) | {"directory": None}, indent=1))
         return artifact
 

@@ -377,7 +377,9 @@ class _Publication:
             )
         # The metrics after the model, each naming it: logged before, log_model would read
         # every metric's history back from the server to link it to the model.
-        client.log_batch(run_id, metrics=_metric_entities(self.metrics(), self.series(), info.model_id))
+        ids = ({"delta_new_ids": delta.new_ids, "delta_tombstones": delta.tombstones}
+               if delta and self.checkpoint.spec.dynamic_fields else {})
+        client.log_batch(run_id, metrics=_metric_entities({**self.metrics(), **ids}, self.series(), info.model_id))
         client.set_tag(run_id, tags.MODEL_ID, info.model_id)  # last: the run is complete
         self.on_stage("model_logged")
         return run_id, info.model_id, weights, delta

@@ -10,6 +10,11 @@ A tensor goes whole into the delta when it is not row-shaped (a scalar), changed
 dtype, is new, or changed in more than half its rows (indices would then cost more than
 they save): dense layers change every step and always go whole, and they are small.
 
+A dynamic table's map travels as its row_keys (serving_weights.py), whose changed rows are
+the rows that changed hands. The delta also names, per map, the ids the target added and
+the ids it dropped: its tombstones, for a serving side that keeps its own id index (the
+pyfunc rebuilds its index from row_keys and needs neither).
+
 Applying a delta to the base it was made from gives tensors equal bit for bit to the
 target, in the target's key order, so saving them (serving_weights.save_weights) gives
 the target's very bytes; the delta carries both SHA-256s to check that.
@@ -22,6 +27,10 @@ from pathlib import Path
 
 import torch
 
+from picasso.kernels.id_map_reference import EMPTY_KEY
+
+ROW_KEYS = ".row_keys"  # a dynamic map's buffer of each row's key (picasso.dynamic_rows)
+
 DELTA_FORMAT = 1
 _BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
@@ -32,6 +41,8 @@ class DeltaStats:
     whole_tensors: int
     delta_bytes: int  # of the saved delta file
     full_bytes: int  # of the saved target weights
+    new_ids: int = 0  # ids dynamic tables admitted since the base
+    tombstones: int = 0  # ids they evicted
 
     @property
     def full_vs_delta(self) -> float:
@@ -82,7 +93,21 @@ def compute_delta(base: dict[str, torch.Tensor], target: dict[str, torch.Tensor]
         elif ids.numel():
             rows[key] = {"ids": _compact(ids, tensor.shape[0], seen), "values": tensor[ids].contiguous()}
     return {"format": DELTA_FORMAT, "base_sha256": base_sha256, "target_sha256": target_sha256,
-            "keys": list(target), "rows": rows, "whole": whole}
+            "keys": list(target), "rows": rows, "whole": whole, "ids": id_changes(base, target)}
+
+
+def id_changes(base: dict[str, torch.Tensor], target: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """Per dynamic map (its row_keys tensor), the ids in the target and not in the base
+    ("added"), and the ids in the base and not in the target ("tombstones"). A free row's
+    key is EMPTY_KEY, which is no id."""
+    changes = {}
+    for key, keys in target.items():
+        if not key.endswith(ROW_KEYS):
+            continue
+        old = base.get(key, torch.zeros(0, dtype=torch.int64))
+        old, new = old[old != EMPTY_KEY], keys[keys != EMPTY_KEY]
+        changes[key] = {"added": new[~torch.isin(new, old)], "tombstones": old[~torch.isin(old, new)]}
+    return changes
 
 
 def apply_delta(base: dict[str, torch.Tensor], delta: dict) -> dict[str, torch.Tensor]:
@@ -119,4 +144,6 @@ def delta_stats(delta: dict, delta_bytes: int, full_bytes: int) -> DeltaStats:
         whole_tensors=len(delta["whole"]),
         delta_bytes=delta_bytes,
         full_bytes=full_bytes,
+        new_ids=sum(int(c["added"].numel()) for c in delta.get("ids", {}).values()),
+        tombstones=sum(int(c["tombstones"].numel()) for c in delta.get("ids", {}).values()),
     )

@@ -33,6 +33,6 @@ def input_fields(spec: FeatureSpec) -> dict[str, str]:
     """Field name -> what it takes, for the model's metadata: every field is optional."""
     fields = {f.name: "number" for f in spec.dense}
     for f in spec.sparse:
-        ids = "integer or string ids" if f.hashed else f"integer ids in [0, {f.vocab_size})"
+        ids = "integer or string ids" if f.takes_strings else f"integer ids in [0, {f.vocab_size})"
         fields[f.name] = f"{ids}, a list of at most {f.max_len}" if f.max_len > 1 else ids
     return fields

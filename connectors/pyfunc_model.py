@@ -1,7 +1,8 @@
 """The MLflow pyfunc model: raw feature columns in, one click probability per row out.
 
 It carries the spec and decodes with the same decoder and hash as training, so serving
-needs no other preprocessing. Ids never seen in training still hash to a row; missing
+needs no other preprocessing. Ids never seen in training still hash to a row (a dynamic
+field's take its default row); missing
 fields take their defaults. A row the decoder refuses fails the request with the reason
 (HTTP 400), or with `params: {"on_bad_row": "default"}` is scored on its good fields:
 see connectors/serving_rows.py. A request of more than PICASSO_SERVING_MAX_ROWS rows
@@ -24,7 +25,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from picasso.batch import pack
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
 from picasso.connectors.serving_rows import BadRows, decode_request, on_bad_row_problem
-from picasso.connectors.serving_weights import is_optimizer_slot
+from picasso.connectors.serving_weights import is_training_only
 from picasso.models import build_model
 from picasso.packing import PackingPlan
 from picasso.spec import load_spec
@@ -44,12 +45,14 @@ class CtrModel(mlflow.pyfunc.PythonModel):
         self.plan = PackingPlan.from_spec(self.spec)
         self.model = build_model(config["model"], self.spec, self.plan, tuple(config["hidden"]))
         weights = torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True, map_location="cpu")
-        # Serving weights leave out the sparse optimizer's slots (serving_weights.py); any
+        # Serving weights leave out what only training reads (serving_weights.py); any
         # other missing or unexpected tensor means weights of another model.
         result = self.model.load_state_dict(weights, strict=False)
-        missing = [key for key in result.missing_keys if not is_optimizer_slot(key)]
+        missing = [key for key in result.missing_keys if not is_training_only(key)]
         if missing or result.unexpected_keys:
             raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {result.unexpected_keys}")
+        if "dynamic_rows" in self.model._modules:  # the weights carry each row's key, not the index
+            self.model.dynamic_rows.rebuild_index()
         self.model.eval()
         self.decoder = RecordDecoder(self.spec, DecodeOptions(require_label=False))
         self.max_rows = int(os.environ.get(MAX_ROWS_VARIABLE, DEFAULT_MAX_ROWS))
@@ -82,14 +85,15 @@ class CtrModel(mlflow.pyfunc.PythonModel):
         if not table.num_rows:
             return np.zeros(0, dtype=np.float64)
         with torch.no_grad():
-            logits = self.model(pack(table, self.spec, self.plan).to_torch())
+            batch = self.model.resolve(pack(table, self.spec, self.plan).to_torch())[0]  # ids never seen: default rows
+            logits = self.model(batch)
         return torch.sigmoid(logits).double().numpy()
 
 
 def _row_of_every_field(spec) -> pd.DataFrame:
     row = {f.name: 0.0 for f in spec.dense}
     for f in spec.sparse:
-        one = "warm-up" if f.hashed else 0
+        one = "warm-up" if f.takes_strings else 0
         row[f.name] = [one] if f.max_len > 1 else one
     return pd.DataFrame([row])
 

@@ -1,8 +1,9 @@
-"""The weights a model version serves with: the checkpoint's model state without the
-sparse optimizer's slots, saved so that equal tensors always give equal bytes.
+"""The weights a model version serves with: the checkpoint's model state without what only
+training reads, saved so that equal tensors always give equal bytes.
 
 Serving never steps a table, so the slots (Adagrad's row sums, Adam's moments) would only
-make every version bigger. Byte-for-byte saving is what lets `picasso apply-delta` prove
+make every version bigger; nor does it admit or evict ids, so of a dynamic table's map it
+keeps only each row's key (the pyfunc rebuilds the index from them, picasso.dynamic_rows). Byte-for-byte saving is what lets `picasso apply-delta` prove
 that a version rebuilt from its predecessor plus a delta is the version itself: same
 SHA-256.
 """
@@ -15,19 +16,26 @@ from pathlib import Path
 
 import torch
 
+from picasso.dynamic_rows import TRAINING_ONLY
+
 # PackedEmbedding registers its optimizer state as buffers slot0_<group>, slot1_<group>.
 _SLOT = re.compile(r"(^|\.)slot\d+_[^.]+$")
 
 
-def is_optimizer_slot(key: str) -> bool:
-    return bool(_SLOT.search(key))
+# DynamicRows registers each field's map as dynamic_rows.maps.<i>.<buffer>, and its clock.
+_MAP_STATE = re.compile(r"(^|\.)dynamic_rows\.(maps\.\d+\.)?(" + "|".join(TRAINING_ONLY) + ")$")
+
+
+def is_training_only(key: str) -> bool:
+    """State that serving leaves out: optimizer slots, and a dynamic map's all but row_keys."""
+    return bool(_SLOT.search(key) or _MAP_STATE.search(key))
 
 
 def serving_state(model_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Model state minus optimizer slots; every tensor a contiguous CPU copy with its own
-    storage (views of a bigger storage would change what torch.save writes)."""
+    """Model state minus what only training reads; every tensor a contiguous CPU copy with
+    its own storage (views of a bigger storage would change what torch.save writes)."""
     return {key: value.detach().to("cpu").contiguous().clone()
-            for key, value in model_state.items() if not is_optimizer_slot(key)}
+            for key, value in model_state.items() if not is_training_only(key)}
 
 
 def save_weights(state: dict[str, torch.Tensor], path: str | Path) -> str:

@@ -10,6 +10,11 @@ Four for the hot-row cache's bookkeeping, which lives on the host:
 - `positions_in`: which of a batch's rows are among others (rows still in flight);
 - `copy_rows`: move rows between tiers;
 - `sketch_add`: a conservative count-min sketch update.
+Four for a dynamic table's id -> row map, also on the host (see id_map_reference.py):
+- `id_map_find`: the rows of a batch's keys, stamping the rows found, and its misses;
+- `id_map_admit`: rows for new keys, free rows first, then LFU victims;
+- `id_map_expire`: free the rows not seen for a while;
+- `id_map_rebuild`: the map's index again from its rows' keys.
 
 Backends, chosen per device at run time:
 - "reference": plain torch, the definition; runs anywhere;
@@ -81,10 +86,18 @@ def row_gradients(num_rows, dim, ids, offsets, grad, num_fields, mean_pooled=Non
     )
 
 
+# The id map's reference ops live in id_map_reference.py, without this prefix.
+_ID_MAP = "id_map_"
+
+
 def _host_op(name: str):
-    """The cache ops run on host tensors: the CPU backend's, else the reference."""
-    backend = _try("cpu") if os.environ.get("PICASSO_KERNELS", "cpu") == "cpu" else load_backend("reference")
-    return getattr(backend or load_backend("reference"), name)
+    """The host ops (the cache's, the id map's): the CPU backend's, else the reference."""
+    backend = _try("cpu") if os.environ.get("PICASSO_KERNELS", "cpu") == "cpu" else None
+    if backend is not None:
+        return getattr(backend, name)
+    if name.startswith(_ID_MAP):
+        return getattr(importlib.import_module("picasso.kernels.id_map_reference"), name.removeprefix(_ID_MAP))
+    return getattr(load_backend("reference"), name)
 
 
 def map_to_slots(ids, slot_of_row, capacity):
@@ -106,5 +119,24 @@ def sketch_add(counters, rows, counts, multipliers, bits):
     return _host_op("sketch_add")(counters, rows, counts, multipliers, bits)
 
 
-__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "fused_update", "load_backend",
-           "lookup", "map_to_slots", "positions_in", "row_gradients", "sketch_add"]
+def id_map_find(index, row_keys, last_seen, counts, keys, batch, update):
+    return _host_op("id_map_find")(index, row_keys, last_seen, counts, keys, batch, update)
+
+
+def id_map_admit(index, row_keys, last_seen, counts, free_rows, free_count, keys, key_counts, batch, lfu,
+                 protect_since):
+    return _host_op("id_map_admit")(index, row_keys, last_seen, counts, free_rows, free_count, keys, key_counts,
+                                    batch, lfu, protect_since)
+
+
+def id_map_expire(index, row_keys, last_seen, counts, free_rows, free_count, older_than, keep):
+    return _host_op("id_map_expire")(index, row_keys, last_seen, counts, free_rows, free_count, older_than, keep)
+
+
+def id_map_rebuild(index, row_keys):
+    return _host_op("id_map_rebuild")(index, row_keys)
+
+
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "fused_update", "id_map_admit",
+           "id_map_expire", "id_map_find", "id_map_rebuild", "load_backend", "lookup", "map_to_slots", "positions_in",
+           "row_gradients", "sketch_add"]

@@ -1,6 +1,7 @@
 """The C++ CPU backend: kernels/csrc/packed_embedding.cpp (lookup, fused update, and row
 gradients as a fused update: see reference.row_gradients_by_sgd_step) and
-kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping), built on first use.
+kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping) and kernels/csrc/id_map.cpp
+(a dynamic table's id -> row map: see id_map_reference.py), built on first use.
 
 torch.utils.cpp_extension compiles it against the torch already installed (no build
 isolation, so never a second torch) and caches the build under
@@ -35,7 +36,7 @@ from picasso.kernels.build_lock import build_lock
 from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
 
 _SOURCES = Path(__file__).with_name("csrc")
-_SOURCE_FILES = ("packed_embedding.cpp", "hot_cache.cpp")
+_SOURCE_FILES = ("packed_embedding.cpp", "hot_cache.cpp", "id_map.cpp")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
@@ -132,6 +133,7 @@ def _load_prebuilt(name: str, cache: Path):
 
 _ops = _build("picasso_packed_embedding", "packed_embedding.cpp")
 _cache_ops = _build("picasso_hot_cache", "hot_cache.cpp")
+_id_map_ops = _build("picasso_id_map", "id_map.cpp")
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
 # (when no field_rows are given) and of the cache ops, kept so that no call pays for filling
 # it. One buffer, as long as the largest table yet, whose first `rows` entries serve any
@@ -215,3 +217,23 @@ def copy_rows(dst, dst_index, src, src_index):
 
 def sketch_add(counters, rows, counts, multipliers, bits):
     return _cache_ops.sketch_add(counters, rows, counts.to(torch.int64), multipliers.flatten(), bits)
+
+
+# The id map's ops: id_map_reference.py's find, admit, expire and rebuild, over its tensors.
+def id_map_find(index, row_keys, last_seen, counts, keys, batch: int, update: bool):
+    return tuple(_id_map_ops.find(index, row_keys, last_seen, counts, keys.contiguous(), int(batch), bool(update)))
+
+
+def id_map_admit(index, row_keys, last_seen, counts, free_rows, free_count, keys, key_counts, batch: int, lfu: bool,
+                 protect_since: int):
+    return tuple(_id_map_ops.admit(index, row_keys, last_seen, counts, free_rows, free_count, keys.contiguous(),
+                                   key_counts.contiguous(), int(batch), bool(lfu), int(protect_since)))
+
+
+def id_map_expire(index, row_keys, last_seen, counts, free_rows, free_count, older_than: int, keep: int):
+    return tuple(_id_map_ops.expire(index, row_keys, last_seen, counts, free_rows, free_count, int(older_than),
+                                    int(keep)))
+
+
+def id_map_rebuild(index, row_keys) -> None:
+    _id_map_ops.rebuild(index, row_keys)

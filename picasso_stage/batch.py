@@ -5,7 +5,8 @@ Columns (all N rows long):
 - `dense`: fixed_size_list<float32>[num_dense]; absent when the spec has no dense fields.
 - per packing group g:
   - `g.ids`: list<int64>; a sample's ids for all of g's fields, field after field, already
-    offset into g's table. Flattened, it is the flat id array of the group.
+    offset into g's table (a dynamic field's are its keys, which the trainer maps to
+    rows: picasso.dynamic_rows). Flattened, it is the flat id array of the group.
   - `g.offsets`: fixed_size_list<int32>[fields of g]; where each (sample, field) bag starts
     in the flat ids. Flattened, it is the CSR offsets over samples × fields.
 Source positions travel in the schema metadata, so the batch alone (an Arrow IPC message,
@@ -143,7 +144,7 @@ def _pack_group(table: pa.Table, group: PackedGroup) -> tuple[pa.Array, pa.Array
     # The flat values of each field (a sliced list array's values start past offset 0).
     values = [c.values.to_numpy(zero_copy_only=False)[o[0]:o[-1]]
               for c, o in zip(columns, list_offsets.T)]
-    row_offsets = np.asarray(group.row_offsets, dtype=np.int64)
+    row_offsets = np.asarray(group.id_offsets, dtype=np.int64)
     if n and (lengths == 1).all():  # all one-hot: the common case needs no scatter
         ids = (np.stack(values, axis=1) + row_offsets).reshape(-1)
         bag_starts = np.arange(n * num_fields + 1, dtype=np.int32)

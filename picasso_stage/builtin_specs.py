@@ -1,10 +1,11 @@
-"""Built-in specs: Criteo's shape, and the same shape scaled to many sparse fields."""
+"""Built-in specs: Criteo's shape, the same shape scaled to many sparse fields, and the
+churn data set's (picasso.synthetic_churn), whose item field is a dynamic table."""
 
 from __future__ import annotations
 
 import re
 
-from picasso.spec import DenseField, FeatureSpec, SparseField, SpecError
+from picasso.spec import DenseField, DynamicTable, FeatureSpec, SparseField, SpecError
 
 CRITEO_DENSE = 13
 CRITEO_SPARSE = 26
@@ -59,9 +60,47 @@ def scaled_spec(num_sparse: int, rows_per_field: int = 20_000) -> FeatureSpec:
     return FeatureSpec(name=f"criteo:{num_sparse}", label=base.label, dense=base.dense, sparse=tuple(fields))
 
 
+# The churn spec's item table, sized for picasso.synthetic_churn.ChurnConfig's defaults at
+# 10 days of 20,000 rows: about 2,500 items are alive at a time (95% of the churning
+# impressions, ChurnConfig.alive_items) while 22,000 pass through. 6,000 rows hold the
+# live items twice over, so the ones admitted but not yet evicted fit beside them, and are
+# about a quarter of the ids a table that never forgets would need.
+CHURN_CAPACITY = 6_000
+# Eviction: at the daily batch of 2,048 rows, 8 steps are 16,384 rows. A new item expects
+# an impression every 900 rows or so, and gaps of 16,384 rows about 3 lifetimes (e^2.9)
+# later, when it has left the alive ones; any 16,384 rows see about 3,700 items, so the
+# table seldom fills.
+CHURN_EVICT_AFTER_STEPS = 8
+
+
+def churn_spec(capacity: int = CHURN_CAPACITY, hashed: bool = False) -> FeatureSpec:
+    """The churn data set's schema: a label, two count fields, a user segment and a page
+    context (hashed, Zipf-drawn) and the churning `item`: a dynamic table of `capacity`
+    rows that admits an id at its second impression (a one-off id never takes a row), or,
+    with hashed, a fixed table of capacity + 1 buckets, the same rows as the dynamic
+    table and its default row (the baseline to compare it with)."""
+    if hashed:
+        item = SparseField("item", embedding_dim=16, hash_buckets=capacity + 1)
+    else:
+        item = SparseField("item", embedding_dim=16, dynamic=DynamicTable(
+            capacity=capacity, admit_after=2, evict_after_steps=CHURN_EVICT_AFTER_STEPS))
+    return FeatureSpec(
+        name="churn:hashed" if hashed else "churn",
+        label="label",
+        dense=(DenseField("user_activity", transform="log1p"), DenseField("page_depth", transform="log1p")),
+        sparse=(
+            SparseField("segment", embedding_dim=8, hash_buckets=2_000),
+            SparseField("context", embedding_dim=8, hash_buckets=100),
+            item,
+        ),
+    )
+
+
 def builtin_spec(name: str) -> FeatureSpec | None:
     if name == "criteo":
         return criteo_spec()
+    if name in ("churn", "churn:hashed"):
+        return churn_spec(hashed=name == "churn:hashed")
     match = re.fullmatch(r"criteo:(\d+)", name)
     if match:
         try:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from picasso import kernels
+from picasso.dynamic_rows import initial_rows
 from picasso.kernels import SparseOptimizer
 from picasso.packing import PackingPlan
 
@@ -73,6 +74,7 @@ class PackedEmbedding(nn.Module):
                  optimizer: SparseOptimizer = SparseOptimizer()):
         super().__init__()
         self.plan = plan
+        self.init_scale = init_scale  # also a dynamic table's new rows' (dynamic_rows.initial_rows)
         self.group_dims = {g.name: dim or g.embedding_dim for g in plan.groups}
         for group in plan.groups:
             width = self.group_dims[group.name]
@@ -130,6 +132,15 @@ class PackedEmbedding(nn.Module):
         if tier is not None:
             return tier.fast[0], tier.fast[1:], None
         return getattr(self, f"table_{group}"), self.slots(group), getattr(self, f"field_rows_{group}")
+
+    def reset_rows(self, group: str, targets: torch.Tensor, keys: torch.Tensor) -> None:
+        """Give the rows at `targets` (of the table, or of its fast tier with a cache) the
+        first values of a dynamic table's new rows for `keys`, and zero their slots."""
+        weight, slots, _ = self._storage(group)
+        values = initial_rows(keys, weight.shape[1], self.init_scale)
+        weight[targets] = values.to(weight.device)
+        for slot in slots:
+            slot[targets] = 0
 
     def output_dim(self) -> int:
         return sum(g.num_fields * self.group_dims[g.name] for g in self.plan.groups)

@@ -5,6 +5,10 @@ table is float32) share one table, so a step makes one lookup and one update per
 instead of one per field. A field's `group` overrides that; fields named into one group
 must agree on dim and optimizer. Inside a table each field owns a contiguous range of
 rows starting at its row offset, so ids never collide across fields.
+
+A dynamic field (spec.DynamicTable) owns capacity + 1 rows like any other field, but
+packing leaves its ids as 64-bit keys: the trainer maps them to rows
+(picasso.dynamic_rows), because which row a key has is model state that training changes.
 """
 
 from __future__ import annotations
@@ -24,10 +28,23 @@ class PackedGroup:
     mean_pooled: tuple[bool, ...]  # per field: divide the pooled sum by the bag length
     max_len: tuple[int, ...]  # per field: ids past this many in a bag are not looked up
     optimizer: str | None = None  # None: the trainer's default sparse optimizer
+    # per field: a dynamic table's, whose packed ids are keys until the trainer maps them
+    dynamic: tuple[bool, ...] = ()
 
     @property
     def num_fields(self) -> int:
         return len(self.fields)
+
+    @property
+    def id_offsets(self) -> tuple[int, ...]:
+        """What packing adds to each field's ids: its row offset, or 0 for a dynamic
+        field (its keys get the offset once they are mapped to rows)."""
+        dynamic = self.dynamic or (False,) * self.num_fields
+        return tuple(0 if d else offset for d, offset in zip(dynamic, self.row_offsets))
+
+    @property
+    def has_dynamic(self) -> bool:
+        return any(self.dynamic)
 
     def table_bytes(self) -> int:
         return self.num_rows * self.embedding_dim * 4
@@ -76,6 +93,7 @@ class PackingPlan:
                     mean_pooled=tuple(f.pooling == "mean" for f in fields),
                     max_len=tuple(f.max_len for f in fields),
                     optimizer=fields[0].optimizer,
+                    dynamic=tuple(f.dynamic is not None for f in fields),
                 )
             )
         if problems:

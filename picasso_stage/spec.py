@@ -8,6 +8,7 @@ reported with the name of the field it concerns, all of them at once.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,39 @@ class DenseField:
     transform: str = "identity"
 
 
+WHEN_FULL = ("lfu", "refuse")
+
+
+@dataclass(frozen=True)
+class DynamicTable:
+    """A table that grows with the ids it meets, instead of a fixed hash_buckets range.
+
+    Each admitted id gets a row of its own (no two admitted ids ever share one: integer
+    ids are their own keys, string ids their 64-bit hash; see picasso.hashing). Ids not
+    admitted yet, ids evicted and ids refused for want of room share the field's one
+    trainable default row. The map and its rules live in picasso.dynamic_rows.
+    """
+
+    capacity: int  # rows (a spec may give bytes of row values: "16MiB", see parse_spec)
+    # Occurrences (counted in a count-min sketch, which may over-count, never under) an id
+    # needs before it gets a row; 1 admits every id at once.
+    admit_after: int = 1
+    # Free the rows of ids no training step has seen for this many steps; None: never.
+    evict_after_steps: int | None = None
+    # A new id when every row is taken: "lfu" takes the row of the least-counted id not
+    # seen in the last two steps; "refuse" leaves it on the default row until one frees.
+    when_full: str = "lfu"
+    # Age-based eviction never leaves fewer rows in use than this.
+    keep_rows: int = 0
+
+
 @dataclass(frozen=True)
 class SparseField:
     name: str
     embedding_dim: int
-    # Exactly one of the two: hash_buckets hashes every raw id (string or integer) into
-    # [0, hash_buckets); vocab_size takes integer ids as row indices and rejects the rest.
+    # Exactly one of the three: hash_buckets hashes every raw id (string or integer) into
+    # [0, hash_buckets); vocab_size takes integer ids as row indices and rejects the rest;
+    # dynamic gives every admitted id (string or integer) a row of its own.
     hash_buckets: int | None = None
     vocab_size: int | None = None
     pooling: str = "sum"
@@ -52,14 +80,23 @@ class SparseField:
     # The sparse optimizer of this field's table (row-wise adagrad, lazy adam or sgd);
     # None takes the trainer's default. Fields only share a table with fields that agree.
     optimizer: str | None = None
+    dynamic: DynamicTable | None = None
 
     @property
     def num_rows(self) -> int:
+        """Rows of the field's table: a dynamic field's capacity and its default row."""
+        if self.dynamic is not None:
+            return self.dynamic.capacity + 1
         return self.hash_buckets if self.hash_buckets is not None else self.vocab_size
 
     @property
     def hashed(self) -> bool:
         return self.hash_buckets is not None
+
+    @property
+    def takes_strings(self) -> bool:
+        """Hashed and dynamic fields take string and integer ids; vocab fields integers."""
+        return self.hash_buckets is not None or self.dynamic is not None
 
     @property
     def multi_hot(self) -> bool:
@@ -81,6 +118,10 @@ class FeatureSpec:
     def sparse_names(self) -> list[str]:
         return [f.name for f in self.sparse]
 
+    @property
+    def dynamic_fields(self) -> list[SparseField]:
+        return [f for f in self.sparse if f.dynamic is not None]
+
     def sparse_field(self, name: str) -> SparseField:
         for f in self.sparse:
             if f.name == name:
@@ -90,7 +131,9 @@ class FeatureSpec:
     def to_dict(self) -> dict[str, Any]:
         def compact(obj) -> dict[str, Any]:
             defaults = {f.name: f.default for f in dataclasses.fields(obj)}
-            return {k: v for k, v in dataclasses.asdict(obj).items() if k == "name" or v != defaults[k]}
+            values = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+            return {k: compact(v) if dataclasses.is_dataclass(v) else v
+                    for k, v in values.items() if k == "name" or v != defaults[k]}
 
         return {
             "name": self.name,
@@ -112,6 +155,9 @@ class FeatureSpec:
 _TOP_KEYS = {"name", "label", "dense", "sparse", "join"}
 _DENSE_KEYS = {f.name for f in dataclasses.fields(DenseField)}
 _SPARSE_KEYS = {f.name for f in dataclasses.fields(SparseField)}
+_DYNAMIC_KEYS = {f.name for f in dataclasses.fields(DynamicTable)}
+_VOCABULARIES = ("hash_buckets", "vocab_size", "dynamic")
+_BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
 
 def _positive_int(value: Any) -> bool:
@@ -145,13 +191,16 @@ def _parse_sparse(i: int, entry: Any, problems: list[str]) -> SparseField | None
     before = len(problems)
     _check_unknown(where, entry, _SPARSE_KEYS, problems)
     hash_buckets, vocab_size = entry.get("hash_buckets"), entry.get("vocab_size")
-    if (hash_buckets is None) == (vocab_size is None):
-        problems.append(f"{where}: needs exactly one of 'hash_buckets' or 'vocab_size'")
+    if sum(entry.get(key) is not None for key in _VOCABULARIES) != 1:
+        problems.append(f"{where}: needs exactly one of 'hash_buckets', 'vocab_size' or 'dynamic'")
     for key in ("hash_buckets", "vocab_size"):
         if entry.get(key) is not None and not _positive_int(entry[key]):
             problems.append(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
     if not _positive_int(entry.get("embedding_dim")):
         problems.append(f"{where}: embedding_dim must be a positive integer, got {entry.get('embedding_dim')!r}")
+    dynamic = None
+    if entry.get("dynamic") is not None:
+        dynamic = _parse_dynamic(where, entry["dynamic"], entry.get("embedding_dim"), problems)
     pooling = entry.get("pooling", "sum")
     if pooling not in POOLING_MODES:
         problems.append(f"{where}: pooling must be one of {POOLING_MODES}, got {pooling!r}")
@@ -175,7 +224,50 @@ def _parse_sparse(i: int, entry: Any, problems: list[str]) -> SparseField | None
         max_len=max_len,
         group=group,
         optimizer=optimizer,
+        dynamic=dynamic,
     )
+
+
+def _parse_dynamic(where: str, raw: Any, embedding_dim: Any, problems: list[str]) -> DynamicTable | None:
+    """A field's `dynamic:` mapping; `capacity` is rows, or bytes of the field's row values
+    (embedding_dim float32s a row: "16MiB"), which the optimizer's slots, the wide part of
+    a model and the map add to (README: dynamic tables)."""
+    where = f"{where}: dynamic"
+    if not isinstance(raw, dict):
+        problems.append(f"{where} must be a mapping with at least a 'capacity', got {raw!r}")
+        return None
+    before = len(problems)
+    _check_unknown(where, raw, _DYNAMIC_KEYS, problems)
+    capacity = raw.get("capacity")
+    if isinstance(capacity, str) and _positive_int(embedding_dim):
+        capacity = _rows_of_bytes(capacity, embedding_dim)
+    if not _positive_int(capacity):
+        problems.append(f"{where}: capacity must be a positive number of rows, or of bytes (\"16MiB\"), "
+                        f"got {raw.get('capacity')!r}")
+    settings = {"admit_after": raw.get("admit_after", 1), "keep_rows": raw.get("keep_rows", 0)}
+    if not _positive_int(settings["admit_after"]):
+        problems.append(f"{where}: admit_after must be a positive integer (occurrences), got {settings['admit_after']!r}")
+    keep = settings["keep_rows"]
+    if not (isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0):
+        problems.append(f"{where}: keep_rows must be an integer >= 0, got {keep!r}")
+    elif _positive_int(capacity) and keep > capacity:
+        problems.append(f"{where}: keep_rows {keep} is more than the capacity of {capacity} rows")
+    evict = raw.get("evict_after_steps")
+    if evict is not None and not _positive_int(evict):
+        problems.append(f"{where}: evict_after_steps must be a positive integer (steps) or absent, got {evict!r}")
+    when_full = raw.get("when_full", "lfu")
+    if when_full not in WHEN_FULL:
+        problems.append(f"{where}: when_full must be one of {WHEN_FULL}, got {when_full!r}")
+    if len(problems) > before:
+        return None
+    return DynamicTable(capacity=capacity, evict_after_steps=evict, when_full=when_full, **settings)
+
+
+def _rows_of_bytes(text: str, embedding_dim: int) -> int | None:
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kmg]i?b|b)\s*", text.lower())
+    if not match:
+        return None
+    return int(float(match.group(1)) * _BYTE_UNITS[match.group(2)]) // (4 * embedding_dim) or None
 
 
 def parse_spec(raw: Any) -> FeatureSpec:
@@ -221,8 +313,10 @@ def load_join_spec(ref: str | Path | FeatureSpec) -> JoinSpec:
 def load_spec(ref: str | Path | FeatureSpec) -> FeatureSpec:
     """Resolve a spec reference: a FeatureSpec, a built-in name, or a YAML file.
 
-    Built-ins: ``criteo`` (13 dense, 26 sparse fields) and ``criteo:N`` (the same dense
-    fields with N sparse fields of mixed dims, some multi-hot; see builtin_specs).
+    Built-ins: ``criteo`` (13 dense, 26 sparse fields), ``criteo:N`` (the same dense
+    fields with N sparse fields of mixed dims, some multi-hot) and ``churn`` (the churn
+    data set's, with a dynamic item table; ``churn:hashed`` the same with a fixed one):
+    see builtin_specs.
     """
     if isinstance(ref, FeatureSpec):
         return ref
@@ -233,7 +327,7 @@ def load_spec(ref: str | Path | FeatureSpec) -> FeatureSpec:
     if builtin is not None:
         return builtin
     if not storage.exists(text):
-        raise SpecError([f"spec '{text}': no such file, and not a built-in (criteo, criteo:N)"])
+        raise SpecError([f"spec '{text}': no such file, and not a built-in (criteo, criteo:N, churn, churn:hashed)"])
     try:
         raw = yaml.safe_load(storage.read_text(text))
     except yaml.YAMLError as err:

@@ -3,15 +3,16 @@
 No public CTR data set of useful size can be had offline, so the generator makes rows
 shaped like Criteo's:
 - sparse ids follow a Zipf law (rank r has probability ∝ r^-alpha), the few-hot-ids
-  skew that caching exploits. Hashed fields carry 8-hex-digit string tokens, vocab fields
-  integer ids; multi-hot fields carry 1..max_len ids;
+  skew that caching exploits. Hashed and dynamic fields carry 8-hex-digit string tokens,
+  vocab fields integer ids; multi-hot fields carry 1..max_len ids;
 - dense fields are heavy-tailed counts (log-normal), 2% missing;
 - labels are drawn from a planted logistic model over the raw tokens:
     logit = bias + Σ_field w_f[token] + v · log1p(dense) + Σ_pairs <u_a[token_a], u_b[token_b]>
   so they are learnable, with a known ceiling: the AUC of the true probabilities.
 
 Everything is a pure function of (spec, seed): the same planted model labels every day,
-while each day's rows come from their own stream.
+while each day's rows come from their own stream. picasso.synthetic_churn builds a model
+whose item ids churn from the same pieces (zipf_cdf, field_values, calibrate_bias).
 """
 
 from __future__ import annotations
@@ -57,10 +58,9 @@ class PlantedModel:
         self.fields = []
         for i, f in enumerate(spec.sparse):
             tokens = min(f.num_rows, MAX_TOKENS)
-            ranks = np.arange(1, tokens + 1, dtype=np.float64)
-            cdf = np.cumsum(ranks ** -config.alpha)
             self.fields.append(
-                _FieldTruth(f, cdf / cdf[-1], rng.normal(0, weight_std, tokens), salt=int(rng.integers(2**32)))
+                _FieldTruth(f, zipf_cdf(tokens, config.alpha), rng.normal(0, weight_std, tokens),
+                            salt=int(rng.integers(2**32)))
             )
         self.dense_weights = rng.normal(0, config.dense_weight_std, len(spec.dense))
         pairs = min(config.interaction_pairs, len(spec.sparse) // 2)
@@ -71,19 +71,7 @@ class PlantedModel:
             for a, b in chosen.reshape(-1, 2)
         ]
         self.bias = 0.0
-        self.bias = self._calibrate_bias()
-
-    def _calibrate_bias(self) -> float:
-        """The bias that makes the mean click probability TARGET_CTR."""
-        _, logits = self._draw(np.random.default_rng([self.config.seed, 2]), 20_000)
-        low, high = -20.0, 20.0
-        for _ in range(60):
-            mid = (low + high) / 2
-            if (1 / (1 + np.exp(-(logits + mid)))).mean() < TARGET_CTR:
-                low = mid
-            else:
-                high = mid
-        return (low + high) / 2
+        self.bias = calibrate_bias(self._draw(np.random.default_rng([config.seed, 2]), 20_000)[1])
 
     def _draw(self, rng: np.random.Generator, rows: int) -> tuple[dict[str, pa.Array], np.ndarray]:
         columns: dict[str, pa.Array] = {}
@@ -100,7 +88,7 @@ class PlantedModel:
             logits += np.bincount(owner, truth.weights[ranks], minlength=rows) / lengths
             starts = np.cumsum(lengths) - lengths
             first_rank[f.name] = ranks[starts]
-            values = _tokens(ranks, truth.salt) if f.hashed else pa.array(_vocab_ids(ranks, f, truth.salt))
+            values = field_values(ranks, f, truth.salt)
             if f.multi_hot:
                 offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
                 columns[f.name] = pa.ListArray.from_arrays(pa.array(offsets), values)
@@ -127,6 +115,31 @@ class PlantedModel:
         ordered.update({f.name: columns[f.name] for f in self.spec.dense})
         ordered.update({f.name: columns[f.name] for f in self.spec.sparse})
         return pa.table(ordered), probabilities
+
+
+def zipf_cdf(tokens: int, alpha: float) -> np.ndarray:
+    """The CDF over ranks 1..tokens of a Zipf law with exponent alpha; a rank is
+    searchsorted(cdf, uniform), 0-based."""
+    cdf = np.cumsum(np.arange(1, tokens + 1, dtype=np.float64) ** -alpha)
+    return cdf / cdf[-1]
+
+
+def calibrate_bias(logits: np.ndarray, target: float = TARGET_CTR) -> float:
+    """The bias that makes the mean click probability of these bias-free logits `target`."""
+    low, high = -20.0, 20.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        if (1 / (1 + np.exp(-(logits + mid)))).mean() < target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def field_values(ranks: np.ndarray, f: SparseField, salt: int) -> pa.Array:
+    """The raw ids of 0-based ranks of field f: string tokens where the field takes strings
+    (hashed and dynamic fields, like Criteo's), else integer ids in [0, vocab_size)."""
+    return _tokens(ranks, salt) if f.takes_strings else pa.array(_vocab_ids(ranks, f, salt))
 
 
 def _scramble(ranks: np.ndarray, salt: int) -> np.ndarray:

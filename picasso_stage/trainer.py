@@ -28,6 +28,7 @@ from picasso.batch import PackedBatch, TorchBatch
 from picasso.cache import CacheConfig, HotCache, PreparedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from picasso.dense_adam import DenseAdam
+from picasso.dynamic_rows import RowResets
 from picasso.embedding import PackedEmbedding
 from picasso.interleave import StepPipeline, worth_interleaving
 from picasso.kernels import SparseOptimizer
@@ -249,31 +250,51 @@ class Trainer:
 
     # -- the stages of a step ---------------------------------------------------------
 
-    def _prepare(self, batch: PackedBatch, observe: bool = True) -> "_Step":
+    def _prepare(self, batch: PackedBatch) -> "_Step":
         start = time.perf_counter()
-        tensors, cached = None, None
+        host, resets = None, {}
         if batch.num_samples:
-            # On a GPU the batch and its missing rows cross on their own stream, beside the
-            # running step.
-            with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else nullcontext():
-                tensors = batch.to_torch()
-                if self.cache is not None:
-                    cached = self.cache.prepare(tensors, observe)
-                    tensors = cached.tensors
-                tensors = tensors.to(self.device)
+            # Dynamic fields' keys become rows here, once per batch and in batch order:
+            # the maps change as they admit and evict.
+            host, resets = self.model.resolve(batch.to_torch(), training=True)
+        step = self._stage(_Step(batch, host, resets))
         self.stage_seconds["prepare"] += time.perf_counter() - start
-        return _Step(batch, tensors, cached)
+        return step
+
+    def _stage(self, step: "_Step", observe: bool = True) -> "_Step":
+        """The step's tensors on the device; with a cache, its rows mapped and gathered
+        (`observe`: count its lookups, once per batch)."""
+        if step.host is None:
+            return step
+        # On a GPU the batch and its missing rows cross on their own stream, beside the
+        # running step.
+        with torch.cuda.stream(self._copy_stream) if self._copy_stream is not None else nullcontext():
+            tensors = step.host
+            if self.cache is not None:
+                step.cached = self.cache.prepare(tensors, observe)
+                tensors = step.cached.tensors
+            step.tensors = tensors.to(self.device)
+        return step
 
     def _begin(self, step: "_Step") -> "_Step":
-        """Refresh the cache when due and load the batch's rows; no prepare may run meanwhile."""
-        if self.cache is None or step.cached is None:
-            return step
+        """Refresh the cache when due and load the batch's rows, then give the rows new
+        keys took their first values; no prepare may run meanwhile, and the step before
+        has finished."""
+        if self.cache is not None and step.cached is not None:
+            self._install(step)
+        if step.resets:
+            if self._copy_stream is not None:  # the step's ids crossed on the copy stream
+                torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
+            self.model.reset_new_rows(step.tensors.ids, step.resets)
+        return step
+
+    def _install(self, step: "_Step") -> None:
         if self.cache.refresh_due:
             start = time.perf_counter()
             self.cache.refresh()
             self.stage_seconds["refresh"] += time.perf_counter() - start
         if step.cached.epoch != self.cache.epoch:  # prepared against the mapping before a refresh
-            step = self._prepare(step.batch, observe=False)  # its lookups are counted already
+            self._stage(step, observe=False)  # its lookups are counted already
         start = time.perf_counter()
         if self._copy_stream is not None:  # the rows install copies arrived on the copy stream
             current = torch.cuda.current_stream(self.device)
@@ -284,7 +305,6 @@ class Trainer:
                         value.record_stream(current)  # not reused by the copy stream meanwhile
         self.cache.install(step.cached)
         self.stage_seconds["install"] += time.perf_counter() - start
-        return step
 
     def _finish(self, step: "_Step") -> "StepResult":
         batch = step.batch
@@ -358,6 +378,8 @@ class Trainer:
         metrics = {f"{stage}_s_per_step": seconds / steps for stage, seconds in self.stage_seconds.items()}
         if self.cache is not None:
             metrics.update({f"cache_{name}": value for name, value in self.cache.stats.as_metrics().items()})
+        if "dynamic_rows" in self.model._modules:
+            metrics.update(self.model.dynamic_rows.metrics())
         return metrics
 
     # -- inference --------------------------------------------------------------------
@@ -365,7 +387,7 @@ class Trainer:
     @torch.no_grad()
     def predict(self, batch: PackedBatch) -> np.ndarray:
         self.model.eval()
-        tensors = batch.to_torch()
+        tensors = self.model.resolve(batch.to_torch())[0]
         if self.cache is not None and batch.num_samples:
             prepared = self.cache.prepare(tensors, observe=False)
             self.cache.install(prepared, training=False)
@@ -398,7 +420,10 @@ class Trainer:
         return state
 
     def save_checkpoint(self, root: str | Path, metrics: dict | None = None, extra: dict[str, bytes] | None = None) -> str:
-        return save_checkpoint(root, self.state(), self.spec, self.positions, metrics or {}, extra=extra)
+        path = save_checkpoint(root, self.state(), self.spec, self.positions, metrics or {}, extra=extra)
+        if "dynamic_rows" in self.model._modules:  # its counts are per checkpoint: per version
+            self.model.dynamic_rows.reset_stats()
+        return path
 
     def restore(self, path: str | Path) -> None:
         checkpoint = load_checkpoint(path)
@@ -450,8 +475,10 @@ class _Step:
     """A batch on its way through the stages of a step."""
 
     batch: PackedBatch
-    tensors: TorchBatch | None  # on the device; ids are fast-tier indices with a cache
-    cached: PreparedBatch | None
+    host: TorchBatch | None  # the batch's tensors, dynamic keys mapped to rows; None when empty
+    resets: dict[str, RowResets]  # the rows new keys took (dynamic_rows)
+    tensors: TorchBatch | None = None  # on the device; ids are fast-tier indices with a cache
+    cached: PreparedBatch | None = None
 
 
 def evaluation_metrics(labels: np.ndarray, scores: np.ndarray) -> EvalMetrics:

@@ -99,12 +99,17 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     generate = commands.add_parser("generate", help="write synthetic day partitions in a spec's schema")
-    generate.add_argument("--spec", default="criteo", help="YAML file, or built-in: criteo, criteo:N")
+    generate.add_argument("--spec", default=None,
+                          help="YAML file, or built-in: criteo, criteo:N, churn (default: criteo; churn with --churn)")
     generate.add_argument("--out", required=True, help="root of the date=YYYY-MM-DD partitions")
     generate.add_argument("--start-date", default=DEMO_DATE)
     generate.add_argument("--days", type=int, default=1)
     generate.add_argument("--hourly", action="store_true",
                           help="hourly partitions, date=D/hour=HH, 24 a day; --rows is then rows per hour")
+    generate.add_argument("--churn", action="store_true",
+                          help="rows from the churn model (picasso.synthetic_churn): new item ids all the time, old "
+                               "ones fading, one stream across the partitions; the spec needs its one-hot 'item' "
+                               "field (hashed or dynamic)")
     _add_generate_args(generate)
     _add_event_args(generate)
 
@@ -188,16 +193,20 @@ def _plan(args) -> dict:
 
 
 def _generate(args, out: str, dates: list[str]) -> list:
+    """Labelled rows: from the planted model, or with --churn (`generate` only) the churn
+    model's."""
     from picasso.pipelines.generate import generate_days
     from picasso.synthetic import SyntheticConfig
+    from picasso.synthetic_churn import ChurnConfig
 
     spec = load_spec(args.spec)
+    churn = ChurnConfig(alpha=args.alpha, seed=args.seed) if getattr(args, "churn", False) else None
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"generating {len(dates)} day(s) of {spec.name}", total=args.rows * len(dates))
         return generate_days(
             spec, out, dates, args.rows, args.format, args.rows_per_file,
             SyntheticConfig(alpha=args.alpha, seed=args.seed),
-            on_part=lambda rows: progress.advance(task, rows),
+            on_part=lambda rows: progress.advance(task, rows), churn=churn,
         )
 
 
@@ -306,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
             from picasso.pipelines.generate import dates_from
 
             dates = dates_from(args.start_date, args.days)
+            args.spec = args.spec or ("churn" if args.churn else "criteo")
+            if args.churn and args.events:
+                raise ValueError("--churn writes labelled rows; event streams (--events) come from the planted model")
             if args.hourly:
                 if args.events:
                     raise ValueError("--hourly writes labelled rows; event streams (--events) are written by date")

@@ -140,12 +140,15 @@ def _slowdown(args, rank: int) -> float:
 def _trainer(args):
     """A Trainer of the flags' model, resumed from WORKDIR/checkpoints when it has one;
     returns (it, the checkpoints' root, the checkpoint resumed or None)."""
+    from picasso.distributed.layout import DISTRIBUTED_DYNAMIC
     from picasso.trainer import TrainConfig, Trainer
 
     try:
         spec = load_spec(args.spec)
     except SpecError as err:
         raise SystemExit(f"error: {err}") from None
+    if spec.dynamic_fields:
+        raise SystemExit(f"error: {', '.join(f.name for f in spec.dynamic_fields)}: {DISTRIBUTED_DYNAMIC}")
     config = TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu")
     trainer = Trainer(spec, config)
     root = Path(args.workdir) / "checkpoints"

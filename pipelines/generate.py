@@ -1,7 +1,9 @@
 """`picasso generate`: synthetic day partitions with a planted ground-truth model.
 
 Two shapes of data:
-- labelled rows (generate_days): ROOT/date=YYYY-MM-DD/part-*, what daily runs train on;
+- labelled rows (generate_days): ROOT/date=YYYY-MM-DD/part-*, what daily runs train on,
+  from the planted model or (churn=) the churn model (picasso.synthetic_churn), whose
+  item ids churn along one stream laid across the partitions (first_position);
 - event streams (generate_event_days, `--events`): the impressions and the delayed clicks
   that a stream joins into samples, with the truth beside them:
       ROOT/impressions/date=YYYY-MM-DD/part-*   impression events, in event-time order
@@ -31,6 +33,7 @@ from picasso.pipelines.daily import PLANTED_FILE
 from picasso.sample_join import DELAY_COLUMN
 from picasso.spec import FeatureSpec
 from picasso.synthetic import PlantedModel, SyntheticConfig
+from picasso.synthetic_churn import ChurnConfig, ChurnModel
 from picasso.synthetic_events import (IMPRESSIONS, LABELS, PROBABILITY, TRUTH, EventStreamConfig, late_share,
                                       make_event_stream)
 
@@ -68,14 +71,25 @@ def dates_from(start: str, days: int) -> list[str]:
 
 
 HOUR_STREAMS = 1_000_000  # hourly partitions' streams start here, above every date's
+EPOCH = dt.date(2000, 1, 1)  # partitions count from here
 
 
 def day_stream(partition: str) -> int:
     """The planted model's stream number of a partition: days since 2000-01-01 for a date,
     HOUR_STREAMS + hours since then for an hour (so an hour never repeats a date's rows)."""
     date, hour = parse_partition(partition)
-    days = (date - dt.date(2000, 1, 1)).days
+    days = (date - EPOCH).days
     return days if hour is None else HOUR_STREAMS + days * 24 + hour
+
+
+def first_position(partition: str, rows: int) -> int:
+    """The churn stream's position of a partition's first row: partitions of `rows` rows
+    laid end to end from 2000-01-01, a date after the day before it, an hour after the
+    hour before it; so consecutive partitions continue one stream, and each holds the same
+    rows whichever are written with it."""
+    date, hour = parse_partition(partition)
+    days = (date - EPOCH).days
+    return (days if hour is None else days * 24 + hour) * rows
 
 
 def midnight_ms(date: str) -> int:
@@ -88,6 +102,11 @@ def whole_day_rate(rows: int) -> float:
     return rows * 1000 / DAY_MS
 
 
+# A partition's part: (partition, part number, its first row in the partition, its rows)
+# -> the rows (in the spec's schema) and their true click probabilities.
+Sampler = Callable[[str, int, int, int], tuple[pa.Table, np.ndarray]]
+
+
 def generate_days(
     spec: FeatureSpec,
     root: str | Path,
@@ -97,26 +116,30 @@ def generate_days(
     rows_per_file: int = 100_000,
     synthetic: SyntheticConfig = SyntheticConfig(),
     on_part: Callable[[int], None] = lambda rows: None,
+    churn: ChurnConfig | None = None,
 ) -> list[GeneratedDay]:
-    """Write `rows` rows per partition as date=YYYY-MM-DD[/hour=HH]/part-NNNNN.<fmt>.
+    """Write `rows` rows per partition as date=YYYY-MM-DD[/hour=HH]/part-NNNNN.<fmt>, and
+    beside them _planted.json: the GeneratedDay, what made the rows and the spec's name.
 
     Day k of the calendar (days since 2000-01-01) is the planted model's stream k (hours
     have streams of their own, day_stream), so a partition always holds the same rows for
-    the same seed.
+    the same seed. With `churn` (then `synthetic` is not used), the rows come from the
+    churn model (picasso.synthetic_churn; the spec needs its item field): partition p
+    holds the stream's positions first_position(p, rows) on, so consecutive dates (or
+    hours) continue one stream of churning items.
     """
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {sorted(FORMATS)}, got {fmt!r}")
     if rows <= 0 or rows_per_file <= 0:
         raise ValueError("rows and rows_per_file must be positive")
-    planted = PlantedModel(spec, synthetic)
+    sample, planted = _sampler(spec, rows, synthetic, churn)
     days = []
     for date in dates:
-        stream = day_stream(date)
         labels, probabilities = [], []
         files = 0
         for part, start in enumerate(range(0, rows, rows_per_file)):
             count = min(rows_per_file, rows - start)
-            table, p = planted.sample(count, stream * 10_000 + part)
+            table, p = sample(date, part, start, count)
             write_part(table, storage.join(partition_dir(root, date), f"part-{part:05d}{FORMATS[fmt]}"))
             labels.append(table.column(spec.label).to_numpy())
             probabilities.append(p)
@@ -126,10 +149,22 @@ def generate_days(
         day = GeneratedDay(date, rows, files, auc(labels, probabilities), float(labels.mean()))
         storage.write_text(
             storage.join(partition_dir(root, date), PLANTED_FILE),
-            json.dumps({**asdict(day), "alpha": synthetic.alpha, "seed": synthetic.seed, "spec": spec.name})
+            json.dumps({**asdict(day), **planted, "spec": spec.name})
         )
         days.append(day)
     return days
+
+
+def _sampler(spec: FeatureSpec, rows: int, synthetic: SyntheticConfig,
+             churn: ChurnConfig | None) -> tuple[Sampler, dict]:
+    """The model behind generate_days's rows, and what _planted.json records of it."""
+    if churn is None:
+        planted = PlantedModel(spec, synthetic)
+        return (lambda partition, part, first, count: planted.sample(count, day_stream(partition) * 10_000 + part),
+                {"alpha": synthetic.alpha, "seed": synthetic.seed})
+    model = ChurnModel(spec, churn)
+    return (lambda partition, part, first, count: model.sample(first_position(partition, rows) + first, count),
+            {"alpha": churn.alpha, "seed": churn.seed, "churn": asdict(churn)})
 
 
 def generate_event_days(

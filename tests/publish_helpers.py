@@ -16,17 +16,21 @@ SPEC = small_spec(name="publish-test")
 class CheckpointMaker:
     """A trainer that saves a checkpoint after each call, on fresh planted rows."""
 
-    def __init__(self, root: Path, rows_per_checkpoint: int = 512):
-        self.trainer = Trainer(SPEC, TrainConfig(hidden=(16, 8), device="cpu"))
+    def __init__(self, root: Path, rows_per_checkpoint: int = 512, spec=SPEC):
+        self.spec = spec
+        self.trainer = Trainer(spec, TrainConfig(hidden=(16, 8), device="cpu"))
         self.root = root
         self.rows = rows_per_checkpoint
         self.stream = 0
 
     def next(self) -> Path:
-        batches, _ = planted_batches(SPEC, self.rows, 256, stream=self.stream, source=f"part-{self.stream}")
+        batches, _ = planted_batches(self.spec, self.rows, 256, stream=self.stream, source=f"part-{self.stream}")
         self.stream += 1
         self.trainer.train(batches)
-        return Path(self.trainer.save_checkpoint(self.root, metrics={"train_loss": 0.5, "cache": {"hit_rate": 0.75}}))
+        metrics = {"train_loss": 0.5, "cache": {"hit_rate": 0.75}}
+        if self.spec.dynamic_fields:  # as the pipeline's training saves them (train_handlers)
+            metrics.update(self.trainer.performance_metrics())
+        return Path(self.trainer.save_checkpoint(self.root, metrics=metrics))
 
 
 def request(checkpoint: Path, auc: float, **extra) -> PublishRequest:

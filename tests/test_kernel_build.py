@@ -83,7 +83,7 @@ def test_a_build_killed_halfway_does_not_hang_the_next_import(cache_root):
 
     assert str(stale_lock) in next_import.stderr  # the warning that broke it names it
     assert next_import.stdout.strip() == str(directory)
-    assert sorted(path.name for path in directory.glob("*.so")) == ["picasso_hot_cache.so",
+    assert sorted(path.name for path in directory.glob("*.so")) == ["picasso_hot_cache.so", "picasso_id_map.so",
                                                                     "picasso_packed_embedding.so"]
 
 

@@ -26,6 +26,12 @@ from picasso.embedding import PackedEmbedding
 from picasso.kernels import SparseOptimizer
 
 
+# Sharding a dynamic table needs its map on the servers, which own ids by hash and admit
+# and evict there; until then a spec with one trains in local mode only.
+DISTRIBUTED_DYNAMIC = ("dynamic tables (a sparse field's `dynamic:`) train in local mode only: the sync and gba "
+                       "modes shard fixed tables; give the field hash_buckets to train it distributed")
+
+
 @dataclass(frozen=True)
 class TableLayout:
     key: str  # the table's state-dict key, e.g. "embedding.table_dim16"
@@ -50,6 +56,8 @@ class ShardLayout:
 
     @classmethod
     def from_model(cls, model: nn.Module, num_shards: int) -> "ShardLayout":
+        if "dynamic_rows" in model._modules:
+            raise ValueError(DISTRIBUTED_DYNAMIC)
         tables, steps_keys = [], set()
         for prefix, module in model.named_modules():
             if not isinstance(module, PackedEmbedding):

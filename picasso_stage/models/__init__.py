@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from picasso.dynamic_rows import DynamicRows
 from picasso.models.common import MLP
 from picasso.models.dcn_v2 import DCNv2
 from picasso.models.deepfm import DeepFM
@@ -24,6 +25,8 @@ def build_model(name: str, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[i
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
     model = MODELS[name](spec, plan, hidden)
+    if spec.dynamic_fields:  # the id -> row maps, model state like the tables they index
+        model.dynamic_rows = DynamicRows(spec, plan)
     for module in model.modules():
         if isinstance(module, MLP):
             module.dropout = float(dropout)

@@ -9,6 +9,7 @@ from torch import nn
 
 from picasso.batch import TorchBatch
 from picasso.delayed_feedback import importance_weights
+from picasso.dynamic_rows import RowResets, reset_new_rows
 from picasso.embedding import PackedEmbedding
 from picasso.packing import PackingPlan
 
@@ -33,6 +34,17 @@ class PackedModel(nn.Module):
     def embeddings(self) -> list[PackedEmbedding]:
         """The PackedEmbedding modules, in the order their outputs enter `pooled`."""
         return [getattr(self, name) for name in self.lookups]
+
+    def resolve(self, batch: TorchBatch, training: bool = False) -> tuple[TorchBatch, dict[str, RowResets]]:
+        """The batch with its dynamic fields' keys mapped to rows (picasso.dynamic_rows),
+        and, in training, the rows new keys took; a model without dynamic fields has
+        nothing to map. Every batch goes through this before lookup or forward."""
+        rows = self._modules.get("dynamic_rows")
+        return (batch, {}) if rows is None else rows.resolve(batch, training)
+
+    def reset_new_rows(self, ids: dict[str, torch.Tensor], resets: dict[str, RowResets]) -> None:
+        """The first values of the rows new keys took, where `ids` (the step's) point."""
+        reset_new_rows(self.embeddings(), ids, resets)
 
     def lookup(self, batch: TorchBatch) -> list[torch.Tensor]:
         return [p for embedding in self.embeddings() for p in embedding(batch.ids, batch.offsets)]

@@ -1,0 +1,277 @@
+"""Dynamic tables: the id -> row maps of a spec's dynamic fields, and their rules.
+
+A dynamic field (spec.DynamicTable) packs its ids as 64-bit keys (picasso.hashing.key_of).
+Before a batch reaches the embeddings, DynamicRows maps each key to a row of the field's
+own range of its group's table: the key's row if it has one; a new row if the field
+admits it; else the field's default row (the last of its range), which every id without a
+row shares and which trains like any other. The map itself is a kernel op
+(kernels.id_map_*: an open-addressing table in C++, with a plain-torch reference), over
+tensors held here as buffers, so that checkpoints, serving weights and deltas carry it
+like any other part of the model.
+
+Per training batch and field, in this order:
+1. expire: with `evict_after_steps` N, rows no batch has used for N batches are freed
+   (never below `keep_rows` live rows);
+2. find: each key's row; a found row is stamped with the batch and counted;
+3. admission: a key without a row is counted in a count-min sketch, and admitted once its
+   count reaches `admit_after` (1: at once). The sketch may over-count, never under, so a
+   key is never admitted late; its counts halve every 10 x capacity additions (TinyLFU's
+   reset), so ids seen long ago fade rather than pile up;
+4. admit: an admitted key takes a free row; when none is free, `when_full: lfu` takes the
+   row of the least-counted key that neither this batch nor the one before has used (the
+   trainer may still be computing the one before, which prepared this batch meanwhile:
+   see picasso.interleave), and `refuse` leaves the key on the default row.
+A row a key newly takes starts fresh: its values are a pure function of its key (as a
+table's initial values are of the seed) and its optimizer slots are zero. The trainer
+writes them where the compute will read the row (the table, or the cache's fast tier),
+after the previous step has finished (reset_new_rows).
+
+Evaluation and serving only read the map: an id without a row takes the default row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+from torch import nn
+
+from picasso import kernels
+from picasso.batch import TorchBatch
+from picasso.frequency import DecayedSketch
+from picasso.hashing import splitmix64_array
+from picasso.kernels.id_map_reference import EMPTY_KEY, slots_for
+from picasso.packing import PackingPlan
+from picasso.spec import FeatureSpec, SparseField
+
+# The sketch's counts halve after this many additions per row of capacity (TinyLFU's
+# sample size W = 10 x the cache's size).
+_SKETCH_WINDOW = 10
+# Buffers a served model does not need: it only reads keys -> rows, from row_keys (the
+# index is rebuilt on load).
+TRAINING_ONLY = ("index", "last_seen", "counts", "free_rows", "free_count", "sketch_counters",
+                 "sketch_multipliers", "sketch_added", "batches")
+
+
+@dataclass
+class DynamicStats:
+    """One field's counts over the training batches since the trainer last saved a
+    checkpoint (or was built): a published version's own."""
+
+    lookups: int = 0  # ids resolved, with repeats
+    hits: int = 0  # of those, ids that had a row already
+    admitted: int = 0  # keys given a row
+    evicted_by_age: int = 0  # rows freed by evict_after_steps
+    evicted_when_full: int = 0  # rows taken from a key for a new one (when_full: lfu)
+    default_lookups: int = 0  # lookups served by the default row (not admitted yet, or no room)
+
+    def add(self, other: "DynamicStats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass(frozen=True)
+class RowResets:
+    """The rows a batch gave to new keys in one group: where each first occurs in the
+    group's flat ids, and its key (which fixes its initial values)."""
+
+    positions: torch.Tensor
+    keys: torch.Tensor
+
+
+class DynamicField(nn.Module):
+    """One dynamic field's map: buffers in the layout of kernels.id_map_reference."""
+
+    def __init__(self, field: SparseField, seed: int = 0):
+        super().__init__()
+        self.field = field
+        self.table = field.dynamic
+        capacity = self.table.capacity
+        self.capacity = capacity
+        index = torch.empty((slots_for(capacity), 2), dtype=torch.int64)
+        index[:, 0], index[:, 1] = EMPTY_KEY, -1
+        self.register_buffer("index", index)
+        self.register_buffer("row_keys", torch.full((capacity,), EMPTY_KEY, dtype=torch.int64))
+        self.register_buffer("last_seen", torch.full((capacity,), -1, dtype=torch.int64))
+        self.register_buffer("counts", torch.zeros(capacity, dtype=torch.int64))
+        self.register_buffer("free_rows", torch.arange(capacity - 1, -1, -1, dtype=torch.int32))
+        self.register_buffer("free_count", torch.tensor([capacity], dtype=torch.int64))
+        self.sketch = None
+        if self.table.admit_after > 1:
+            self.sketch = DecayedSketch(capacity, seed=seed)
+            # The sketch's own tensors, so that loading a state copies into what it reads.
+            self.register_buffer("sketch_counters", self.sketch.counters)
+            self.register_buffer("sketch_multipliers", self.sketch.multipliers)
+            self.register_buffer("sketch_added", torch.zeros((), dtype=torch.int64))
+        self.stats = DynamicStats()
+
+    @property
+    def default_row(self) -> int:
+        """The row (within the field's range) of every id without one of its own."""
+        return self.capacity
+
+    @property
+    def live_rows(self) -> int:
+        return self.capacity - int(self.free_count[0])
+
+    def _map_state(self) -> tuple[torch.Tensor, ...]:
+        return self.index, self.row_keys, self.last_seen, self.counts
+
+    def resolve(self, keys: torch.Tensor, batch: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Rows (within the field's range) of `keys`, and the positions and keys of the
+        rows given to new keys. `batch`: the training batch's number, or None to only read."""
+        if batch is None:
+            rows = kernels.id_map_find(*self._map_state(), keys, 0, False)[0]
+            empty = torch.zeros(0, dtype=torch.int64)
+            return torch.where(rows >= 0, rows, self.default_row), empty, empty
+        table, stats = self.table, DynamicStats(lookups=keys.numel())
+        if table.evict_after_steps is not None:
+            expired = kernels.id_map_expire(*self._map_state(), self.free_rows, self.free_count,
+                                            batch - table.evict_after_steps, table.keep_rows)[1]
+            stats.evicted_by_age = expired.numel()
+        rows, miss_keys, miss_counts, miss_inverse = kernels.id_map_find(*self._map_state(), keys, batch, True)
+        stats.hits = int((rows >= 0).sum())
+        chosen = self._admissible(miss_keys, miss_counts)
+        new_rows, _, taken = kernels.id_map_admit(*self._map_state(), self.free_rows, self.free_count,
+                                                  miss_keys[chosen], miss_counts[chosen], batch,
+                                                  table.when_full == "lfu", batch - 1)
+        stats.evicted_when_full = taken.numel()
+        row_of_miss = torch.full((miss_keys.numel(),), -1, dtype=torch.int64)
+        row_of_miss[chosen] = new_rows
+        missed = miss_inverse >= 0
+        rows[missed] = row_of_miss[miss_inverse[missed]]
+        new_rows_at = torch.nonzero(row_of_miss >= 0).flatten()
+        stats.admitted = new_rows_at.numel()
+        # Where each new key first occurs: its miss index is its rank in first-occurrence order.
+        first = torch.full((miss_keys.numel(),), keys.numel(), dtype=torch.int64)
+        first.scatter_reduce_(0, miss_inverse[missed], torch.nonzero(missed).flatten(), reduce="amin")
+        default = rows < 0
+        stats.default_lookups = int(default.sum())
+        rows[default] = self.default_row
+        self.stats.add(stats)
+        return rows, first[new_rows_at], miss_keys[new_rows_at]
+
+    def _admissible(self, keys: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Which keys without a row have now been seen admit_after times."""
+        if self.sketch is None or not keys.numel():
+            return torch.ones(keys.numel(), dtype=torch.bool)
+        estimates = self.sketch.add(keys, counts)
+        self.sketch_added += counts.sum()
+        if int(self.sketch_added) >= _SKETCH_WINDOW * self.capacity:
+            self.sketch.decay(0.5)
+            self.sketch_added.zero_()
+        return estimates >= self.table.admit_after
+
+    def rebuild_index(self) -> None:
+        """The index from row_keys: a served model loads only those."""
+        kernels.id_map_rebuild(self.index, self.row_keys)
+
+    def _apply(self, fn, recurse=True):
+        """The map is host state for host kernels: it stays on the CPU when the model moves."""
+        return self
+
+
+@dataclass(frozen=True)
+class _Member:
+    group: str
+    position: int  # the field's place among its group's fields
+    num_fields: int  # of the group
+    row_offset: int  # the field's first row in the group's table
+    field: DynamicField
+
+
+class DynamicRows(nn.Module):
+    """The maps of every dynamic field of a spec, applied to whole batches."""
+
+    def __init__(self, spec: FeatureSpec, plan: PackingPlan, seed: int = 0):
+        super().__init__()
+        self.maps = nn.ModuleList()
+        self._members: list[_Member] = []
+        for group in plan.groups:
+            for position, (name, dynamic) in enumerate(zip(group.fields, group.dynamic)):
+                if dynamic:
+                    field = DynamicField(spec.sparse_field(name), seed=seed + len(self.maps))
+                    self.maps.append(field)
+                    self._members.append(_Member(group.name, position, group.num_fields,
+                                                 group.row_offsets[position], field))
+        # Training batches resolved: the clock of last_seen and of evict_after_steps.
+        self.register_buffer("batches", torch.zeros((), dtype=torch.int64))
+
+    def resolve(self, batch: TorchBatch, training: bool) -> tuple[TorchBatch, dict[str, RowResets]]:
+        """The batch with its dynamic fields' keys replaced by table rows, and per group the
+        rows given to new keys (training only; reset_new_rows writes their first values)."""
+        number = int(self.batches) if training else None
+        ids, resets = dict(batch.ids), {}
+        field_of_ids: dict[str, torch.Tensor] = {}
+        for member in self._members:
+            flat = batch.ids[member.group]
+            if member.group not in field_of_ids:
+                field_of_ids[member.group] = _field_of_ids(batch.offsets[member.group], member.num_fields, flat.numel())
+                ids[member.group] = flat.clone()
+            where = torch.nonzero(field_of_ids[member.group] == member.position).flatten()
+            rows, first, keys = member.field.resolve(flat[where], number)
+            ids[member.group][where] = rows + member.row_offset
+            if keys.numel():
+                previous = resets.get(member.group)
+                positions = where[first]
+                resets[member.group] = RowResets(positions, keys) if previous is None else RowResets(
+                    torch.cat([previous.positions, positions]), torch.cat([previous.keys, keys]))
+        if training:
+            self.batches += 1
+        resolved = TorchBatch(label=batch.label, dense=batch.dense, ids=ids, offsets=batch.offsets,
+                              late_share=batch.late_share)
+        return resolved, resets
+
+    def rebuild_index(self) -> None:
+        for field in self.maps:
+            field.rebuild_index()
+
+    def reset_stats(self) -> None:
+        for field in self.maps:
+            field.stats = DynamicStats()
+
+    def metrics(self) -> dict[str, float]:
+        """Per field: its counts (DynamicStats), its live rows and its fill."""
+        out: dict[str, float] = {}
+        for member in self._members:
+            field = member.field
+            prefix = f"dynamic_{field.field.name}_"
+            out.update({prefix + f.name: float(getattr(field.stats, f.name)) for f in fields(field.stats)})
+            out[prefix + "live_rows"] = float(field.live_rows)
+            out[prefix + "fill"] = field.live_rows / field.capacity
+        return out
+
+    def _apply(self, fn, recurse=True):
+        return self  # host state, as DynamicField's
+
+
+def _field_of_ids(offsets: torch.Tensor, num_fields: int, num_ids: int) -> torch.Tensor:
+    """The field (its place in the group) of each of a group's flat ids: bags are sample
+    after sample, field after field, starting at `offsets`."""
+    starts = offsets.to(torch.int64)
+    lengths = torch.diff(starts, append=torch.tensor([num_ids]))
+    fields_of_bags = torch.arange(num_fields).repeat(starts.numel() // num_fields)
+    return torch.repeat_interleave(fields_of_bags, lengths)
+
+
+def initial_rows(keys: torch.Tensor, width: int, scale: float) -> torch.Tensor:
+    """A new row's first values: uniform in [-scale, scale), a pure function of its key
+    (splitmix64 of the key and the column), so a row starts the same in every run and
+    after every restore, whatever else happened in between."""
+    if not scale or not keys.numel():
+        return torch.zeros((keys.numel(), width))
+    with np.errstate(over="ignore"):
+        mixed = splitmix64_array(keys.numpy().view(np.uint64)[:, None] * np.uint64(width + 1)
+                                 + np.arange(1, width + 1, dtype=np.uint64))
+    unit = (mixed >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+    return torch.from_numpy(((2 * unit - 1) * scale).astype(np.float32))
+
+
+def reset_new_rows(embeddings, ids: dict[str, torch.Tensor], resets: dict[str, RowResets]) -> None:
+    """Give the rows new keys took their first values and zeroed slots, in every embedding
+    over them, where the step's ids point (table rows, or fast-tier slots with a cache)."""
+    for group, reset in resets.items():
+        targets = ids[group][reset.positions.to(ids[group].device)]
+        for embedding in embeddings:
+            embedding.reset_rows(group, targets, reset.keys)
