@@ -45,7 +45,7 @@ from picasso.synthetic_churn import ChurnConfig, ChurnModel
 from picasso.trainer import TrainConfig, Trainer
 
 BATCH = 2048
-ROWS_PER_DAY = 20_000
+ROWS_PER_DAY = 100_000
 
 
 def churn_batches(spec: FeatureSpec, table: pa.Table) -> list:

@@ -16,6 +16,7 @@ import re
 MISSING_POLICIES = ("fail", "skip")
 
 _NAME = re.compile(r"^(\d{4}-\d{2}-\d{2})(?:T(\d{2}))?$")
+_FOLDERS = re.compile(r"(?:^|/)date=(\d{4}-\d{2}-\d{2})(?:/hour=(\d{2}))?(?:/|$)")
 _HOURS = re.compile(r"^(\d{1,2})(?:\.\.(\d{1,2}))?$")
 MAX_PARTITIONS = 100_000  # a range longer than this is a typo (years of hours), not a backfill
 
@@ -43,6 +44,21 @@ def partition_path(name: str) -> str:
     """The partition's folder, relative to the data root."""
     date, hour = parse_partition(name)
     return f"date={date.isoformat()}" + ("" if hour is None else f"/hour={hour:02d}")
+
+
+def partition_time_ms(path: str) -> int | None:
+    """The start of the partition a file lies in (the `date=`/`hour=` folders of its
+    path), epoch ms UTC: the event time of its rows as far as a day file tells it. None for
+    a path outside any partition."""
+    match = _FOLDERS.search(str(path))
+    if not match:
+        return None
+    try:
+        date, hour = parse_partition(match.group(1) + ("" if match.group(2) is None else f"T{match.group(2)}"))
+    except ValueError:
+        return None
+    start = dt.datetime.combine(date, dt.time(hour or 0), tzinfo=dt.timezone.utc)
+    return int(start.timestamp()) * 1000
 
 
 def partition_range(text: str) -> list[str]:

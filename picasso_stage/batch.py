@@ -12,7 +12,10 @@ Columns (all N rows long):
 Source positions travel in the schema metadata, so the batch alone (an Arrow IPC message,
 say) says which part of its source it covers: per source the next position after it and,
 where the reader knows it, its first one, which makes the batch's [start, end) range (a
-parameter server trains a range at most once).
+parameter server trains a range at most once). So do the batch's event time, where its
+source knows one (the newest of its rows', in epoch ms: a Kafka span's newest message, a
+joined table's newest impression, the start of a day-file partition), and a joined
+stream's late-label share.
 
 Packing is vectorised (Arrow and numpy over whole columns; no loop over rows), and the
 batch crosses into torch without copying.
@@ -38,6 +41,7 @@ warnings.filterwarnings("ignore", message="The given NumPy array is not writable
 POSITIONS_KEY = b"picasso.positions"
 STARTS_KEY = b"picasso.starts"
 LATE_SHARE_KEY = b"picasso.late_share"
+EVENT_TIME_KEY = b"picasso.event_time_ms"
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,9 @@ class TorchBatch:
     offsets: dict[str, torch.Tensor]  # group -> (N * fields,) int32 bag starts
     # A joined stream's d̂ when its loss weights late labels (picasso.delayed_feedback).
     late_share: float | None = None
+    # The newest event time of the batch's rows, epoch ms, where its source knows it: the
+    # clock of dynamic tables that evict by event time (picasso.dynamic_rows).
+    event_time_ms: int | None = None
 
     @property
     def num_samples(self) -> int:
@@ -63,6 +70,7 @@ class TorchBatch:
             ids={k: move(v) for k, v in self.ids.items()},
             offsets={k: move(v) for k, v in self.offsets.items()},
             late_share=self.late_share,
+            event_time_ms=self.event_time_ms,
         )
 
 
@@ -93,8 +101,21 @@ class PackedBatch:
 
     def with_late_share(self, share: float) -> "PackedBatch":
         """This batch, its loss weighted for late labels with d̂ = share (delayed_feedback)."""
-        metadata = {**(self.data.schema.metadata or {}), LATE_SHARE_KEY: repr(float(share)).encode()}
-        return PackedBatch(self.data.replace_schema_metadata(metadata))
+        return self._with_metadata(LATE_SHARE_KEY, repr(float(share)).encode())
+
+    @property
+    def event_time_ms(self) -> int | None:
+        metadata = self.data.schema.metadata or {}
+        return int(metadata[EVENT_TIME_KEY]) if EVENT_TIME_KEY in metadata else None
+
+    def with_event_time(self, event_time_ms: int | None) -> "PackedBatch":
+        """This batch, carrying the newest event time of its rows (None: unknown, as is)."""
+        if event_time_ms is None:
+            return self
+        return self._with_metadata(EVENT_TIME_KEY, str(int(event_time_ms)).encode())
+
+    def _with_metadata(self, key: bytes, value: bytes) -> "PackedBatch":
+        return PackedBatch(self.data.replace_schema_metadata({**(self.data.schema.metadata or {}), key: value}))
 
     def to_torch(self) -> TorchBatch:
         """Views of the Arrow buffers as tensors: nothing is copied."""
@@ -120,6 +141,7 @@ class PackedBatch:
             ids=ids,
             offsets=offsets,
             late_share=self.late_share,
+            event_time_ms=self.event_time_ms,
         )
 
 

@@ -61,14 +61,14 @@ def scaled_spec(num_sparse: int, rows_per_field: int = 20_000) -> FeatureSpec:
 
 
 # The churn spec's item table, sized for picasso.synthetic_churn.ChurnConfig's defaults at
-# 10 days of 20,000 rows: about 2,500 items are alive at a time (95% of the churning
-# impressions, ChurnConfig.alive_items) while 22,000 pass through. 6,000 rows hold the
+# 10 days of 100,000 rows: about 2,500 items are alive at a time (95% of the churning
+# impressions, ChurnConfig.alive_items) while 23,600 pass through. 6,000 rows hold the
 # live items twice over, so the ones admitted but not yet evicted fit beside them, and are
 # about a quarter of the ids a table that never forgets would need.
 CHURN_CAPACITY = 6_000
 # Eviction: at the daily batch of 2,048 rows, 8 steps are 16,384 rows. A new item expects
 # an impression every 900 rows or so, and gaps of 16,384 rows about 3 lifetimes (e^2.9)
-# later, when it has left the alive ones; any 16,384 rows see about 3,700 items, so the
+# later, when it has left the alive ones; any 16,384 rows see about 3,050 items, so the
 # table seldom fills.
 CHURN_EVICT_AFTER_STEPS = 8
 

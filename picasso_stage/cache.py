@@ -26,7 +26,7 @@ computes exactly what it computes without (tests check this to 1e-6).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -222,8 +222,7 @@ class HotCache:
             staged = [[value.to(table.device, non_blocking=True) for value in table.gather(miss_rows)]
                       for table in self.tables[name]]
             groups[name] = PreparedGroup(ids.numel(), int(hit_counts.sum()), hit_slots, miss_rows, staged, reread)
-        local = TorchBatch(label=tensors.label, dense=tensors.dense, ids=local_ids, offsets=tensors.offsets,
-                           late_share=tensors.late_share)
+        local = replace(tensors, ids=local_ids)
         return PreparedBatch(local, groups, self.epoch)
 
     def install(self, prepared: PreparedBatch, training: bool = True) -> None:

@@ -31,6 +31,7 @@ Evaluation and serving only read the map: an id without a row takes the default 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -51,7 +52,7 @@ _SKETCH_WINDOW = 10
 # Buffers a served model does not need: it only reads keys -> rows, from row_keys (the
 # index is rebuilt on load).
 TRAINING_ONLY = ("index", "last_seen", "counts", "free_rows", "free_count", "sketch_counters",
-                 "sketch_multipliers", "sketch_added", "batches")
+                 "sketch_multipliers", "sketch_added", "batches", "event_time")
 
 
 @dataclass
@@ -118,24 +119,30 @@ class DynamicField(nn.Module):
     def _map_state(self) -> tuple[torch.Tensor, ...]:
         return self.index, self.row_keys, self.last_seen, self.counts
 
-    def resolve(self, keys: torch.Tensor, batch: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    @property
+    def max_age(self) -> int | None:
+        """Rows unseen for longer than this, on the field's clock, are freed."""
+        return self.table.evict_after_ms if self.table.evicts_by_event_time else self.table.evict_after_steps
+
+    def resolve(self, keys: torch.Tensor, clock: "Clock | None") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Rows (within the field's range) of `keys`, and the positions and keys of the
-        rows given to new keys. `batch`: the training batch's number, or None to only read."""
-        if batch is None:
+        rows given to new keys. `clock`: the training batch's time on the field's clock, or
+        None to only read."""
+        if clock is None:
             rows = kernels.id_map_find(*self._map_state(), keys, 0, False)[0]
             empty = torch.zeros(0, dtype=torch.int64)
             return torch.where(rows >= 0, rows, self.default_row), empty, empty
-        table, stats = self.table, DynamicStats(lookups=keys.numel())
-        if table.evict_after_steps is not None:
-            expired = kernels.id_map_expire(*self._map_state(), self.free_rows, self.free_count,
-                                            batch - table.evict_after_steps, table.keep_rows)[1]
+        table, stats, now = self.table, DynamicStats(lookups=keys.numel()), clock.now
+        if self.max_age is not None:
+            expired = kernels.id_map_expire(*self._map_state(), self.free_rows, self.free_count, now - self.max_age,
+                                            table.keep_rows)[1]
             stats.evicted_by_age = expired.numel()
-        rows, miss_keys, miss_counts, miss_inverse = kernels.id_map_find(*self._map_state(), keys, batch, True)
+        rows, miss_keys, miss_counts, miss_inverse = kernels.id_map_find(*self._map_state(), keys, now, True)
         stats.hits = int((rows >= 0).sum())
         chosen = self._admissible(miss_keys, miss_counts)
         new_rows, _, taken = kernels.id_map_admit(*self._map_state(), self.free_rows, self.free_count,
-                                                  miss_keys[chosen], miss_counts[chosen], batch,
-                                                  table.when_full == "lfu", batch - 1)
+                                                  miss_keys[chosen], miss_counts[chosen], now,
+                                                  table.when_full == "lfu", clock.before)
         stats.evicted_when_full = taken.numel()
         row_of_miss = torch.full((miss_keys.numel(),), -1, dtype=torch.int64)
         row_of_miss[chosen] = new_rows
@@ -173,6 +180,20 @@ class DynamicField(nn.Module):
 
 
 @dataclass(frozen=True)
+class Clock:
+    """A training batch's time on a field's clock (its number, or the stream's event time
+    in ms), which stamps the rows it uses, and the time of the batch before it, whose rows
+    LFU spares (the trainer may still be computing on them)."""
+
+    now: int
+    before: int
+
+
+class EventTimeMissing(ValueError):
+    """A batch without an event time reached a field that evicts by event time."""
+
+
+@dataclass(frozen=True)
 class _Member:
     group: str
     position: int  # the field's place among its group's fields
@@ -197,11 +218,16 @@ class DynamicRows(nn.Module):
                                                  group.row_offsets[position], field))
         # Training batches resolved: the clock of last_seen and of evict_after_steps.
         self.register_buffer("batches", torch.zeros((), dtype=torch.int64))
+        # The newest event time (ms) training batches have carried: the clock of fields
+        # with evict_after. -1: none yet. It only moves forward, as a watermark does, so a
+        # batch of older events never turns the clock back.
+        self.register_buffer("event_time", torch.tensor(-1, dtype=torch.int64))
+        self._by_event_time = [m.field.field.name for m in self._members if m.field.table.evicts_by_event_time]
 
     def resolve(self, batch: TorchBatch, training: bool) -> tuple[TorchBatch, dict[str, RowResets]]:
         """The batch with its dynamic fields' keys replaced by table rows, and per group the
         rows given to new keys (training only; reset_new_rows writes their first values)."""
-        number = int(self.batches) if training else None
+        clocks = self._advance(batch) if training else None
         ids, resets = dict(batch.ids), {}
         field_of_ids: dict[str, torch.Tensor] = {}
         for member in self._members:
@@ -210,18 +236,33 @@ class DynamicRows(nn.Module):
                 field_of_ids[member.group] = _field_of_ids(batch.offsets[member.group], member.num_fields, flat.numel())
                 ids[member.group] = flat.clone()
             where = torch.nonzero(field_of_ids[member.group] == member.position).flatten()
-            rows, first, keys = member.field.resolve(flat[where], number)
+            rows, first, keys = member.field.resolve(flat[where], None if clocks is None else
+                                                     clocks[member.field.table.evicts_by_event_time])
             ids[member.group][where] = rows + member.row_offset
             if keys.numel():
                 previous = resets.get(member.group)
                 positions = where[first]
                 resets[member.group] = RowResets(positions, keys) if previous is None else RowResets(
                     torch.cat([previous.positions, positions]), torch.cat([previous.keys, keys]))
-        if training:
-            self.batches += 1
-        resolved = TorchBatch(label=batch.label, dense=batch.dense, ids=ids, offsets=batch.offsets,
-                              late_share=batch.late_share)
-        return resolved, resets
+        return dataclasses.replace(batch, ids=ids), resets
+
+    def _advance(self, batch: TorchBatch) -> tuple[Clock, Clock | None]:
+        """This training batch's clocks, (steps, event time), the clocks moved on past it."""
+        number, newest = int(self.batches), int(self.event_time)
+        if self._by_event_time and batch.event_time_ms is None and newest < 0:
+            raise EventTimeMissing(
+                f"dynamic field(s) {', '.join(self._by_event_time)} evict by event time (evict_after), but training "
+                f"batch {number} carries no event time and none came before it: day-file partitions, Kafka "
+                "messages and joined samples carry one (PackedBatch.event_time_ms); elsewhere use "
+                "evict_after_steps")
+        self.batches += 1
+        steps = Clock(number, number - 1)
+        if not self._by_event_time:
+            return steps, None
+        now = max(newest, batch.event_time_ms if batch.event_time_ms is not None else newest)
+        self.event_time.fill_(now)
+        # The batch before was stamped with the clock as it stood (none: this is the first).
+        return steps, Clock(now, newest if newest >= 0 else now)
 
     def rebuild_index(self) -> None:
         for field in self.maps:

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from picasso import storage
+from picasso.durations import parse_duration_ms
 from picasso.join_spec import JoinSpec, parse_join
 
 POOLING_MODES = ("sum", "mean")
@@ -58,11 +59,23 @@ class DynamicTable:
     admit_after: int = 1
     # Free the rows of ids no training step has seen for this many steps; None: never.
     evict_after_steps: int | None = None
+    # Or in event time: free the rows of ids not seen in the last `evict_after` ("7d",
+    # "12h": picasso.durations) of the stream's event time, which each batch carries
+    # (PackedBatch.event_time_ms). At most one of the two.
+    evict_after: str | None = None
     # A new id when every row is taken: "lfu" takes the row of the least-counted id not
     # seen in the last two steps; "refuse" leaves it on the default row until one frees.
     when_full: str = "lfu"
     # Age-based eviction never leaves fewer rows in use than this.
     keep_rows: int = 0
+
+    @property
+    def evict_after_ms(self) -> int | None:
+        return None if self.evict_after is None else parse_duration_ms(self.evict_after)
+
+    @property
+    def evicts_by_event_time(self) -> bool:
+        return self.evict_after is not None
 
 
 @dataclass(frozen=True)
@@ -255,12 +268,22 @@ def _parse_dynamic(where: str, raw: Any, embedding_dim: Any, problems: list[str]
     evict = raw.get("evict_after_steps")
     if evict is not None and not _positive_int(evict):
         problems.append(f"{where}: evict_after_steps must be a positive integer (steps) or absent, got {evict!r}")
+    evict_after = raw.get("evict_after")
+    if evict_after is not None:
+        try:
+            if parse_duration_ms(evict_after) <= 0:
+                problems.append(f"{where}: evict_after must be a positive duration, got {evict_after!r}")
+        except ValueError as error:
+            problems.append(f"{where}: evict_after: {error}")
+        if evict is not None:
+            problems.append(f"{where}: give evict_after_steps (steps) or evict_after (event time), not both")
     when_full = raw.get("when_full", "lfu")
     if when_full not in WHEN_FULL:
         problems.append(f"{where}: when_full must be one of {WHEN_FULL}, got {when_full!r}")
     if len(problems) > before:
         return None
-    return DynamicTable(capacity=capacity, evict_after_steps=evict, when_full=when_full, **settings)
+    return DynamicTable(capacity=capacity, evict_after_steps=evict, evict_after=evict_after, when_full=when_full,
+                        **settings)
 
 
 def _rows_of_bytes(text: str, embedding_dim: int) -> int | None:

@@ -139,8 +139,8 @@ class PackMessages(PackFeatures):
 
     def pack_chunk(self, chunk: DecodedMessageChunk) -> PackedMessages:
         span = chunk.span
-        return PackedMessages(pack(chunk.table, self.spec, self.plan, {span.source: span.next_position},
-                                   {span.source: span.start}), span)
+        batch = pack(chunk.table, self.spec, self.plan, {span.source: span.next_position}, {span.source: span.start})
+        return PackedMessages(batch.with_event_time(span.newest_timestamp_ms), span)
 
     def expand(self, chunks):
         return chunks | "Pack" >> beam.Map(self.pack_chunk).with_output_types(PackedMessages)

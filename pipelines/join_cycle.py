@@ -30,6 +30,7 @@ import apache_beam as beam
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils.shared import Shared
+from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
 from picasso.batch import PackedBatch, pack
 from picasso.connectors.decoders import RecordDecoder
@@ -127,15 +128,21 @@ class JoinInCycle(beam.PTransform):
 
 
 class PackSamples(beam.PTransform):
-    """Sample tables in, PackedBatches out (the join's own columns are not packed)."""
+    """Sample tables in, PackedBatches out (the join's own columns are not packed), each
+    carrying its table's event timestamp as its event time: JoinLabels stamps a table with
+    its newest sample's, and a table JoinInCycle emits keeps the timestamp of the poll that
+    completed it (its newest message's)."""
 
     def __init__(self, spec: FeatureSpec):
         super().__init__()
         self.spec = spec
         self.plan = PackingPlan.from_spec(spec)
 
-    def pack_samples(self, table: pa.Table) -> PackedBatch:
-        return pack(table, self.spec, self.plan)
+    def pack_samples(self, table: pa.Table, timestamp=beam.DoFn.TimestampParam) -> PackedBatch:
+        batch = pack(table, self.spec, self.plan)
+        if not isinstance(timestamp, Timestamp) or not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP:
+            return batch  # a table outside event time (a bounded source's default)
+        return batch.with_event_time(timestamp.micros // 1000)
 
     def expand(self, samples):
         return samples | "Pack" >> beam.Map(self.pack_samples).with_output_types(PackedBatch)

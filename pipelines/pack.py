@@ -5,6 +5,7 @@ from __future__ import annotations
 import apache_beam as beam
 
 from picasso.batch import pack
+from picasso.connectors.partitions import partition_time_ms
 from picasso.packing import PackingPlan
 from picasso.pipelines.decode import DecodedChunk
 from picasso.spec import FeatureSpec
@@ -23,7 +24,10 @@ class PackFeatures(beam.PTransform):
         self.plan = PackingPlan.from_spec(spec)
 
     def pack_chunk(self, chunk: DecodedChunk):
-        return pack(chunk.table, self.spec, self.plan, chunk.positions, chunk.starts)
+        # A chunk is one file's: its partition's time is its rows' event time.
+        times = [t for t in map(partition_time_ms, chunk.positions) if t is not None]
+        return pack(chunk.table, self.spec, self.plan, chunk.positions, chunk.starts).with_event_time(
+            max(times, default=None))
 
     def expand(self, chunks):
         return chunks | "Pack" >> beam.Map(self.pack_chunk)

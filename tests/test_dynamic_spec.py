@@ -39,6 +39,15 @@ def test_a_dynamic_field_parses_with_defaults_and_round_trips():
     assert spec.to_dict()["sparse"][0]["dynamic"] == {"capacity": 1000}
 
 
+def test_eviction_in_event_time_reads_a_duration_and_round_trips():
+    spec = parse_spec(spec_with({"capacity": 100, "evict_after": "1d12h"}))
+    table = spec.sparse_field("item").dynamic
+    assert table.evicts_by_event_time and table.evict_after_ms == 36 * 3_600_000 and table.evict_after_steps is None
+    assert parse_spec(yaml.safe_load(spec.to_yaml())) == spec
+    assert not parse_spec(spec_with({"capacity": 100, "evict_after_steps": 4})).sparse_field("item").dynamic \
+        .evicts_by_event_time
+
+
 def test_a_capacity_in_bytes_counts_rows_of_row_values():
     spec = parse_spec(spec_with({"capacity": "1MiB", "admit_after": 3, "evict_after_steps": 50,
                                  "when_full": "refuse", "keep_rows": 10}))
@@ -56,6 +65,10 @@ def test_a_capacity_in_bytes_counts_rows_of_row_values():
     ({"capacity": 10, "keep_rows": -1}, "keep_rows must be an integer >= 0"),
     ({"capacity": 10, "keep_rows": 11}, "keep_rows 11 is more than the capacity of 10 rows"),
     ({"capacity": 10, "evict_after_steps": 0}, "evict_after_steps must be a positive integer"),
+    ({"capacity": 10, "evict_after": "7"}, "evict_after: duration '7' has no unit"),
+    ({"capacity": 10, "evict_after": 7}, "evict_after: expected a duration with a unit"),
+    ({"capacity": 10, "evict_after": "0h"}, "evict_after must be a positive duration"),
+    ({"capacity": 10, "evict_after": "1d", "evict_after_steps": 5}, "evict_after_steps (steps) or evict_after"),
     ({"capacity": 10, "when_full": "random"}, "when_full must be one of ('lfu', 'refuse')"),
     ({"capacity": 10, "expire": 5}, "unknown key 'expire'"),
     (5, "dynamic must be a mapping"),
