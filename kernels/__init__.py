@@ -10,11 +10,12 @@ Four for the hot-row cache's bookkeeping, which lives on the host:
 - `positions_in`: which of a batch's rows are among others (rows still in flight);
 - `copy_rows`: move rows between tiers;
 - `sketch_add`: a conservative count-min sketch update.
-Four for a dynamic table's id -> row map, also on the host (see id_map_reference.py):
+Five for a dynamic table's id -> row map, also on the host (see id_map_reference.py):
 - `id_map_find`: the rows of a batch's keys, stamping the rows found, and its misses;
 - `id_map_admit`: rows for new keys, free rows first, then LFU victims;
 - `id_map_expire`: free the rows not seen for a while;
-- `id_map_rebuild`: the map's index again from its rows' keys.
+- `id_map_rebuild`: the map's index again from its rows' keys;
+- `id_map_initial_rows`: the first values of the rows new keys take.
 
 Backends, chosen per device at run time:
 - "reference": plain torch, the definition; runs anywhere;
@@ -137,6 +138,10 @@ def id_map_rebuild(index, row_keys):
     return _host_op("id_map_rebuild")(index, row_keys)
 
 
+def id_map_initial_rows(keys, width, scale):
+    return _host_op("id_map_initial_rows")(keys, width, scale)
+
+
 __all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "fused_update", "id_map_admit",
-           "id_map_expire", "id_map_find", "id_map_rebuild", "load_backend", "lookup", "map_to_slots", "positions_in",
+           "id_map_expire", "id_map_find", "id_map_initial_rows", "id_map_rebuild", "load_backend", "lookup", "map_to_slots", "positions_in",
            "row_gradients", "sketch_add"]

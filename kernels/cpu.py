@@ -237,3 +237,7 @@ def id_map_expire(index, row_keys, last_seen, counts, free_rows, free_count, old
 
 def id_map_rebuild(index, row_keys) -> None:
     _id_map_ops.rebuild(index, row_keys)
+
+
+def id_map_initial_rows(keys, width: int, scale: float):
+    return _id_map_ops.initial_rows(keys.contiguous(), int(width), float(scale))

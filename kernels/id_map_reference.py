@@ -34,12 +34,16 @@ Four ops:
   (by last_seen, then row), but never so many that fewer than `keep` rows stay live.
 - `rebuild()`: the index again from row_keys, inserting rows in order (serving loads
   only row_keys).
+And one op on no map: `initial_rows(keys, width, scale)`, the first values of the rows
+new keys take.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from picasso.hashing import splitmix64_array
 
 EMPTY_KEY = -(1 << 63)
 _MIN_SLOTS = 8
@@ -53,11 +57,7 @@ def slots_for(capacity: int) -> int:
 def home_slots(keys: torch.Tensor, slots: int) -> torch.Tensor:
     """Each key's home slot: the top log2(slots) bits of splitmix64(key)."""
     bits = slots.bit_length() - 1
-    with np.errstate(over="ignore"):
-        z = keys.numpy().view(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z ^= z >> np.uint64(31)
+    z = splitmix64_array(keys.numpy().view(np.uint64))
     return torch.from_numpy((z >> np.uint64(64 - bits)).astype(np.int64))
 
 
@@ -185,3 +185,15 @@ def rebuild(index, row_keys) -> None:
     index[:, 0], index[:, 1] = EMPTY_KEY, -1
     for row in torch.nonzero(row_keys != EMPTY_KEY).flatten().tolist():
         _insert(index, int(row_keys[row]), row)
+
+
+def initial_rows(keys: torch.Tensor, width: int, scale: float) -> torch.Tensor:
+    """(len(keys), width) float32: column c of key k is uniform in [-scale, scale), from the
+    top 24 bits of splitmix64(k * (width + 1) + c + 1) (uint64 arithmetic), computed in
+    float64 and rounded once. A pure function of the key, so a row starts the same in
+    every run and after every restore."""
+    with np.errstate(over="ignore"):
+        mixed = splitmix64_array(keys.numpy().view(np.uint64)[:, None] * np.uint64(width + 1)
+                            + np.arange(1, width + 1, dtype=np.uint64))
+    unit = (mixed >> np.uint64(40)).astype(np.float64) / float(1 << 24)
+    return torch.from_numpy(((2 * unit - 1) * scale).astype(np.float32)).reshape(keys.numel(), width)

@@ -34,18 +34,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 
-import numpy as np
 import torch
 from torch import nn
 
 from picasso import kernels
 from picasso.batch import TorchBatch
 from picasso.frequency import DecayedSketch
-from picasso.hashing import splitmix64_array
 from picasso.kernels.id_map_reference import EMPTY_KEY, slots_for
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, SparseField
 
+_NONE = torch.zeros(0, dtype=torch.int64)  # no positions, no keys (never written to)
 # The sketch's counts halve after this many additions per row of capacity (TinyLFU's
 # sample size W = 10 x the cache's size).
 _SKETCH_WINDOW = 10
@@ -130,14 +129,17 @@ class DynamicField(nn.Module):
         None to only read."""
         if clock is None:
             rows = kernels.id_map_find(*self._map_state(), keys, 0, False)[0]
-            empty = torch.zeros(0, dtype=torch.int64)
-            return torch.where(rows >= 0, rows, self.default_row), empty, empty
+            return torch.where(rows >= 0, rows, self.default_row), _NONE, _NONE
         table, stats, now = self.table, DynamicStats(lookups=keys.numel()), clock.now
         if self.max_age is not None:
             expired = kernels.id_map_expire(*self._map_state(), self.free_rows, self.free_count, now - self.max_age,
                                             table.keep_rows)[1]
             stats.evicted_by_age = expired.numel()
         rows, miss_keys, miss_counts, miss_inverse = kernels.id_map_find(*self._map_state(), keys, now, True)
+        if not miss_keys.numel():  # every key had its row
+            stats.hits = keys.numel()
+            self.stats.add(stats)
+            return rows, _NONE, _NONE
         stats.hits = int((rows >= 0).sum())
         chosen = self._admissible(miss_keys, miss_counts)
         new_rows, _, taken = kernels.id_map_admit(*self._map_state(), self.free_rows, self.free_count,
@@ -164,7 +166,7 @@ class DynamicField(nn.Module):
         if self.sketch is None or not keys.numel():
             return torch.ones(keys.numel(), dtype=torch.bool)
         estimates = self.sketch.add(keys, counts)
-        self.sketch_added += counts.sum()
+        self.sketch_added.add_(counts.sum())  # in place: a module's += re-registers the buffer
         if int(self.sketch_added) >= _SKETCH_WINDOW * self.capacity:
             self.sketch.decay(0.5)
             self.sketch_added.zero_()
@@ -232,16 +234,21 @@ class DynamicRows(nn.Module):
         field_of_ids: dict[str, torch.Tensor] = {}
         for member in self._members:
             flat = batch.ids[member.group]
-            if member.group not in field_of_ids:
-                field_of_ids[member.group] = _field_of_ids(batch.offsets[member.group], member.num_fields, flat.numel())
-                ids[member.group] = flat.clone()
-            where = torch.nonzero(field_of_ids[member.group] == member.position).flatten()
-            rows, first, keys = member.field.resolve(flat[where], None if clocks is None else
-                                                     clocks[member.field.table.evicts_by_event_time])
-            ids[member.group][where] = rows + member.row_offset
+            clock = None if clocks is None else clocks[member.field.table.evicts_by_event_time]
+            if member.num_fields == 1:  # the group's only field: every id is its key
+                rows, positions, keys = member.field.resolve(flat, clock)
+                ids[member.group] = rows + member.row_offset
+            else:
+                if member.group not in field_of_ids:
+                    field_of_ids[member.group] = _field_of_ids(batch.offsets[member.group], member.num_fields,
+                                                               flat.numel())
+                    ids[member.group] = flat.clone()
+                where = torch.nonzero(field_of_ids[member.group] == member.position).flatten()
+                rows, first, keys = member.field.resolve(flat[where], clock)
+                ids[member.group][where] = rows + member.row_offset
+                positions = where[first]
             if keys.numel():
                 previous = resets.get(member.group)
-                positions = where[first]
                 resets[member.group] = RowResets(positions, keys) if previous is None else RowResets(
                     torch.cat([previous.positions, positions]), torch.cat([previous.keys, keys]))
         return dataclasses.replace(batch, ids=ids), resets
@@ -255,7 +262,7 @@ class DynamicRows(nn.Module):
                 f"batch {number} carries no event time and none came before it: day-file partitions, Kafka "
                 "messages and joined samples carry one (PackedBatch.event_time_ms); elsewhere use "
                 "evict_after_steps")
-        self.batches += 1
+        self.batches.add_(1)
         steps = Clock(number, number - 1)
         if not self._by_event_time:
             return steps, None
@@ -302,11 +309,7 @@ def initial_rows(keys: torch.Tensor, width: int, scale: float) -> torch.Tensor:
     after every restore, whatever else happened in between."""
     if not scale or not keys.numel():
         return torch.zeros((keys.numel(), width))
-    with np.errstate(over="ignore"):
-        mixed = splitmix64_array(keys.numpy().view(np.uint64)[:, None] * np.uint64(width + 1)
-                                 + np.arange(1, width + 1, dtype=np.uint64))
-    unit = (mixed >> np.uint64(40)).astype(np.float64) / float(1 << 24)
-    return torch.from_numpy(((2 * unit - 1) * scale).astype(np.float32))
+    return kernels.id_map_initial_rows(keys, width, scale)
 
 
 def reset_new_rows(embeddings, ids: dict[str, torch.Tensor], resets: dict[str, RowResets]) -> None:

@@ -14,8 +14,10 @@ from picasso.kernels import load_backend
 
 EMPTY = reference.EMPTY_KEY
 cpu = load_backend("cpu")
-CPP = {"find": cpu.id_map_find, "admit": cpu.id_map_admit, "expire": cpu.id_map_expire, "rebuild": cpu.id_map_rebuild}
-REFERENCE = {"find": reference.find, "admit": reference.admit, "expire": reference.expire, "rebuild": reference.rebuild}
+CPP = {"find": cpu.id_map_find, "admit": cpu.id_map_admit, "expire": cpu.id_map_expire, "rebuild": cpu.id_map_rebuild,
+       "initial_rows": cpu.id_map_initial_rows}
+REFERENCE = {"find": reference.find, "admit": reference.admit, "expire": reference.expire, "rebuild": reference.rebuild,
+             "initial_rows": reference.initial_rows}
 STATE = ("index", "row_keys", "last_seen", "counts", "free_rows", "free_count")
 
 
@@ -260,7 +262,22 @@ def test_bad_inputs_are_clear_errors_from_the_cpp_ops():
     assert torch.equal(state["row_keys"], new_map(4)["row_keys"])  # refused before anything moved
 
 
-@pytest.mark.parametrize("op", ["find", "admit", "expire", "rebuild"])
+@pytest.mark.parametrize("width, scale", [(1, 0.01), (7, 0.05), (16, 1.0), (33, 3e-4)])
+def test_initial_rows_are_the_references_bit_for_bit_and_a_function_of_the_key(width, scale):
+    keys = torch.cat([torch.tensor([0, 1, -1, EMPTY + 1, 2**63 - 1]),
+                      torch.from_numpy(np.random.default_rng(width).integers(EMPTY + 1, 2**63 - 1, 500))])
+    values = cpu.id_map_initial_rows(keys, width, scale)
+    expected = reference.initial_rows(keys, width, scale)
+    assert values.dtype == torch.float32 and values.shape == (keys.numel(), width)
+    assert torch.equal(values, expected)
+    assert values.abs().max() <= scale and values.std() > scale / 3  # spread over [-scale, scale)
+    assert torch.equal(cpu.id_map_initial_rows(keys[3:4], width, scale), values[3:4])  # the key's alone
+    assert not torch.equal(values[0], values[1])
+    with pytest.raises(RuntimeError, match="initial_rows: width must be >= 1"):
+        cpu.id_map_initial_rows(keys, 0, scale)
+
+
+@pytest.mark.parametrize("op", ["find", "admit", "expire", "rebuild", "initial_rows"])
 def test_dispatch_runs_the_cpp_ops_unless_told_otherwise(monkeypatch, op):
     monkeypatch.delenv("PICASSO_KERNELS", raising=False)
     assert kernels._host_op(f"id_map_{op}") is CPP[op]

@@ -304,6 +304,26 @@ std::vector<torch::Tensor> expire(torch::Tensor index, torch::Tensor row_keys, t
   return {as_tensor(evicted_keys), as_tensor(expired)};
 }
 
+// The first values of the rows new keys take, as id_map_reference.initial_rows: column c
+// of key k from the top 24 bits of mix(k * (width + 1) + c + 1), in double, rounded once.
+torch::Tensor initial_rows(torch::Tensor keys, int64_t width, double scale) {
+  check_int64(keys, "initial_rows", "keys", 1);
+  TORCH_CHECK(width >= 1, "initial_rows: width must be >= 1, got ", width);
+  const int64_t n = keys.numel();
+  torch::Tensor out = torch::empty({n, width}, torch::kFloat32);
+  const int64_t* key = keys.data_ptr<int64_t>();
+  float* value = out.data_ptr<float>();
+  const uint64_t stride = static_cast<uint64_t>(width) + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < width; ++c) {
+      const uint64_t x = static_cast<uint64_t>(key[i]) * stride + static_cast<uint64_t>(c + 1);
+      const double unit = static_cast<double>(mix(static_cast<int64_t>(x)) >> 40) / 16777216.0;
+      value[i * width + c] = static_cast<float>((2.0 * unit - 1.0) * scale);
+    }
+  }
+  return out;
+}
+
 // The index again from row_keys, inserting the live rows in order.
 void rebuild(torch::Tensor index, torch::Tensor row_keys) {
   // map_of's checks, with row_keys standing in for the counters rebuild never reads.
@@ -322,4 +342,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("admit", &admit, "rows for new keys: free rows, then LFU victims", py::call_guard<py::gil_scoped_release>());
   m.def("expire", &expire, "free the rows last seen before a batch", py::call_guard<py::gil_scoped_release>());
   m.def("rebuild", &rebuild, "the index again from row_keys", py::call_guard<py::gil_scoped_release>());
+  m.def("initial_rows", &initial_rows, "the first values of new keys' rows", py::call_guard<py::gil_scoped_release>());
 }
