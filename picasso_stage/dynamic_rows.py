@@ -64,6 +64,7 @@ class DynamicStats:
     admitted: int = 0  # keys given a row
     evicted_by_age: int = 0  # rows freed by evict_after_steps
     evicted_when_full: int = 0  # rows taken from a key for a new one (when_full: lfu)
+    refused: int = 0  # keys due a row that found none free (when_full: refuse, or no LFU victim)
     default_lookups: int = 0  # lookups served by the default row (not admitted yet, or no room)
 
     def add(self, other: "DynamicStats") -> None:
@@ -146,6 +147,7 @@ class DynamicField(nn.Module):
                                                   miss_keys[chosen], miss_counts[chosen], now,
                                                   table.when_full == "lfu", clock.before)
         stats.evicted_when_full = taken.numel()
+        stats.refused = int((new_rows < 0).sum())
         row_of_miss = torch.full((miss_keys.numel(),), -1, dtype=torch.int64)
         row_of_miss[chosen] = new_rows
         missed = miss_inverse >= 0

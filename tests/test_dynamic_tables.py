@@ -9,11 +9,13 @@ import pyarrow as pa
 import pytest
 import torch
 
+from picasso import kernels
 from picasso.batch import pack
 from picasso.cache import CacheConfig
 from picasso.connectors.decoders import RecordDecoder
 from picasso.distributed.layout import ShardLayout
 from picasso.dynamic_rows import initial_rows
+from picasso.kernels import id_map_reference
 from picasso.kernels.id_map_reference import EMPTY_KEY
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, parse_spec
@@ -126,7 +128,7 @@ def test_when_full_lfu_takes_the_least_counted_row_the_last_batches_did_not_use(
     trainer.train_step(batch_of(refuse, [1, 2, 3, 4], 1))
     trainer.train_step(batch_of(refuse, [5, 5], 2))
     assert set(live_keys(item_map(trainer))) == {1, 2, 3, 4}
-    assert item_map(trainer).stats.default_lookups == 2
+    assert item_map(trainer).stats.default_lookups == 2 and item_map(trainer).stats.refused == 1
 
 
 def test_a_new_key_starts_from_its_own_first_values_even_on_a_reused_row():
@@ -210,3 +212,36 @@ def test_sync_and_gba_refuse_a_dynamic_table_by_name():
     trainer = Trainer(spec, TrainConfig(hidden=(8,)))
     with pytest.raises(ValueError, match="dynamic tables .* train in local mode only"):
         ShardLayout.from_model(trainer.model, 2)
+
+
+@pytest.mark.parametrize("seed, settings", [
+    (0, {"capacity": 25, "admit_after": 2, "evict_after_steps": 2, "keep_rows": 4}),
+    (1, {"capacity": 12, "when_full": "refuse", "evict_after_steps": 3}),
+    (2, {"capacity": 9, "admit_after": 3}),
+    (3, {"capacity": 40, "evict_after_steps": 1, "keep_rows": 40}),
+])
+def test_training_on_the_cpp_map_equals_training_on_the_reference(monkeypatch, seed, settings):
+    """Randomized streams through whole training steps: the same rows, weights and
+    evictions whichever implementation of the map runs."""
+    spec = make_spec(settings)
+    batches = stream(spec, batches=14, size=40, seed=seed)
+    cpp = Trainer(spec, TrainConfig(hidden=(8,), seed=seed))
+    cpp.train(batches)
+    host_op, referenced = kernels._host_op, []
+
+    def reference_map(name: str):
+        if not name.startswith("id_map_"):
+            return host_op(name)
+        referenced.append(name)
+        return getattr(id_map_reference, name.removeprefix("id_map_"))
+
+    monkeypatch.setattr(kernels, "_host_op", reference_map)
+    reference = Trainer(spec, TrainConfig(hidden=(8,), seed=seed))
+    reference.train(batches)
+    assert {"id_map_find", "id_map_admit", "id_map_initial_rows"} <= set(referenced)
+    expected, got = cpp.state()["model"], reference.state()["model"]
+    assert all(torch.equal(expected[key], got[key]) for key in expected), [
+        key for key in expected if not torch.equal(expected[key], got[key])]
+    assert [m.stats for m in cpp.model.dynamic_rows.maps] == [m.stats for m in reference.model.dynamic_rows.maps]
+    stats = cpp.model.dynamic_rows.maps[0].stats
+    assert stats.admitted > settings["capacity"] and stats.evicted_by_age + stats.evicted_when_full + stats.refused > 0
