@@ -206,6 +206,15 @@ class _Member:
     field: DynamicField
 
 
+@dataclass(frozen=True)
+class FieldKeys:
+    """One dynamic field's keys in a batch."""
+
+    member: _Member
+    where: torch.Tensor | None  # their positions in the group's flat ids; None: all of them
+    keys: torch.Tensor
+
+
 class DynamicRows(nn.Module):
     """The maps of every dynamic field of a spec, applied to whole batches."""
 
@@ -232,28 +241,51 @@ class DynamicRows(nn.Module):
         """The batch with its dynamic fields' keys replaced by table rows, and per group the
         rows given to new keys (training only; reset_new_rows writes their first values)."""
         clocks = self._advance(batch) if training else None
-        ids, resets = dict(batch.ids), {}
-        field_of_ids: dict[str, torch.Tensor] = {}
+        parts, resets = self.keys_of(batch), {}
+        rows_of_parts = []
+        for part in parts:
+            field = part.member.field
+            rows, first, keys = field.resolve(part.keys, None if clocks is None else
+                                              clocks[field.table.evicts_by_event_time])
+            rows_of_parts.append(rows)
+            if keys.numel():
+                positions = first if part.where is None else part.where[first]
+                previous = resets.get(part.member.group)
+                resets[part.member.group] = RowResets(positions, keys) if previous is None else RowResets(
+                    torch.cat([previous.positions, positions]), torch.cat([previous.keys, keys]))
+        return self.with_rows(batch, parts, rows_of_parts), resets
+
+    def keys_of(self, batch: TorchBatch) -> list["FieldKeys"]:
+        """Each dynamic field's keys in the batch, and where they sit in its group's ids."""
+        parts, field_of_ids = [], {}
         for member in self._members:
             flat = batch.ids[member.group]
-            clock = None if clocks is None else clocks[member.field.table.evicts_by_event_time]
             if member.num_fields == 1:  # the group's only field: every id is its key
-                rows, positions, keys = member.field.resolve(flat, clock)
-                ids[member.group] = rows + member.row_offset
-            else:
-                if member.group not in field_of_ids:
-                    field_of_ids[member.group] = _field_of_ids(batch.offsets[member.group], member.num_fields,
-                                                               flat.numel())
-                    ids[member.group] = flat.clone()
-                where = torch.nonzero(field_of_ids[member.group] == member.position).flatten()
-                rows, first, keys = member.field.resolve(flat[where], clock)
-                ids[member.group][where] = rows + member.row_offset
-                positions = where[first]
-            if keys.numel():
-                previous = resets.get(member.group)
-                resets[member.group] = RowResets(positions, keys) if previous is None else RowResets(
-                    torch.cat([previous.positions, positions]), torch.cat([previous.keys, keys]))
-        return dataclasses.replace(batch, ids=ids), resets
+                parts.append(FieldKeys(member, None, flat))
+                continue
+            if member.group not in field_of_ids:
+                field_of_ids[member.group] = _field_of_ids(batch.offsets[member.group], member.num_fields, flat.numel())
+            where = torch.nonzero(field_of_ids[member.group] == member.position).flatten()
+            parts.append(FieldKeys(member, where, flat[where]))
+        return parts
+
+    @staticmethod
+    def with_rows(batch: TorchBatch, parts: list["FieldKeys"], rows: list[torch.Tensor]) -> TorchBatch:
+        """The batch with each part's keys replaced by `rows` (within the field's range)."""
+        ids = dict(batch.ids)
+        for part, field_rows in zip(parts, rows):
+            group = part.member.group
+            if part.where is None:
+                ids[group] = field_rows + part.member.row_offset
+                continue
+            if ids[group] is batch.ids[group]:
+                ids[group] = ids[group].clone()
+            ids[group][part.where] = field_rows + part.member.row_offset
+        return dataclasses.replace(batch, ids=ids)
+
+    @property
+    def members(self) -> list[_Member]:
+        return list(self._members)
 
     def _advance(self, batch: TorchBatch) -> tuple[Clock, Clock | None]:
         """This training batch's clocks, (steps, event time), the clocks moved on past it."""

@@ -137,18 +137,18 @@ def _slowdown(args, rank: int) -> float:
     return args.straggler[1] if args.straggler and args.straggler[0] == rank else 1.0
 
 
-def _trainer(args):
+def _trainer(args, sync: bool = False):
     """A Trainer of the flags' model, resumed from WORKDIR/checkpoints when it has one;
     returns (it, the checkpoints' root, the checkpoint resumed or None)."""
-    from picasso.distributed.layout import DISTRIBUTED_DYNAMIC
+    from picasso.distributed.layout import SYNC_DYNAMIC
     from picasso.trainer import TrainConfig, Trainer
 
     try:
         spec = load_spec(args.spec)
     except SpecError as err:
         raise SystemExit(f"error: {err}") from None
-    if spec.dynamic_fields:
-        raise SystemExit(f"error: {', '.join(f.name for f in spec.dynamic_fields)}: {DISTRIBUTED_DYNAMIC}")
+    if sync and spec.dynamic_fields:
+        raise SystemExit(f"error: {', '.join(f.name for f in spec.dynamic_fields)}: {SYNC_DYNAMIC}")
     config = TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu")
     trainer = Trainer(spec, config)
     root = Path(args.workdir) / "checkpoints"
@@ -304,7 +304,7 @@ def run_sync(args) -> int:
 
     if "RANK" not in os.environ:
         raise SystemExit("error: sync-worker runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR unset)")
-    trainer, root, _ = _trainer(args)
+    trainer, root, _ = _trainer(args, sync=True)
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()

@@ -13,7 +13,6 @@ from picasso import kernels
 from picasso.batch import pack
 from picasso.cache import CacheConfig
 from picasso.connectors.decoders import RecordDecoder
-from picasso.distributed.layout import ShardLayout
 from picasso.dynamic_rows import initial_rows
 from picasso.kernels import id_map_reference
 from picasso.kernels.id_map_reference import EMPTY_KEY
@@ -205,13 +204,6 @@ def test_interleaving_the_cache_and_a_restart_train_the_same_model(cache, tmp_pa
         if "dynamic_rows" in key:
             assert torch.equal(expected[key], got[key]), key
     assert item_map(plain).stats.evicted_by_age > 0 and item_map(plain).stats.admitted > 70
-
-
-def test_sync_and_gba_refuse_a_dynamic_table_by_name():
-    spec = make_spec({"capacity": 5})
-    trainer = Trainer(spec, TrainConfig(hidden=(8,)))
-    with pytest.raises(ValueError, match="dynamic tables .* train in local mode only"):
-        ShardLayout.from_model(trainer.model, 2)
 
 
 @pytest.mark.parametrize("seed, settings", [

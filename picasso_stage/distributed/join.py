@@ -96,6 +96,11 @@ def join_job(address: ServerAddress, settings: JoinSettings = JoinSettings(),
             raise ParameterServerError(f"no parameter server at {address.host}:{address.port} after "
                                        f"{address.timeout_s:g} s (start `picasso ps` first, with the same --port)")
         description = first.call("describe")
+        if settings.row_cache is not None and description.spec.dynamic_fields:
+            # Refused before joining: its rows change keys on the shards, unseen by the cache.
+            raise ValueError("the row cache serves rows by number, and a dynamic table's rows change hands on the "
+                             f"shards: turn it off (--row-cache off) for spec {description.spec.name!r}, whose "
+                             f"{', '.join(f.name for f in description.spec.dynamic_fields)} are dynamic")
         if spec is not None and description.spec != spec:
             raise ValueError(f"the parameter server trains spec {description.spec.name!r}, the pipeline packs "
                              f"{spec.name!r}: start `picasso ps` with the pipeline's spec")

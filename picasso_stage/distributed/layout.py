@@ -22,14 +22,16 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from picasso.distributed.dynamic_shard import CLOCK_KEYS, DynamicLayout, dynamic_layouts, merge_maps, rehome
 from picasso.embedding import PackedEmbedding
 from picasso.kernels import SparseOptimizer
 
 
-# Sharding a dynamic table needs its map on the servers, which own ids by hash and admit
-# and evict there; until then a spec with one trains in local mode only.
-DISTRIBUTED_DYNAMIC = ("dynamic tables (a sparse field's `dynamic:`) train in local mode only: the sync and gba "
-                       "modes shard fixed tables; give the field hash_buckets to train it distributed")
+# In sync mode every rank steps a replica of the whole model: the replicas' maps would
+# admit and evict each rank's own ids and part ways. GBA's shards own ids instead
+# (dynamic_shard.py).
+SYNC_DYNAMIC = ("dynamic tables (a sparse field's `dynamic:`) train in the local and gba modes, not in sync: "
+                "its replicas would each admit their own ids; give the field hash_buckets, or train with gba")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class ShardLayout:
     tables: tuple[TableLayout, ...]
     other: tuple[str, ...]  # any other state-dict entry (kept, unchanged, on shard 0)
     keys: tuple[str, ...]  # every state-dict key, in the model's order (merge keeps it)
+    # Dynamic fields: their maps are split by key owner, their rows re-homed (dynamic_shard.py).
+    dynamic: tuple[DynamicLayout, ...] = ()
 
     def __post_init__(self):
         if self.num_shards < 1:
@@ -56,8 +60,6 @@ class ShardLayout:
 
     @classmethod
     def from_model(cls, model: nn.Module, num_shards: int) -> "ShardLayout":
-        if "dynamic_rows" in model._modules:
-            raise ValueError(DISTRIBUTED_DYNAMIC)
         tables, steps_keys = [], set()
         for prefix, module in model.named_modules():
             if not isinstance(module, PackedEmbedding):
@@ -75,9 +77,11 @@ class ShardLayout:
                     dim=table.shape[1],
                 ))
         dense = tuple(name for name, _ in model.named_parameters())
+        dynamic = dynamic_layouts(model, num_shards)
         sharded = {key for t in tables for key in (t.key, *t.slot_keys)}
+        sharded |= {key for d in dynamic for key in d.map_keys} | (set(CLOCK_KEYS) if dynamic else set())
         other = tuple(k for k in model.state_dict() if k not in sharded and k not in dense and k not in steps_keys)
-        return cls(num_shards, dense, tuple(tables), other, tuple(model.state_dict()))
+        return cls(num_shards, dense, tuple(tables), other, tuple(model.state_dict()), dynamic)
 
     @property
     def steps_keys(self) -> tuple[str, ...]:
@@ -113,12 +117,18 @@ class ShardLayout:
 
     def split(self, model_state: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         """A model state dict (Trainer.state()["model"]) cut into one dict per shard, under
-        the same keys: shard s gets rows s, s + S, s + 2S, ... of every table and slot."""
+        the same keys: shard s gets rows s, s + S, s + 2S, ... of every table and slot, and
+        its share of each dynamic field's map."""
         expected = set(self.keys)
         if set(model_state) != expected:
             raise ValueError(f"the state does not fit the layout: missing {sorted(expected - set(model_state))}, "
                              f"unexpected {sorted(set(model_state) - expected)}")
         parts: list[dict[str, torch.Tensor]] = [{} for _ in range(self.num_shards)]
+        if self.dynamic:  # each live key's row to a row its owner holds, and each shard's maps
+            model_state, maps = rehome(model_state, self.dynamic, self.num_shards)
+            for part, mine in zip(parts, maps):
+                part.update(mine)
+                part.update({key: model_state[key].clone() for key in CLOCK_KEYS})
         for key in (*self.dense, *self.other):
             parts[0][key] = model_state[key].clone()
         for s, part in enumerate(parts):
@@ -141,4 +151,6 @@ class ShardLayout:
                 for s, part in enumerate(parts):
                     full[s::self.num_shards] = part[key]
                 state[key] = full
+        if self.dynamic:
+            state.update(merge_maps(parts, self.dynamic))
         return {key: state[key] for key in self.keys}

@@ -53,11 +53,12 @@ from picasso.cache import CacheConfig
 from picasso.distributed import transport, wire
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import PushOutcome, WorkerDropped, worker_id
+from picasso.distributed.dynamic_shard import DynamicLayout, owner_of
 from picasso.distributed.layout import ShardLayout, TableLayout
 from picasso.distributed.local_gradient import LocalGradient
 from picasso.distributed.shard import Pulled, Shard, ShardSnapshot
 from picasso.kernels import SparseOptimizer
-from picasso.spec import DenseField, FeatureSpec, SparseField
+from picasso.spec import DenseField, DynamicTable, FeatureSpec, SparseField
 from picasso.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -118,7 +119,7 @@ class ShardService:
     def methods(self) -> dict:
         shard = self.shard
         return {"describe": self.describe, "join": self.join, "start_line": self.start_line, "pull": shard.pull,
-                "push": shard.push, "positions": shard.positions, "forget": shard.drop_worker, "finish": self.finish,
+                "resolve": shard.resolve, "push": shard.push, "positions": shard.positions, "forget": shard.drop_worker, "finish": self.finish,
                 "stashed": self.stashed, "snapshot": shard.snapshot, "release": self.stopped.set, "status": self.status}
 
     def status(self) -> dict:
@@ -271,7 +272,8 @@ def _ask(peer: transport.Connection, method: str, *args):
 
 
 wire.register(Contribution, RowGradient, PushOutcome, Pulled, ShardSnapshot, JobDescription, FeatureSpec, DenseField,
-              SparseField, TrainConfig, CacheConfig, ShardLayout, TableLayout, SparseOptimizer)
+              SparseField, DynamicTable, TrainConfig, CacheConfig, ShardLayout, TableLayout, DynamicLayout,
+              SparseOptimizer)
 
 
 # -- the worker side ----------------------------------------------------------------------------
@@ -317,6 +319,21 @@ class PSClient:
                 mine = owners[key] == s
                 values[key][mine], versions[key][mine] = answer.rows[key], answer.versions[key]
         return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions, answers[0].stop)
+
+    def resolve(self, keys: dict[str, torch.Tensor], event_time_ms: int | None) -> dict[str, torch.Tensor]:
+        """Per dynamic field, the rows of a batch's keys: each shard resolves the keys it
+        owns (admitting and evicting there), all shards at once."""
+        owners = {name: owner_of(k, self.layout.num_shards) for name, k in keys.items()}
+        calls = [self._call(s, "resolve", (self.worker, {name: k[owners[name] == s] for name, k in keys.items()},
+                                           event_time_ms), True)
+                 for s in range(self.layout.num_shards)]
+        answers = [self._settled(s, "resolve", call) for s, call in enumerate(calls)]
+        rows = {}
+        for name, wanted in keys.items():
+            rows[name] = torch.empty_like(wanted)
+            for s, answer in enumerate(answers):
+                rows[name][owners[name] == s] = answer[name]
+        return rows
 
     def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None,
              ranges: dict[str, tuple[int, int]] | None = None) -> None:
@@ -402,7 +419,8 @@ class _Answered:
 def in_process(shards: list[Shard]):
     """A `call` for PSClient that reaches Shard objects in this process instead of over
     the network: the same client, for tests and one-process runs."""
-    methods = {"pull": "pull", "push": "push", "positions": "positions", "forget": "drop_worker", "finish": "retire"}
+    methods = {"pull": "pull", "resolve": "resolve", "push": "push", "positions": "positions", "forget": "drop_worker",
+               "finish": "retire"}
 
     def call(index: int, method: str, args: tuple, asynchronous: bool):
         result = getattr(shards[index], methods[method])(*args)

@@ -25,6 +25,7 @@ import torch
 
 from picasso import kernels
 from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGradient
+from picasso.distributed.dynamic_shard import BATCHES_KEY, ShardMaps
 from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl, WorkerDropped
 from picasso.distributed.layout import ShardLayout, TableLayout
 from picasso.distributed.ledger import Ledger
@@ -78,6 +79,12 @@ class Shard:
             self.dense_optimizer.load_state_dict(dense_optimizer)
         self.versions = {t.key: torch.zeros(layout.local_rows(index, t), dtype=torch.int64) for t in layout.tables}
         self.control = TokenControl(gba, step, positions=positions, ledger=ledger)
+        # The dynamic fields' maps of the keys this shard owns. LFU spares rows used within
+        # the staleness limit: a gradient for them may still come.
+        decay = gba.decay
+        self.maps = ShardMaps(layout.dynamic, index, layout.num_shards, self.tensors,
+                              decay.limit if decay.limit is not None else max(decay.tau_max, 1)) \
+            if layout.dynamic else None
         self.samples = samples
         self.sample_budget = sample_budget
         # A snapshot is stashed at each step that is a multiple of checkpoint_every (0: none),
@@ -105,6 +112,14 @@ class Shard:
                 versions[key] = self.versions[key][local]
             dense_values = {name: self.tensors[name].clone() for name in self.layout.dense} if dense else {}
             return Pulled(token, dense_values, values, versions, stop=self._budget_spent())
+
+    def resolve(self, worker: str, keys: dict[str, torch.Tensor], event_time_ms: int | None) -> dict[str, torch.Tensor]:
+        """Per dynamic field, the rows of its keys (all owned here): dynamic_shard.ShardMaps."""
+        self._arrived[worker] = time.monotonic()
+        if self.maps is None:
+            raise ValueError(f"shard {self.index} holds no dynamic fields")
+        with self._lock:
+            return self.maps.resolve(keys, event_time_ms, self.control.step, self.versions)
 
     def push(self, contribution: Contribution) -> PushOutcome:
         self._arrived[contribution.worker] = time.monotonic()
@@ -179,6 +194,8 @@ class Shard:
 
     def _snapshot(self) -> ShardSnapshot:
         """The caller holds the lock."""
+        if self.maps is not None:  # the maps' step clock is the global step
+            self.tensors[BATCHES_KEY].fill_(self.control.step)
         return ShardSnapshot(
             index=self.index,
             tensors={key: value.clone() for key, value in self.tensors.items()},

@@ -62,7 +62,7 @@ import torch.distributed as dist
 from picasso.batch import PackedBatch
 from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGradient, Weighted, aggregate
 from picasso.distributed.gba import GBAConfig
-from picasso.distributed.layout import ShardLayout
+from picasso.distributed.layout import SYNC_DYNAMIC, ShardLayout
 from picasso.distributed.local_gradient import GradientComputer, LocalGradient
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.staleness import NO_DECAY
@@ -303,6 +303,8 @@ class SyncReplica:
         """trainer: this rank's Trainer, built (and restored) alike on every rank;
         slowdown: this rank straggles (worker.Straggler), as the benchmark injects."""
         self.trainer, self.rank, self.world_size, self.straggler = trainer, rank, world_size, Straggler(slowdown)
+        if trainer.spec.dynamic_fields:
+            raise ValueError(SYNC_DYNAMIC)
         self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY))
         config = trainer.config
         self.computer = GradientComputer(config.build_model(trainer.spec, trainer.plan))

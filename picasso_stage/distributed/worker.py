@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from picasso.batch import PackedBatch
+from picasso.batch import PackedBatch, TorchBatch
 from picasso.distributed.gba import WorkerDropped
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import PSClient
@@ -113,6 +113,8 @@ class GBAWorker:
             return True
         with self.straggler.working():
             tensors = batch.to_torch()
+        tensors = self._resolve(tensors)
+        with self.straggler.working():
             rows = self.computer.rows_needed(tensors)
         pulled = self.client.pull(rows)
         if pulled.stop:
@@ -127,3 +129,13 @@ class GBAWorker:
         stats.samples += gradient.samples
         stats.loss_sum += gradient.loss_sum
         return True
+
+    def _resolve(self, tensors: TorchBatch) -> TorchBatch:
+        """The batch with its dynamic fields' keys turned into rows by the shards that own
+        them (dynamic_shard.py); a spec without dynamic fields as it is."""
+        dynamic = self.computer.model._modules.get("dynamic_rows")
+        if dynamic is None:
+            return tensors
+        parts = dynamic.keys_of(tensors)
+        rows = self.client.resolve({part.member.field.field.name: part.keys for part in parts}, tensors.event_time_ms)
+        return dynamic.with_rows(tensors, parts, [rows[part.member.field.field.name] for part in parts])
