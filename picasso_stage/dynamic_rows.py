@@ -318,14 +318,20 @@ class DynamicRows(nn.Module):
         out: dict[str, float] = {}
         for member in self._members:
             field = member.field
-            prefix = f"dynamic_{field.field.name}_"
-            out.update({prefix + f.name: float(getattr(field.stats, f.name)) for f in fields(field.stats)})
-            out[prefix + "live_rows"] = float(field.live_rows)
-            out[prefix + "fill"] = field.live_rows / field.capacity
+            out.update(field_metrics(field.field.name, field.stats, field.live_rows, field.capacity))
         return out
 
     def _apply(self, fn, recurse=True):
         return self  # host state, as DynamicField's
+
+
+def field_metrics(name: str, stats: DynamicStats, live_rows: int, capacity: int) -> dict[str, float]:
+    """A field's metrics, as a published version logs them: `dynamic_<field>_<count>`."""
+    prefix = f"dynamic_{name}_"
+    out = {prefix + f.name: float(getattr(stats, f.name)) for f in fields(stats)}
+    out[prefix + "live_rows"] = float(live_rows)
+    out[prefix + "fill"] = live_rows / capacity
+    return out
 
 
 def _field_of_ids(offsets: torch.Tensor, num_fields: int, num_ids: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from picasso.checkpoint import latest_checkpoint
-from picasso.distributed.dynamic_shard import owner_of
+from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.distributed.dynamic_shard import checkpoint_metrics, owner_of
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import PSClient, in_process
@@ -42,13 +42,15 @@ def on_shards(trainer: Trainer, shards: int, gba: GBAConfig = GBAConfig.plain_as
 
 def gba_train(trainer: Trainer, batches, shards: int, gba: GBAConfig = GBAConfig.plain_async()):
     """The batches trained by one worker on `shards` shards started from `trainer`; the
-    shards and the Trainer state they merge into."""
+    shards, the Trainer state they merge into and its dynamic metrics."""
     servers, layout = on_shards(trainer, shards, gba)
     client = PSClient(layout, "worker0/a", max_in_flight=0, call=in_process(servers))
     model = trainer.config.build_model(trainer.spec, trainer.plan)
     stats = GBAWorker(client, GradientComputer(model)).train(batches)
     assert stats.batches == len(batches) and stats.refused == 0
-    return servers, layout, trainer_state(layout, [s.snapshot() for s in servers], trainer)
+    snapshots = [s.snapshot() for s in servers]
+    return servers, layout, trainer_state(layout, snapshots, trainer), checkpoint_metrics(
+        layout.dynamic, [s.dynamic for s in snapshots])
 
 
 def restored(spec, state) -> Trainer:
@@ -77,8 +79,10 @@ def test_one_worker_on_the_shards_trains_like_the_trainer(shards):
     batches = stream(spec, batches=12, size=40)
     local = Trainer(spec, CONFIG)
     local.train(batches)
-    servers, layout, state = gba_train(Trainer(spec, CONFIG), batches, shards)
+    servers, layout, state, metrics = gba_train(Trainer(spec, CONFIG), batches, shards)
     assert state["step"] == local.step
+    local_metrics = local.model.dynamic_rows.metrics()
+    assert {k: metrics[k] for k in local_metrics} == local_metrics  # the same counts, summed over the shards
     merged = restored(spec, state)
     for field in (0, 1):
         ours, theirs = values_by_key(merged, field), values_by_key(local, field)
@@ -97,10 +101,10 @@ def test_one_worker_on_the_shards_trains_like_the_trainer(shards):
 def test_shards_admit_and_evict_on_their_own_rows_and_merge_into_a_trainer(tmp_path):
     spec = make_spec(SETTINGS)  # admission at the second sighting, eviction after 3 steps, 70 rows
     batches = stream(spec, batches=20)
-    servers, layout, state = gba_train(Trainer(spec, CONFIG), batches, shards=3)
+    servers, layout, state, metrics = gba_train(Trainer(spec, CONFIG), batches, shards=3)
     item = layout.dynamic[0]
-    assert sum(s.maps.fields["item"].stats.evicted_by_age for s in servers) > 0
-    assert sum(s.maps.fields["item"].stats.admitted for s in servers) > item.capacity
+    assert metrics["dynamic_item_evicted_by_age"] > 0 and metrics["dynamic_item_admitted"] > item.capacity
+    assert all(s.maps.fields["item"].stats.admitted == 0 for s in servers)  # a snapshot takes the counts
     for index, server in enumerate(servers):
         field = server.maps.fields["item"]
         live = field.row_keys[field.row_keys != EMPTY_KEY]
@@ -190,6 +194,10 @@ def test_a_gba_job_over_grpc_trains_a_dynamic_table_on_its_shards(tmp_path):
     rows = torch.tensor(list(keys.values())) + member.row_offset
     assert torch.equal(rows % 2, owner_of(torch.tensor(list(keys)), 2))
     assert int(trainer.model.dynamic_rows.batches) == summary["step"]
+    # The version's own counts, summed over the shards, as a Trainer's checkpoint has them.
+    metrics = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints")).metrics
+    assert metrics["dynamic_a_live_rows"] == len(keys) and metrics["dynamic_a_fill"] == len(keys) / 120
+    assert metrics["dynamic_a_admitted"] >= len(keys) and metrics["dynamic_a_lookups"] >= 1200
     assert trainer.predict(planted_batches(spec, 64, 64)[0][0]).shape == (64,)
 
 
@@ -199,8 +207,8 @@ def test_shards_evict_by_the_event_time_their_batches_carry():
     batches = [batch.with_event_time(i * hour // 2) for i, batch in enumerate(stream(spec, batches=10))]
     local = Trainer(spec, CONFIG)
     local.train(batches)
-    servers, _, state = gba_train(Trainer(spec, CONFIG), batches, shards=2)
-    assert sum(s.maps.fields["item"].stats.evicted_by_age for s in servers) > 0
+    servers, _, state, metrics = gba_train(Trainer(spec, CONFIG), batches, shards=2)
+    assert metrics["dynamic_item_evicted_by_age"] > 0
     assert int(state["model"]["dynamic_rows.event_time"]) == 9 * hour // 2
     merged = restored(spec, state)
     assert rows_by_key(merged).keys() == rows_by_key(local).keys()  # the same ids left, on either clock

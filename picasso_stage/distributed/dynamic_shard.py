@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from picasso.dynamic_rows import Clock, DynamicField, EventTimeMissing, initial_rows
+from picasso.dynamic_rows import Clock, DynamicField, DynamicStats, EventTimeMissing, field_metrics, initial_rows
 from picasso.embedding import PackedEmbedding
 from picasso.hashing import splitmix64_array
 from picasso.kernels.id_map_reference import EMPTY_KEY
@@ -230,6 +230,14 @@ class ShardMaps:
             rows_of[name] = rows
         return rows_of
 
+    def take_stats(self) -> dict[str, tuple[DynamicStats, int]]:
+        """Per field, its counts since the last call (which starts them afresh) and its
+        live rows: what a checkpoint of this step reports."""
+        taken = {}
+        for name, field in self.fields.items():
+            taken[name], field.stats = (field.stats, field.live_rows), DynamicStats()
+        return taken
+
     def _event_clock(self, event_time_ms: int | None, fields: list[str]) -> Clock | None:
         if not fields:
             return None
@@ -251,3 +259,16 @@ class ShardMaps:
             for slot in slots:
                 self.tensors[slot][local] = 0
             versions[table][local] += _NEW_KEY_VERSIONS
+
+
+def checkpoint_metrics(layouts: tuple[DynamicLayout, ...], taken: list[dict]) -> dict[str, float]:
+    """Every shard's take_stats of one step, summed per field into a Trainer's metrics."""
+    out = {}
+    for layout in layouts:
+        name, total, live = layout.field.name, DynamicStats(), 0
+        for shard in taken:
+            stats, rows = shard[name]
+            total.add(stats)
+            live += rows
+        out.update(field_metrics(name, total, live, layout.capacity))
+    return out

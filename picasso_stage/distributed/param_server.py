@@ -54,6 +54,7 @@ from picasso.distributed import transport, wire
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import PushOutcome, WorkerDropped, worker_id
 from picasso.distributed.dynamic_shard import DynamicLayout, owner_of
+from picasso.dynamic_rows import DynamicStats
 from picasso.distributed.layout import ShardLayout, TableLayout
 from picasso.distributed.local_gradient import LocalGradient
 from picasso.distributed.shard import Pulled, Shard, ShardSnapshot
@@ -273,7 +274,7 @@ def _ask(peer: transport.Connection, method: str, *args):
 
 wire.register(Contribution, RowGradient, PushOutcome, Pulled, ShardSnapshot, JobDescription, FeatureSpec, DenseField,
               SparseField, DynamicTable, TrainConfig, CacheConfig, ShardLayout, TableLayout, DynamicLayout,
-              SparseOptimizer)
+              DynamicStats, SparseOptimizer)
 
 
 # -- the worker side ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from picasso.checkpoint import save_checkpoint
+from picasso.distributed.dynamic_shard import checkpoint_metrics
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.layout import ShardLayout
 from picasso.distributed.ledger import Ledger
@@ -77,4 +78,6 @@ def save_ps_checkpoint(root: str | Path, layout: ShardLayout, snapshots: list[Sh
     state = trainer_state(layout, snapshots, trainer)
     first = min(snapshots, key=lambda s: s.index)
     metrics = {"ps": first.counts, "contributed": first.contributed, **metrics}
+    if layout.dynamic:  # the version's own counts, as a Trainer's checkpoint reports them
+        metrics.update(checkpoint_metrics(layout.dynamic, [s.dynamic for s in snapshots]))
     return save_checkpoint(root, state, trainer.spec, first.positions, metrics, first.applied), state

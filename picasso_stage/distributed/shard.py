@@ -55,6 +55,8 @@ class ShardSnapshot:
     positions: dict[str, int] = field(default_factory=dict)  # sources' positions of the batches applied
     contributed: dict[str, int] = field(default_factory=dict)  # worker name -> local batches accepted
     applied: dict[str, list[list[int]]] = field(default_factory=dict)  # source -> ranges in the model (ledger.py)
+    # Per dynamic field, (its counts since the snapshot before, its live rows) on this shard.
+    dynamic: dict = field(default_factory=dict)
 
 
 class Shard:
@@ -207,6 +209,7 @@ class Shard:
             positions=dict(self.control.positions),
             contributed=dict(self.control.contributed),
             applied=self.control.applied().to_json(),
+            dynamic=self.maps.take_stats() if self.maps is not None else {},
         )
 
     # -- the optimizer step -------------------------------------------------------------------
