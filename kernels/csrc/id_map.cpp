@@ -114,16 +114,27 @@ struct Map : Probing {
   }
 
   // The live rows that `eligible` admits, the `limit` least by `less` (which ends on the row,
-  // a total order), ascending.
+  // a total order), ascending. One pass keeping the least so far in a max-heap: memory for
+  // `limit` rows, not for every candidate (a full table has capacity of them).
   template <typename Eligible, typename Less>
   std::vector<int64_t> least_rows(int64_t limit, Eligible eligible, Less less) const {
-    std::vector<int64_t> rows;
-    for (int64_t row = 0; row < capacity; ++row)
-      if (row_keys[row] != kEmptyKey && eligible(row)) rows.push_back(row);
-    const auto taken = static_cast<int64_t>(std::min<size_t>(std::max<int64_t>(limit, 0), rows.size()));
-    std::partial_sort(rows.begin(), rows.begin() + taken, rows.end(), less);
-    rows.resize(taken);
-    return rows;
+    const auto wanted = static_cast<size_t>(std::max<int64_t>(std::min(limit, capacity), 0));
+    std::vector<int64_t> heap;
+    heap.reserve(wanted);
+    if (wanted == 0) return heap;
+    for (int64_t row = 0; row < capacity; ++row) {
+      if (row_keys[row] == kEmptyKey || !eligible(row)) continue;
+      if (heap.size() < wanted) {
+        heap.push_back(row);
+        std::push_heap(heap.begin(), heap.end(), less);
+      } else if (less(row, heap.front())) {
+        std::pop_heap(heap.begin(), heap.end(), less);
+        heap.back() = row;
+        std::push_heap(heap.begin(), heap.end(), less);
+      }
+    }
+    std::sort_heap(heap.begin(), heap.end(), less);
+    return heap;
   }
 };
 
