@@ -12,7 +12,9 @@ The layout follows the model the packing plan built, under the Trainer's state-d
 
 `split` and `merge` are exact inverses, so a parameter server starts from any Trainer
 checkpoint and writes checkpoints Trainer.restore loads: the mode is switched by
-restarting from a checkpoint, nothing else.
+restarting from a checkpoint, nothing else. With dynamic fields, split first moves each
+id to a row its owning shard holds (dynamic_shard.py): split undoes merge, and merge
+undoes split up to where the ids' rows are (and any a shard had no room for).
 """
 
 from __future__ import annotations
