@@ -289,21 +289,11 @@ class DynamicRows(nn.Module):
 
     def _advance(self, batch: TorchBatch) -> tuple[Clock, Clock | None]:
         """This training batch's clocks, (steps, event time), the clocks moved on past it."""
-        number, newest = int(self.batches), int(self.event_time)
-        if self._by_event_time and batch.event_time_ms is None and newest < 0:
-            raise EventTimeMissing(
-                f"dynamic field(s) {', '.join(self._by_event_time)} evict by event time (evict_after), but training "
-                f"batch {number} carries no event time and none came before it: day-file partitions, Kafka "
-                "messages and joined samples carry one (PackedBatch.event_time_ms); elsewhere use "
-                "evict_after_steps")
+        number = int(self.batches)
+        events = advance_event_clock(self.event_time, batch.event_time_ms, self._by_event_time,
+                                     f"training batch {number}") if self._by_event_time else None
         self.batches.add_(1)
-        steps = Clock(number, number - 1)
-        if not self._by_event_time:
-            return steps, None
-        now = max(newest, batch.event_time_ms if batch.event_time_ms is not None else newest)
-        self.event_time.fill_(now)
-        # The batch before was stamped with the clock as it stood (none: this is the first).
-        return steps, Clock(now, newest if newest >= 0 else now)
+        return Clock(number, number - 1), events
 
     def rebuild_index(self) -> None:
         for field in self.maps:
@@ -323,6 +313,22 @@ class DynamicRows(nn.Module):
 
     def _apply(self, fn, recurse=True):
         return self  # host state, as DynamicField's
+
+
+def advance_event_clock(clock: torch.Tensor, event_time_ms: int | None, fields: list[str], what: str) -> Clock:
+    """Move an event clock (a 0-d int64 buffer, -1 before any time) forward to a batch's
+    event time, never back; the batch's Clock. A first batch without a time is refused
+    before anything changes."""
+    newest = int(clock)
+    if event_time_ms is None and newest < 0:
+        raise EventTimeMissing(
+            f"dynamic field(s) {', '.join(fields)} evict by event time (evict_after), but {what} carries no event "
+            "time and none came before it: day-file partitions, Kafka messages and joined samples carry one "
+            "(PackedBatch.event_time_ms); elsewhere use evict_after_steps")
+    now = max(newest, event_time_ms if event_time_ms is not None else newest)
+    clock.fill_(now)
+    # The batch before was stamped with the clock as it stood (none: this is the first).
+    return Clock(now, newest if newest >= 0 else now)
 
 
 def field_metrics(name: str, stats: DynamicStats, live_rows: int, capacity: int) -> dict[str, float]:

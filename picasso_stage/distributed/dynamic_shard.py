@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from picasso.dynamic_rows import Clock, DynamicField, DynamicStats, EventTimeMissing, field_metrics, initial_rows
+from picasso.dynamic_rows import (Clock, DynamicField, DynamicStats, advance_event_clock, field_metrics,
+                                  initial_rows)
 from picasso.embedding import PackedEmbedding
 from picasso.hashing import splitmix64_array
 from picasso.kernels.id_map_reference import EMPTY_KEY
@@ -241,14 +242,7 @@ class ShardMaps:
     def _event_clock(self, event_time_ms: int | None, fields: list[str]) -> Clock | None:
         if not fields:
             return None
-        clock = self.tensors[EVENT_TIME_KEY]
-        newest = int(clock)
-        if event_time_ms is None and newest < 0:
-            raise EventTimeMissing(f"dynamic field(s) {', '.join(fields)} evict by event time (evict_after), but the "
-                                   "batch carries no event time and none came before it")
-        now = max(newest, event_time_ms if event_time_ms is not None else newest)
-        clock.fill_(now)
-        return Clock(now, newest if newest >= 0 else now)
+        return advance_event_clock(self.tensors[EVENT_TIME_KEY], event_time_ms, fields, "the batch")
 
     def _start_rows(self, layout: DynamicLayout, rows: torch.Tensor, keys: torch.Tensor,
                     versions: dict[str, torch.Tensor]) -> None:
