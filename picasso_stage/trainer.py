@@ -34,6 +34,7 @@ from picasso.interleave import StepPipeline, worth_interleaving
 from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc, logloss
 from picasso.models import build_model
+from picasso.models.common import PRECISIONS
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec
 
@@ -79,6 +80,9 @@ class TrainConfig:
     # step touches (FBGEMM's and TensorFlow's sparse L2): a row decays as often as it is seen.
     embedding_l2: float = 0.0
     dropout: float = 0.0  # the probability of zeroing each hidden activation of the MLPs while training
+    # The dense part's arithmetic: fp32, or bf16 (autocast; weights and optimizer state stay
+    # fp32; see models.common.PRECISIONS). The embeddings are fp32 either way.
+    precision: str = "fp32"
 
     def __post_init__(self):
         size = self.loss_batch_size
@@ -90,11 +94,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.dropout >= 1:
             raise ValueError(f"dropout must be below 1, got {self.dropout!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
     def build_model(self, spec: FeatureSpec, plan: PackingPlan):
         """The model these settings describe, untrained: the Trainer's, a sync rank's or a
         GBA worker's (so every mode gets every setting, dropout included)."""
-        return build_model(self.model, spec, plan, self.hidden, self.dropout)
+        return build_model(self.model, spec, plan, self.hidden, self.dropout, self.precision)
 
     def sparse_optimizer_settings(self) -> SparseOptimizer:
         """The default optimizer of the embedding tables (fields may name another kind)."""

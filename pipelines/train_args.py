@@ -8,12 +8,14 @@ import argparse
 import math
 
 from picasso.models import MODELS
+from picasso.models.common import PRECISIONS
 from picasso.spec import SPARSE_OPTIMIZERS
 from picasso.trainer import TrainConfig
 
 # The TrainConfig fields these options set (argparse dests), for commands that pass them on
 # to processes of their own (the parameter server's shards).
-MODEL_FLAGS = ("model", "hidden", "lr_dense", "lr_sparse", "sparse_optimizer", "weight_decay", "embedding_l2", "dropout")
+MODEL_FLAGS = ("model", "hidden", "lr_dense", "lr_sparse", "sparse_optimizer", "weight_decay", "embedding_l2", "dropout",
+              "precision")
 
 
 def _non_negative(text: str) -> float:
@@ -50,6 +52,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                        help="the sparse optimizer's, on embedding rows")
     group.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default=defaults.sparse_optimizer,
                        help="default optimizer of the embedding tables (fields may name their own)")
+    group.add_argument("--precision", choices=PRECISIONS, default=defaults.precision,
+                       help="the dense part's arithmetic: bf16 runs the MLPs and interactions under autocast, "
+                            "with fp32 weights and optimizer state (the embeddings stay fp32)")
     regularisation = parser.add_argument_group("regularisation (all off by default)")
     regularisation.add_argument("--weight-decay", type=_non_negative, default=defaults.weight_decay,
                                 help="L2 on the dense weights (Adam's weight decay)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from picasso.dynamic_rows import DynamicRows
-from picasso.models.common import MLP
+from picasso.models.common import MLP, PRECISIONS
 from picasso.models.dcn_v2 import DCNv2
 from picasso.models.deepfm import DeepFM
 from picasso.models.dlrm import DLRM
@@ -17,14 +17,17 @@ MODELS = {"wide_deep": WideDeep, "deepfm": DeepFM, "dlrm": DLRM, "dcn_v2": DCNv2
 
 
 def build_model(name: str, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...],
-                dropout: float = 0.0) -> nn.Module:
+                dropout: float = 0.0, precision: str = "fp32") -> nn.Module:
     """dropout: the probability of zeroing each hidden activation of every MLP in the
-    model while it trains (0: none)."""
+    model while it trains (0: none); precision: the dense part's (models.common.PRECISIONS)."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     model = MODELS[name](spec, plan, hidden)
+    model.precision = precision
     if spec.dynamic_fields:  # the id -> row maps, model state like the tables they index
         model.dynamic_rows = DynamicRows(spec, plan)
     for module in model.modules():

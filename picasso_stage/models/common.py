@@ -3,6 +3,8 @@ first-order (linear) term and the projection of mixed embedding dims to one dim.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -30,6 +32,7 @@ class PackedModel(nn.Module):
 
     lookups: tuple[str, ...] = ("embedding",)
     dense_part: nn.Module
+    precision: str = "fp32"  # the dense part's arithmetic (PRECISIONS); set by models.build_model
 
     def embeddings(self) -> list[PackedEmbedding]:
         """The PackedEmbedding modules, in the order their outputs enter `pooled`."""
@@ -51,7 +54,12 @@ class PackedModel(nn.Module):
 
     def forward(self, batch: TorchBatch) -> torch.Tensor:
         """Logits, shape (N,)."""
-        return self.dense_part(batch.dense, self.lookup(batch))
+        return self.dense_logits(batch.dense, self.lookup(batch))
+
+    def dense_logits(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
+        """The dense part's fp32 logits, computed in this model's precision."""
+        with dense_autocast(self.precision, dense.device):
+            return self.dense_part(dense, pooled).float()
 
     def backward(self, batch: TorchBatch, pooled: list[torch.Tensor], loss_batch: int | None = None) -> float:
         """The local step every mode takes: the batch's log loss from `pooled` (this
@@ -66,7 +74,7 @@ class PackedModel(nn.Module):
         samples takes exactly the mean's step. GBA and sync workers send means, which
         their aggregation weighs by samples."""
         self.train()
-        logits = self.dense_part(batch.dense, pooled)
+        logits = self.dense_logits(batch.dense, pooled)
         share = 1.0 if loss_batch is None else batch.num_samples / loss_batch
         if batch.late_share is None:
             loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")
@@ -79,6 +87,19 @@ class PackedModel(nn.Module):
         weighted = (weights * losses).mean()
         (weighted if share == 1.0 else weighted * share).backward()
         return float(losses.detach().sum())
+
+
+# fp32, or bf16: the dense part (MLPs, interactions) under torch.autocast, whose matrix
+# products then run in bfloat16 (AVX-512 BF16 and AMX on CPUs that have them, tensor cores on
+# GPUs) while its weights, their gradients and Adam's state stay fp32, as do the embedding
+# tables and their fused updates.
+PRECISIONS = ("fp32", "bf16")
+
+
+def dense_autocast(precision: str, device: torch.device):
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 
 class MLP(nn.Sequential):
