@@ -27,6 +27,17 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     return parser.parse_args()
 
 
+def torchrec_absent() -> str | None:
+    """Why TorchRec cannot be measured here, or None when it can (it is not a dependency;
+    the recipe is in the README)."""
+    try:
+        import torchrec  # noqa: F401
+        from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection  # noqa: F401
+    except Exception as err:  # noqa: BLE001 - any import failure means absent
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
     for _ in range(warmup):
         fn()

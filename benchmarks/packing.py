@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from benchmarks.harness import median_seconds, parse_args, report
+from benchmarks.harness import median_seconds, parse_args, report, torchrec_absent
 from benchmarks.sparse_rowwise_adagrad import SparseRowWiseAdagrad
 
 BATCH, DIM, ROWS, ALPHA = 4096, 16, 20_000, 1.05
@@ -127,16 +127,6 @@ def build_per_field(case: Case) -> Layer:
         optimizer.step()
 
     return Layer(step, _state_bytes(case))
-
-
-def torchrec_absent() -> str | None:
-    """Why TorchRec cannot be measured here, or None when it can."""
-    try:
-        import torchrec  # noqa: F401
-        from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - any import failure means absent
-        return f"{type(err).__name__}: {err}"
-    return None
 
 
 def build_torchrec(case: Case) -> Layer:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import math
-from contextlib import nullcontext
 
 import numpy as np
 import pyarrow as pa
@@ -35,19 +34,9 @@ import torch.nn.functional as F
 
 from picasso.connectors.decoders import RecordDecoder
 from picasso.hashing import bucket_of
+from picasso.models.common import dense_autocast
 
 LR_SPARSE, LR_DENSE, EPS = 0.05, 1e-3, 1e-8
-
-
-def autocast(precision: str):
-    """The dense part's precision: bf16 runs it under CPU autocast (fp32 master weights and
-    optimizer state), as picasso's TrainConfig.precision does."""
-    return torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
-
-
-def _parts(template) -> list:
-    """The template's PackedEmbedding modules, in the order their outputs enter pooled."""
-    return template.embeddings()
 
 
 class _EmbeddingBagModel(torch.nn.Module):
@@ -59,14 +48,14 @@ class _EmbeddingBagModel(torch.nn.Module):
         self.plan = template.embedding.plan
         self.fields = [spec.sparse_field(name) for g in self.plan.groups for name in g.fields]
         self.group_sizes = [g.num_fields for g in self.plan.groups]
-        self.parts = torch.nn.ModuleList(torch.nn.ModuleList(self._bags(packed)) for packed in _parts(template))
+        self.parts = torch.nn.ModuleList(torch.nn.ModuleList(self._bags(spec, packed)) for packed in template.embeddings())
         self.dense_part = copy.deepcopy(template.dense_part)
 
-    def _bags(self, packed):
+    def _bags(self, spec, packed):
         for group in self.plan.groups:
             table = packed.tables[group.name]
             for name, start in zip(group.fields, group.row_offsets):
-                field = next(f for f in self.fields if f.name == name)
+                field = spec.sparse_field(name)
                 bag = torch.nn.EmbeddingBag(field.num_rows, table.shape[1], mode=field.pooling, sparse=True)
                 bag.weight.data.copy_(table[start:start + field.num_rows])
                 yield bag
@@ -95,7 +84,7 @@ class _Rival:
 
     def logits(self, dense, sparse) -> torch.Tensor:
         pooled = self.pooled(sparse)
-        with autocast(self.precision):
+        with dense_autocast(self.precision, dense.device):  # as picasso's models do
             return self.dense_part(dense, pooled).float()
 
     def train(self, batches) -> int:
@@ -192,16 +181,6 @@ class PlainRival(_BagRival):
         return self.columnar.columns(batch)
 
 
-def torchrec_absent() -> str | None:
-    """Why TorchRec cannot be measured here, or None when it can."""
-    try:
-        import torchrec  # noqa: F401
-        from torchrec.modules.fused_embedding_modules import FusedEmbeddingBagCollection  # noqa: F401
-    except Exception as err:  # noqa: BLE001 - any import failure means absent
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
 # FBGEMM's tables take dims that are multiples of 4.
 _WIDE_COLUMNS = 4
 
@@ -218,7 +197,7 @@ class TorchRecRival(_Rival):
 
         self.precision = precision
         self.plan = plan = template.embedding.plan
-        self.deep, *wide = _parts(template)
+        self.deep, *wide = template.embeddings()
         self.wide = wide[0] if wide else None
         # FusedEmbeddingBagCollection's output holds its sum-pooled tables first, then its
         # mean-pooled ones, whatever order its keys() report: give it the tables in that

@@ -1,0 +1,98 @@
+"""The dense part's precision: bf16 runs the MLPs and interactions under autocast, with fp32
+weights, gradients and optimizer state; the embeddings stay fp32. From the flags to every
+place the model trains."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from picasso.metrics import auc
+from picasso.models import MODELS, build_model
+from picasso.packing import PackingPlan
+from picasso.pipelines.cli import build_parser, daily_config
+from picasso.pipelines.stream_cli import stream_config
+from picasso.trainer import TrainConfig, Trainer
+
+from helpers import planted_batches
+from test_regularisation import _distributed_args
+from test_trainer import CONFIG, SPEC
+from picasso.pipelines import distributed_cli
+
+BF16 = replace(CONFIG, precision="bf16")
+
+
+@pytest.mark.parametrize("precision", ["fp16", "BF16", None])
+def test_an_unknown_precision_is_refused_by_name(precision):
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision=precision)
+    with pytest.raises(ValueError, match="precision"):
+        build_model("wide_deep", SPEC, PackingPlan.from_spec(SPEC), (8,), precision=precision)
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_bf16_runs_the_dense_matmuls_in_bf16_and_keeps_every_state_fp32(model):
+    trainer = Trainer(SPEC, replace(BF16, model=model))
+    linears = [m for m in trainer.model.dense_part.modules() if isinstance(m, torch.nn.Linear)]
+    seen = []
+    hooks = [m.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype)) for m in linears]
+    batch = planted_batches(SPEC, 64, 64)[0][0]
+    trainer.train_step(batch)
+    for hook in hooks:
+        hook.remove()
+    assert seen and set(seen) == {torch.bfloat16}
+    state = trainer.state()
+    floats = [v for v in state["model"].values() if v.is_floating_point()]
+    assert floats and all(v.dtype == torch.float32 for v in floats)
+    assert all(p.grad is None or p.grad.dtype == torch.float32 for p in trainer.model.parameters())
+    adam = [v for slots in trainer.dense_optimizer.state_dict()["state"].values() for v in slots.values()
+            if torch.is_tensor(v) and v.is_floating_point()]
+    assert adam and all(v.dtype == torch.float32 for v in adam)
+    assert trainer.predict(batch).dtype == np.float32
+
+
+def test_bf16_learns_what_fp32_learns_and_fp32_stays_exact():
+    batches, _ = planted_batches(SPEC, rows=20_480, batch_size=256, stream=0)
+    held_out, _ = planted_batches(SPEC, rows=4_000, batch_size=4_000, stream=1, source="day-1")
+    labels = held_out[0].data.column("label").to_numpy()
+    scores = {}
+    for name, config in (("fp32", CONFIG), ("bf16", BF16), ("default", replace(CONFIG, precision=TrainConfig().precision))):
+        trainer = Trainer(SPEC, config)
+        trainer.train(batches)
+        scores[name] = trainer.predict(held_out[0])
+    assert np.array_equal(scores["default"], scores["fp32"])  # fp32 is the default: no autocast anywhere
+    assert not np.array_equal(scores["bf16"], scores["fp32"])  # bf16 does round
+    assert auc(labels, scores["fp32"]) > 0.62
+    assert abs(auc(labels, scores["bf16"]) - auc(labels, scores["fp32"])) < 0.01
+    assert np.abs(scores["bf16"] - scores["fp32"]).mean() < 0.02
+
+
+def test_every_mode_builds_its_model_in_the_configured_precision():
+    """A GBA worker and a sync rank build their model with TrainConfig.build_model."""
+    assert BF16.build_model(SPEC, PackingPlan.from_spec(SPEC)).precision == "bf16"
+    assert Trainer(SPEC, BF16).model.precision == "bf16"
+
+
+def test_the_precision_flag_reaches_daily_stream_and_every_shard(tmp_path):
+    args = build_parser().parse_args(["daily", "--data", str(tmp_path), "--date", "2026-11-01", "--workdir",
+                                      str(tmp_path / "w"), "--precision", "bf16"])
+    assert daily_config(args, args.data, args.date).train.precision == "bf16"
+    args = build_parser().parse_args(["stream", "--topic", "events:json", "--workdir", str(tmp_path / "s"),
+                                      "--publish-every", "0", "--precision", "bf16"])
+    assert stream_config(args).train.precision == "bf16"
+    args = _distributed_args(["ps", "--spec", "criteo:4", "--workdir", str(tmp_path), "--shards", "2", "--port", "1",
+                              "--workers", "2", "--precision", "bf16"])
+    shard_args = _distributed_args(distributed_cli._shard_argv(args, 1))
+    assert TrainConfig(**distributed_cli.model_settings(shard_args)).precision == "bf16"
+
+
+def test_a_bad_precision_flag_is_refused_by_name(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "picasso.pipelines.cli", "daily", "--data", str(tmp_path),
+                             "--date", "2026-11-01", "--workdir", str(tmp_path / "w"), "--precision", "fp16"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "--precision" in result.stderr and "fp16" in result.stderr
