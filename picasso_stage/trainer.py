@@ -34,7 +34,7 @@ from picasso.interleave import StepPipeline, worth_interleaving
 from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc, logloss
 from picasso.models import build_model
-from picasso.models.common import PRECISIONS
+from picasso.models.common import check_precision
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec
 
@@ -94,8 +94,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.dropout >= 1:
             raise ValueError(f"dropout must be below 1, got {self.dropout!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
+        check_precision(self.precision)
 
     def build_model(self, spec: FeatureSpec, plan: PackingPlan):
         """The model these settings describe, untrained: the Trainer's, a sync rank's or a

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from picasso.dynamic_rows import DynamicRows
-from picasso.models.common import MLP, PRECISIONS
+from picasso.models.common import MLP, check_precision
 from picasso.models.dcn_v2 import DCNv2
 from picasso.models.deepfm import DeepFM
 from picasso.models.dlrm import DLRM
@@ -24,8 +24,7 @@ def build_model(name: str, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[i
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    check_precision(precision)
     model = MODELS[name](spec, plan, hidden)
     model.precision = precision
     if spec.dynamic_fields:  # the id -> row maps, model state like the tables they index

@@ -96,9 +96,13 @@ class PackedModel(nn.Module):
 PRECISIONS = ("fp32", "bf16")
 
 
-def dense_autocast(precision: str, device: torch.device):
+def check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+
+
+def dense_autocast(precision: str, device: torch.device):
+    check_precision(precision)
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 
