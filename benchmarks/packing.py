@@ -62,10 +62,12 @@ class Case:
 
 @dataclass
 class Layer:
-    """One implementation built for one case: its training step and the bytes of its
-    tables plus optimizer slots."""
+    """One implementation built for one case: its training step, the bytes of its tables
+    plus optimizer slots, and of the step's inputs and outputs (ids, offsets, the pooled
+    output and its gradient, which any implementation holds)."""
     step: Callable[[], None]
     state_bytes: int
+    io_bytes: int = 0
 
 
 def _reset_peak_rss() -> int:
@@ -188,7 +190,8 @@ def build_picasso(case: Case) -> Layer:
         (pooled,) = embedding({group.name: packed_ids}, {group.name: offsets})
         pooled.backward(upstream)
 
-    return Layer(step, group.table_bytes() + group.slot_bytes(embedding.optimizers[group.name].name))
+    io_bytes = packed_ids.numel() * 8 + offsets.numel() * 4 + 2 * upstream.numel() * 4
+    return Layer(step, group.table_bytes() + group.slot_bytes(embedding.optimizers[group.name].name), io_bytes)
 
 
 BUILDERS = {"per_field": build_per_field, "torchrec": build_torchrec, "picasso": build_picasso}
@@ -201,7 +204,8 @@ def run(name: str, case: Case, repeat: int) -> dict:
     base = _reset_peak_rss()
     layer = build(case)
     seconds = median_seconds(layer.step, repeat, warmup=3)
-    return {"seconds": seconds, "peak_bytes": _peak_rss_bytes() - base, "state_bytes": layer.state_bytes}
+    return {"seconds": seconds, "peak_bytes": _peak_rss_bytes() - base, "state_bytes": layer.state_bytes,
+            "io_bytes": layer.io_bytes}
 
 
 def _child(name: str, case: Case, repeat: int, queue) -> None:
@@ -218,13 +222,6 @@ def measure(name: str, case: Case, repeat: int) -> dict:
     result = queue.get()
     process.join()
     return result
-
-
-def _activation_bytes(case: Case) -> int:
-    """picasso's step inputs and outputs: int64 ids, int32 offsets, the pooled output and
-    its gradient."""
-    lengths, _ = zipf_bags(case, 0)
-    return int(lengths.sum()) * 8 + lengths.size * 4 + 2 * case.batch * case.fields * DIM * 4
 
 
 def main() -> None:
@@ -256,7 +253,7 @@ def main() -> None:
                     ratios[f"vs_{name}_{key}"] = result["seconds"] / ours["seconds"]
             if "torchrec" in results:
                 metrics[f"memory_vs_torchrec_{key}"] = results["torchrec"]["peak_bytes"] / ours["peak_bytes"]
-            memory_vs_state = (ours["peak_bytes"] - _activation_bytes(case)) / ours["state_bytes"]
+            memory_vs_state = (ours["peak_bytes"] - ours["io_bytes"]) / ours["state_bytes"]
             metrics[f"memory_vs_state_{key}"] = memory_vs_state
 
             def cell(name, result=results):

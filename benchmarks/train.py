@@ -216,9 +216,9 @@ def main() -> None:
                 ratios[f"vs_{label}@{key}"] = ours / rate[name]
             ratios[f"vs_dense_only@{key}"] = ours / rate["dense_only"]
             ratios[f"interleave_on_vs_off@{key}"] = rate["picasso_interleaved"] / ours
-            bf16, fp32 = (f"picasso_{other}", "picasso") if other == "bf16" else ("picasso", f"picasso_{other}")
-            ratios[f"bf16_vs_fp32@{key}"] = rate[bf16] / rate[fp32]
-            metrics[f"auc_delta_bf16@{key}"] = scores[bf16] - scores[fp32]
+            run_in = {precision: "picasso", other: f"picasso_{other}"}  # picasso's run in each precision
+            ratios[f"bf16_vs_fp32@{key}"] = rate[run_in["bf16"]] / rate[run_in["fp32"]]
+            metrics[f"auc_delta_bf16@{key}"] = scores[run_in["bf16"]] - scores[run_in["fp32"]]
             compared = [name for name in scores if name in rivals or name == "picasso_interleaved"]
             auc_ok = all(abs(scores[name] - scores["picasso"]) <= AUC_TOLERANCE for name in compared)
             metrics[f"auc_ok@{key}"] = float(auc_ok)
