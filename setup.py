@@ -95,6 +95,9 @@ PACKAGE_DIR = {
     "picasso.kernels": "kernels",
     "picasso.connectors": "connectors",
     "picasso.pipelines": "pipelines",
+    "picasso.pipelines.transforms": "pipelines/transforms",
+    "picasso.pipelines.runs": "pipelines/runs",
+    "picasso.pipelines.cli": "pipelines/cli",
 }
 
 setup(
@@ -143,5 +146,5 @@ setup(
         "aws": ["boto3>=1.28"],
         "bench": ["crc32c>=2.4", "moto[server]>=5.0", "boto3>=1.28"],
     },
-    entry_points={"console_scripts": ["picasso = picasso.pipelines.process_exit:console_main"]},
+    entry_points={"console_scripts": ["picasso = picasso.pipelines.cli.process_exit:console_main"]},
 )

@@ -36,7 +36,7 @@ from benchmarks import movielens as ml
 from benchmarks.harness import parse_args, report
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint
-from picasso.pipelines.generate import dates_from, generate_days
+from picasso.pipelines.runs.generate import dates_from, generate_days
 from picasso.spec import load_spec
 from picasso.trainer import TrainConfig, Trainer
 

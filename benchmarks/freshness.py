@@ -34,9 +34,9 @@ from picasso.connectors.message_formats import encode_json
 from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.durations import parse_duration_ms
 from picasso.join_spec import JoinSpec
-from picasso.pipelines.joined_stream_state import JoinedTopics
-from picasso.pipelines.produce import EventTimePacer
-from picasso.pipelines.stream import StreamConfig, StreamRunner
+from picasso.pipelines.runs.joined_stream_state import JoinedTopics
+from picasso.pipelines.runs.produce import EventTimePacer
+from picasso.pipelines.runs.stream import StreamConfig, StreamRunner
 from picasso.synthetic import PlantedModel
 from picasso.synthetic_events import EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig

@@ -118,11 +118,11 @@ from benchmarks.gba_inprocess import HOLDOUT_STREAM, WARM_STREAM_BASE, warm_up
 from benchmarks.harness import parse_args, print_table, report
 from picasso import kernels
 from picasso.checkpoint import latest_checkpoint
-from picasso.pipelines.distributed_cli import planted_batches
+from picasso.pipelines.runs.planted import planted_batches
 from picasso.spec import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
-CLI = [sys.executable, "-m", "picasso.pipelines.distributed_cli"]
+CLI = [sys.executable, "-m", "picasso.pipelines.cli.distributed"]
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def _model_flags(args) -> list[str]:
 
 def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.workers),
-               "--master-port", str(_free_port()), "-m", "picasso.pipelines.distributed_cli", "sync-worker",
+               "--master-port", str(_free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
                "--spec", args.spec, "--workdir", str(workdir), "--rows", str(args.rows),
                "--batch-size", str(args.batch_size), "--stream-base", str(streams), "--json", *_model_flags(args)]
     command += ["--straggler", straggler] if straggler else []

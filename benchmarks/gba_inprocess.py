@@ -27,7 +27,7 @@ from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.shard import Shard
 from picasso.models import build_model
 from picasso.packing import PackingPlan
-from picasso.pipelines.distributed_cli import planted_batches
+from picasso.pipelines.runs.planted import planted_batches
 from picasso.trainer import Trainer
 
 HOLDOUT_STREAM = 9_999  # the held-out rows' planted stream: no worker trains on it

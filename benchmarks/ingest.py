@@ -36,7 +36,7 @@ from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_source import FETCH_SETTINGS, ReadFromKafka
 from picasso.connectors.message_formats import encode_arrow, encode_json
 from picasso.packing import PackingPlan
-from picasso.pipelines.decode_messages import DecodeMessages, PackMessages
+from picasso.pipelines.transforms.decode_messages import DecodeMessages, PackMessages
 from picasso.synthetic import PlantedModel
 
 BATCH = 1000  # messages per element / per naive batch

@@ -66,8 +66,8 @@ from picasso.connectors.day_files import list_day_files, partition_dir, read_chu
 from picasso.connectors.decoders import RecordDecoder
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
-from picasso.pipelines.decode import holdout_mask
-from picasso.pipelines.generate import dates_from
+from picasso.pipelines.transforms.decode import holdout_mask
+from picasso.pipelines.runs.generate import dates_from
 from picasso.spec import FeatureSpec, load_spec
 from picasso.trainer import EvalMetrics, TrainConfig, Trainer, evaluation_metrics
 
@@ -350,7 +350,7 @@ def cli_check(root: str | Path, spec_path: str | Path, dates: list[str], workdir
     weights are the same bit for bit."""
     import torch
 
-    from picasso.pipelines.cli import main as picasso_main
+    from picasso.pipelines.cli.main import main as picasso_main
 
     eval_date = dates_from(dates[-1], 2)[1]  # the day after
     for date in dates:

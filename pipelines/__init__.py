@@ -1,7 +1,7 @@
 """Beam transforms (PackFeatures, PicassoTrain, ...) and the runnable pipelines."""
 
 # First: its exit handler must be registered before those of the modules picasso loads.
-from picasso.pipelines import process_exit  # noqa: F401
+from picasso.pipelines.cli import process_exit  # noqa: F401
 from picasso import storage
 
 

@@ -25,7 +25,7 @@ def mlflow_server(tmp_path_factory) -> str:
 def criteo_day(tmp_path_factory) -> tuple[Path, str]:
     """One generated Criteo-shaped day in Parquet: (data root, date)."""
     from picasso.builtin_specs import criteo_spec
-    from picasso.pipelines.generate import generate_days
+    from picasso.pipelines.runs.generate import generate_days
 
     root = tmp_path_factory.mktemp("days")
     generate_days(criteo_spec(), root, ["2026-11-01"], rows=30_000, rows_per_file=10_000)

@@ -1,4 +1,4 @@
-"""Ranges of partitions in one process (pipelines/backfill.py), publishing to a real
+"""Ranges of partitions in one process (pipelines/runs/backfill.py), publishing to a real
 `mlflow server`: a version per partition in order, done once, publish every N, a failure
 that stops the range where it is, and hourly partitions from the command line."""
 
@@ -14,10 +14,10 @@ from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.connectors.partitions import partition_range, with_hours
-from picasso.pipelines.backfill import RangeStopped, run_range
-from picasso.pipelines.cli import STOPPED_EXIT, main
-from picasso.pipelines.daily import CHECKPOINTED, DailyConfig
-from picasso.pipelines.generate import generate_days
+from picasso.pipelines.runs.backfill import RangeStopped, run_range
+from picasso.pipelines.cli.main import STOPPED_EXIT, main
+from picasso.pipelines.runs.daily import CHECKPOINTED, DailyConfig
+from picasso.pipelines.runs.generate import generate_days
 from picasso.trainer import TrainConfig
 
 DAYS = partition_range("2026-11-01..2026-11-04")

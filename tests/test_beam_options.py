@@ -8,9 +8,10 @@ import json
 import pytest
 
 from picasso.builtin_specs import criteo_spec
-from picasso.pipelines import cli, daily
-from picasso.pipelines.generate import generate_days
-from picasso.pipelines.stream_cli import stream_config
+from picasso.pipelines.cli import main as cli
+from picasso.pipelines.runs import daily
+from picasso.pipelines.runs.generate import generate_days
+from picasso.pipelines.cli.stream import stream_config
 
 DATE = "2026-11-01"
 BEAM_OPTIONS = (

@@ -21,7 +21,7 @@ def test_bad_cache_capacity_fails_at_start_naming_it(tmp_path):
 def test_cache_options_parse_per_table_sizes():
     from argparse import Namespace
 
-    from picasso.pipelines.cache_args import cache_config
+    from picasso.pipelines.cli.cache_args import cache_config
 
     options = Namespace(cache_capacity="5%,dim64=64MiB, dim8=1000", cache_refresh_every=10, cache_half_life=50.0,
                         big_tier_dir=None)
@@ -36,7 +36,7 @@ def test_interleave_option_and_its_auto_rule(monkeypatch):
     import torch
 
     from picasso import interleave
-    from picasso.pipelines.cache_args import add_cache_args, interleave_setting
+    from picasso.pipelines.cli.cache_args import add_cache_args, interleave_setting
 
     parser = argparse.ArgumentParser()
     add_cache_args(parser)

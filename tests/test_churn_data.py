@@ -16,8 +16,8 @@ from picasso.builtin_specs import CHURN_CAPACITY, builtin_spec, churn_spec
 from picasso.connectors.day_files import list_day_files, read_chunks
 from picasso.connectors.decoders import RecordDecoder
 from picasso.metrics import auc
-from picasso.pipelines import cli
-from picasso.pipelines.generate import dates_from, first_position, generate_days
+from picasso.pipelines.cli import main as cli
+from picasso.pipelines.runs.generate import dates_from, first_position, generate_days
 from picasso.spec import FeatureSpec, SparseField, SpecError
 from picasso.synthetic import PlantedModel
 from picasso.synthetic_churn import ChurnConfig, ChurnModel

@@ -18,8 +18,8 @@ from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.dead_letters import DeadLetter
 from picasso.connectors.day_files import partition_dir
 from picasso.connectors.mlflow_registry import MLflowTarget
-from picasso.pipelines.daily import DailyConfig, run_daily
-from picasso.pipelines.generate import generate_days
+from picasso.pipelines.runs.daily import DailyConfig, run_daily
+from picasso.pipelines.runs.generate import generate_days
 from picasso.trainer import TrainConfig
 
 

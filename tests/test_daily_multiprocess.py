@@ -2,7 +2,7 @@
 retried training bundle trains afresh; the stream refuses such options at start.
 
 Decoding and packing run in both worker processes; the packed batches are then brought to
-one trainer, in the order of their positions (pipelines/train.py), so two workers train
+one trainer, in the order of their positions (pipelines/transforms/train.py), so two workers train
 the model one does: every step in one trainer, every row counted once, the same AUC.
 """
 
@@ -23,10 +23,10 @@ from picasso.connectors.day_files import partition_dir
 from picasso.connectors.dead_letters import DeadLetter
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.mlflow_registry import MLflowTarget
-from picasso.pipelines.daily import DailyConfig, run_daily
-from picasso.pipelines.generate import generate_days
-from picasso.pipelines.stream import StreamConfig, StreamRunner, one_worker_in_this_process
-from picasso.pipelines.train import PicassoTrain
+from picasso.pipelines.runs.daily import DailyConfig, run_daily
+from picasso.pipelines.runs.generate import generate_days
+from picasso.pipelines.runs.stream import StreamConfig, StreamRunner, one_worker_in_this_process
+from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.trainer import TrainConfig, Trainer
 
 from helpers import planted_batches, small_spec
@@ -161,7 +161,7 @@ def test_the_stream_takes_one_worker_in_its_process(beam_args):
 
 
 def test_picasso_stream_refuses_at_start_with_the_reason(tmp_path, capsys):
-    from picasso.pipelines.cli import main
+    from picasso.pipelines.cli.main import main
 
     # No broker at this address: the refusal comes before any connection.
     code = main(["stream", "--topic", "clicks", "--workdir", str(tmp_path), "--bootstrap-servers", "127.0.0.1:9",

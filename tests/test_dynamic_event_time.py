@@ -21,13 +21,13 @@ from picasso.connectors.decoders import RecordDecoder
 from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.connectors.partitions import partition_range, partition_time_ms
 from picasso.dynamic_rows import EventTimeMissing
-from picasso.pipelines.backfill import run_range
-from picasso.pipelines.daily import DailyConfig
-from picasso.pipelines.decode import DecodedChunk
-from picasso.pipelines.decode_messages import DecodedMessageChunk, MessageSpan, PackMessages
-from picasso.pipelines.join_cycle import PackSamples
-from picasso.pipelines.generate import generate_days
-from picasso.pipelines.pack import PackFeatures
+from picasso.pipelines.runs.backfill import run_range
+from picasso.pipelines.runs.daily import DailyConfig
+from picasso.pipelines.transforms.decode import DecodedChunk
+from picasso.pipelines.transforms.decode_messages import DecodedMessageChunk, MessageSpan, PackMessages
+from picasso.pipelines.runs.join_cycle import PackSamples
+from picasso.pipelines.runs.generate import generate_days
+from picasso.pipelines.transforms.pack import PackFeatures
 from picasso.spec import DynamicTable, parse_spec
 from picasso.synthetic_churn import ChurnConfig
 from picasso.trainer import TrainConfig, Trainer

@@ -15,9 +15,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.distributed.row_cache import RowCacheConfig
-from picasso.pipelines.distributed_cli import planted_batches
-from picasso.pipelines.gba_train import PSAddress
-from picasso.pipelines.train import PicassoTrain
+from picasso.pipelines.runs.planted import planted_batches
+from picasso.pipelines.transforms.gba_train import PSAddress
+from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.trainer import Trainer
 
 from test_gba_ps import _finish, _free_port, _ps

@@ -1,5 +1,5 @@
 """The parameter server: in process against the Trainer, then as real processes on loopback
-(shards and workers started with `python -m picasso.pipelines.distributed_cli`)."""
+(shards and workers started with `python -m picasso.pipelines.cli.distributed`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
 from picasso.packing import PackingPlan
-from picasso.pipelines import distributed_cli
+from picasso.pipelines.cli import distributed as distributed_cli
+from picasso.pipelines.runs import planted
 from picasso.trainer import Trainer
 
 from helpers import planted_batches
@@ -145,12 +146,12 @@ def test_a_dropped_worker_that_is_still_alive_rejoins_and_trains_what_it_lost():
 
     client = PSClient(layout, "worker0/first", max_in_flight=0, call=stalls_after_three)
     computer = GradientComputer(build_model(CONFIG.model, SPEC, PackingPlan.from_spec(SPEC), CONFIG.hidden))
-    source = distributed_cli.planted_batches(SPEC, 600, 100, stream=7)
+    source = planted.planted_batches(SPEC, 600, 100, stream=7)
     reread = []
 
     def read_on(positions):
         reread.append(positions["planted-7"])
-        return distributed_cli.planted_batches(SPEC, 600 - positions["planted-7"], 100, 7, positions["planted-7"])
+        return planted.planted_batches(SPEC, 600 - positions["planted-7"], 100, 7, positions["planted-7"])
 
     stats = GBAWorker(client, computer).train(source, read_on)
     assert stats.rejoined == 1 and reread == [200]  # batches 1-2 were stepped, batch 3 discarded
@@ -167,7 +168,7 @@ def test_a_dropped_worker_without_a_source_to_reread_says_so():
     computer = GradientComputer(build_model(CONFIG.model, SPEC, PackingPlan.from_spec(SPEC), CONFIG.hidden))
     servers[0].drop_worker("worker0/first")
     with pytest.raises(WorkerDropped, match="worker0/first was dropped by parameter-server shard ps0"):
-        GBAWorker(client, computer).train(distributed_cli.planted_batches(SPEC, 100, 100, stream=7))
+        GBAWorker(client, computer).train(planted.planted_batches(SPEC, 100, 100, stream=7))
 
 
 def test_split_and_merge_are_inverse():
@@ -199,7 +200,7 @@ def _free_port() -> int:
 
 
 def _start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "picasso.pipelines.distributed_cli", *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "picasso.pipelines.cli.distributed", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 

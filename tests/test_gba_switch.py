@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
-from picasso.pipelines.distributed_cli import planted_batches
+from picasso.pipelines.runs.planted import planted_batches
 from picasso.trainer import Trainer
 
 from test_gba_ps import _finish, _free_port, _ps, _worker
@@ -40,7 +40,7 @@ def _held_out_loss(checkpoint) -> float:
 
 def _sync(spec_path, workdir) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORKERS),
-               "--master-port", str(_free_port()), "-m", "picasso.pipelines.distributed_cli", "sync-worker",
+               "--master-port", str(_free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
                "--spec", str(spec_path), "--workdir", str(workdir), "--hidden", "16,8", "--lr-dense", "0.01",
                "--lr-sparse", "0.05", "--rows", str(ROWS), "--batch-size", str(BATCH), "--checkpoint-every", str(EVERY)]
     done = subprocess.run(command + ["--stream-base", str(STREAM_BASE)], capture_output=True, text=True, timeout=120)

@@ -18,8 +18,8 @@ from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.models import build_model
-from picasso.pipelines import distributed_cli
-from picasso.pipelines.distributed_cli import planted_batches
+from picasso.pipelines.cli import distributed as distributed_cli
+from picasso.pipelines.runs.planted import planted_batches
 from picasso.trainer import Trainer
 
 from test_trainer import CONFIG, SPEC
@@ -60,7 +60,7 @@ def test_sync_ranks_stay_identical_and_step_like_fresh_gba(tmp_path):
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
-               "--master-port", str(_free_port()), "-m", "picasso.pipelines.distributed_cli", "sync-worker",
+               "--master-port", str(_free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
                "--spec", str(spec_path), "--workdir", str(tmp_path), "--hidden", "16,8", "--lr-dense", "0.01",
                "--lr-sparse", "0.05", "--rows", str(ROWS), "--batch-size", str(BATCH), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)

@@ -15,7 +15,7 @@ from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
-from picasso.pipelines.distributed_cli import planted_batches
+from picasso.pipelines.runs.planted import planted_batches
 from picasso.trainer import Trainer
 
 from test_trainer import CONFIG, SPEC

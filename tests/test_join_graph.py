@@ -37,11 +37,11 @@ from picasso.connectors.join_events import JoinDecoders, decode_poll, impression
 from picasso.connectors.kafka_config import source_name
 from picasso.connectors.kafka_source import Messages
 from picasso.join_spec import JoinSpec
-from picasso.pipelines.decode_messages import DEAD_LETTERS
-from picasso.pipelines.join_cycle import DecodeJoinEvents, PackSamples, SpanPositions, SplitJoinEvents
-from picasso.pipelines.join_labels import SAMPLES, JoinLabels
-from picasso.pipelines.joined_stream_state import JoinedTopics
-from picasso.pipelines.train import PicassoTrain
+from picasso.pipelines.transforms.decode_messages import DEAD_LETTERS
+from picasso.pipelines.runs.join_cycle import DecodeJoinEvents, PackSamples, SpanPositions, SplitJoinEvents
+from picasso.pipelines.transforms.join_labels import SAMPLES, JoinLabels
+from picasso.pipelines.runs.joined_stream_state import JoinedTopics
+from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.sample_join import JoinState
 from picasso.synthetic import PlantedModel
 from picasso.synthetic_events import EventStreamConfig, make_event_stream

@@ -27,8 +27,8 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 
-from picasso.pipelines.counters import picasso_counters
-from picasso.pipelines.join_labels import IMPRESSIONS, LABELS, ORPHANS, SAMPLES, JoinLabels
+from picasso.pipelines.runs.counters import picasso_counters
+from picasso.pipelines.transforms.join_labels import IMPRESSIONS, LABELS, ORPHANS, SAMPLES, JoinLabels
 from picasso.sample_join import Impressions, JoinCounts, JoinPolicy, JoinState, Labels, sample_schema
 
 from test_sample_join import labels

@@ -23,7 +23,7 @@ from picasso.connectors.kafka_config import KafkaConnection, latest_offsets
 from picasso.connectors.kafka_sink import MessageDeadLetter, WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import Messages, ReadFromKafka
 from picasso.connectors.message_formats import decode_json_values, decode_messages, encode_arrow, encode_json
-from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages
+from picasso.pipelines.transforms.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages
 
 SPEC = small_spec()
 

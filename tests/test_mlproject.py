@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from stream_helpers import fill_topic, json_messages, write_spec
 
 from picasso.builtin_specs import criteo_spec
-from picasso.pipelines.generate import generate_days
+from picasso.pipelines.runs.generate import generate_days
 
 PROJECT = Path(__file__).resolve().parents[1] / "mlflow"
 

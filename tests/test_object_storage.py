@@ -25,9 +25,9 @@ from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.local_mlflow import MlflowServer
 from picasso.connectors.local_s3 import S3Server
 from picasso.connectors.mlflow_registry import MLflowTarget
-from picasso.pipelines import cli
-from picasso.pipelines.generate import generate_days
-from picasso.pipelines.stream import StreamConfig, run_stream
+from picasso.pipelines.cli import main as cli
+from picasso.pipelines.runs.generate import generate_days
+from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.trainer import TrainConfig, Trainer
 
 from helpers import planted_batches, small_spec

@@ -15,15 +15,14 @@ import torch
 from picasso.metrics import auc
 from picasso.models import MODELS, build_model
 from picasso.packing import PackingPlan
-from picasso.pipelines.cli import build_parser, daily_config
-from picasso.pipelines.stream_cli import stream_config
+from picasso.pipelines.cli.main import build_parser, daily_config
+from picasso.pipelines.cli.stream import stream_config
 from picasso.trainer import TrainConfig, Trainer
 
 from helpers import planted_batches
 from test_regularisation import _distributed_args
 from test_trainer import CONFIG, SPEC
-from picasso.pipelines import distributed_cli
-
+from picasso.pipelines.cli import distributed as distributed_cli
 BF16 = replace(CONFIG, precision="bf16")
 
 

@@ -19,8 +19,7 @@ from picasso.distributed import transport, wire
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.param_server import JobDescription
 from picasso.distributed.transport import Security, TransportError
-from picasso.pipelines import distributed_cli
-
+from picasso.pipelines.cli import distributed as distributed_cli
 from test_gba_ps import _finish, _free_port, _ps, _start, _wait_for_log, _worker, tiny_spec  # noqa: F401
 from test_trainer import SPEC, CONFIG
 

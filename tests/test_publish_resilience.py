@@ -16,8 +16,8 @@ from picasso.connectors.mlflow_registry import MLflowTarget, publish
 from picasso.connectors.publish_outbox import PublishOutbox
 from picasso.connectors.publish_policy import PublishPolicy
 from picasso.connectors.retry import RetryPolicy
-from picasso.pipelines.daily import DailyConfig, run_daily
-from picasso.pipelines.generate import generate_days
+from picasso.pipelines.runs.daily import DailyConfig, run_daily
+from picasso.pipelines.runs.generate import generate_days
 from picasso.trainer import TrainConfig
 
 # Enough patience for a server restart (about 10 s, more on a busy machine): 2+4+8+8+... s.

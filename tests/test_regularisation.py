@@ -16,9 +16,9 @@ from picasso.models import MODELS
 from picasso.models.common import MLP
 from picasso.packing import PackingPlan
 from picasso.distributed.gba import GBAConfig
-from picasso.pipelines import distributed_cli
-from picasso.pipelines.cli import build_parser, daily_config
-from picasso.pipelines.stream_cli import stream_config
+from picasso.pipelines.cli import distributed as distributed_cli
+from picasso.pipelines.cli.main import build_parser, daily_config
+from picasso.pipelines.cli.stream import stream_config
 from picasso.trainer import TrainConfig, Trainer
 
 from helpers import planted_batches

@@ -17,7 +17,7 @@ from stream_helpers import SPEC, fill_topic, json_messages
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.pipelines.stream import StreamConfig, StreamRunner
+from picasso.pipelines.runs.stream import StreamConfig, StreamRunner
 from picasso.trainer import TrainConfig
 
 TOPIC = "restart-events"

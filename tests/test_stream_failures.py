@@ -23,10 +23,10 @@ from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages, SourceStalled
 from picasso.connectors.message_formats import decode_messages
-from picasso.pipelines import cycle_failures
-from picasso.pipelines.cycle_failures import FATAL, OUTSIDE, REPEATED, FailureTracker, classify
-from picasso.pipelines.stream import StreamConfig, StreamRunner
-from picasso.pipelines.stream_state import StreamModel
+from picasso.pipelines.runs import cycle_failures
+from picasso.pipelines.runs.cycle_failures import FATAL, OUTSIDE, REPEATED, FailureTracker, classify
+from picasso.pipelines.runs.stream import StreamConfig, StreamRunner
+from picasso.pipelines.runs.stream_state import StreamModel
 from picasso.trainer import TrainConfig
 
 POISON = "poison-id"

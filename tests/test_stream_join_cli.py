@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from picasso.pipelines import cli
-from picasso.pipelines.stream_cli import stream_config
+from picasso.pipelines.cli import main as cli
+from picasso.pipelines.cli.stream import stream_config
 
 
 def config(tmp_path, *flags):

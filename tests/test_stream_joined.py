@@ -17,8 +17,8 @@ from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.join_spec import JoinSpec
-from picasso.pipelines.joined_stream_state import JoinedTopics
-from picasso.pipelines.stream import StreamConfig, run_stream
+from picasso.pipelines.runs.joined_stream_state import JoinedTopics
+from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.connectors.join_events import JoinDecoders
 from picasso.sample_buffer import SampleBuffer
 from picasso.sample_join import DELAY_COLUMN, JoinState, sample_schema

@@ -17,9 +17,9 @@ from helpers import small_spec
 from picasso.connectors.day_files import partition_dir, write_part
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.durations import parse_duration_ms
-from picasso.pipelines import cli
-from picasso.pipelines.generate import generate_event_days, midnight_ms
-from picasso.pipelines.produce import EventReplayConfig, EventTimePacer, merged_events, pacing_wait_s
+from picasso.pipelines.cli import main as cli
+from picasso.pipelines.runs.generate import generate_event_days, midnight_ms
+from picasso.pipelines.runs.produce import EventReplayConfig, EventTimePacer, merged_events, pacing_wait_s
 from picasso.sample_join import DELAY_COLUMN
 from picasso.synthetic import PlantedModel, SyntheticConfig
 from picasso.synthetic_events import (DUPLICATE_GAP_MS, EventStreamConfig, expected_late_share, late_share,

@@ -11,9 +11,9 @@ from picasso.batch import pack
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.decoders import RecordDecoder
 from picasso.packing import PackingPlan
-from picasso.pipelines.decode import DecodedChunk
-from picasso.pipelines.pack import PackFeatures
-from picasso.pipelines.train import PicassoTrain
+from picasso.pipelines.transforms.decode import DecodedChunk
+from picasso.pipelines.transforms.pack import PackFeatures
+from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.spec import parse_spec
 from picasso.synthetic import PlantedModel
 from picasso.trainer import TrainConfig, Trainer

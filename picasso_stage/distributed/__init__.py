@@ -21,5 +21,5 @@ Every mode computes local gradients the same way and steps through the same Shar
 the learning rate, optimizers and global batch mean the same thing in each, and every
 mode reads and writes the Trainer's checkpoint layout: a job switches mode by restarting
 from a checkpoint with a different mode and nothing else. The commands are in
-picasso.pipelines.distributed_cli (`ps`, `gba-worker`, `sync-worker`).
+picasso.pipelines.cli.distributed (`ps`, `gba-worker`, `sync-worker`).
 """

@@ -24,7 +24,7 @@ from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.decoders import DecodeOptions, RecordDecoder
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.message_formats import FORMATS, decode_messages
-from picasso.pipelines.pack import PackFeatures
+from picasso.pipelines.transforms.pack import PackFeatures
 from picasso.spec import FeatureSpec
 
 DEAD_LETTERS = "dead_letters"

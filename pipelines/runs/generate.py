@@ -29,7 +29,7 @@ from picasso.connectors.day_files import FORMATS, partition_dir, write_part
 from picasso.connectors.partitions import parse_partition
 from picasso.join_spec import JoinSpec
 from picasso.metrics import auc
-from picasso.pipelines.daily import PLANTED_FILE
+from picasso.pipelines.runs.daily import PLANTED_FILE
 from picasso.sample_join import DELAY_COLUMN
 from picasso.spec import FeatureSpec
 from picasso.synthetic import PlantedModel, SyntheticConfig

@@ -31,7 +31,7 @@ from picasso.connectors.join_events import JoinDecoders
 from picasso.connectors.metric_plots import label_delay_svg
 from picasso.delayed_feedback import late_share
 from picasso.join_spec import JoinSpec
-from picasso.pipelines.stream_state import Ledger, StreamModel
+from picasso.pipelines.runs.stream_state import Ledger, StreamModel
 from picasso.sample_buffer import SampleBuffer
 from picasso.sample_join import JoinCounts, JoinState, OrphanLabel, event_watermark, sample_schema
 from picasso.spec import FeatureSpec

@@ -7,7 +7,7 @@ import apache_beam as beam
 from picasso.batch import pack
 from picasso.connectors.partitions import partition_time_ms
 from picasso.packing import PackingPlan
-from picasso.pipelines.decode import DecodedChunk
+from picasso.pipelines.transforms.decode import DecodedChunk
 from picasso.spec import FeatureSpec
 
 

@@ -1,4 +1,4 @@
-"""The `picasso stream` and `picasso produce` commands (wired into picasso.pipelines.cli)."""
+"""The `picasso stream` and `picasso produce` commands (wired into picasso.pipelines.cli.main)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import yaml
 from rich.console import Console
 
 from picasso import storage
-from picasso.pipelines.beam_options import add_pipeline_command
-from picasso.pipelines.cache_args import add_cache_args, cache_config
-from picasso.pipelines.publish_cli import add_publish_args, publish_policy
-from picasso.pipelines.train_args import add_model_args, model_settings
+from picasso.pipelines.cli.beam_options import add_pipeline_command
+from picasso.pipelines.cli.cache_args import add_cache_args, cache_config
+from picasso.pipelines.cli.publish import add_publish_args, publish_policy
+from picasso.pipelines.cli.train_args import add_model_args, model_settings
 from picasso.durations import duration_arg
 from picasso.sample_join import LATE_LABEL_POLICIES
 from picasso.spec import load_spec
@@ -132,7 +132,7 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
 def _stream_topics(args):
     """The topics and formats to read, and how they are joined (None: labelled events)."""
     from picasso.connectors.join_events import JOIN_FORMATS
-    from picasso.pipelines.joined_stream_state import JoinedTopics
+    from picasso.pipelines.runs.joined_stream_state import JoinedTopics
     from picasso.spec import load_join_spec
 
     if not (args.impressions or args.labels):
@@ -164,7 +164,7 @@ def stream_config(args):
     opens its MLflow target; it connects to no broker."""
     from picasso.connectors.decoders import DecodeOptions
     from picasso.connectors.mlflow_registry import MLflowTarget
-    from picasso.pipelines.stream import StreamConfig
+    from picasso.pipelines.runs.stream import StreamConfig
     from picasso.trainer import TrainConfig
 
     workdir = storage.make_folder(args.workdir)
@@ -204,7 +204,7 @@ def stream_config(args):
 
 def run_stream_command(args, console: Console) -> dict:
     from picasso.connectors.publish_outbox import PublishOutbox
-    from picasso.pipelines.stream import run_stream
+    from picasso.pipelines.runs.stream import run_stream
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
     config = stream_config(args)
@@ -233,7 +233,7 @@ def run_stream_command(args, console: Console) -> dict:
 
 
 def run_produce_command(args, console: Console) -> dict:
-    from picasso.pipelines.produce import ProduceConfig, produce
+    from picasso.pipelines.runs.produce import ProduceConfig, produce
 
     logging.getLogger("kafka").setLevel(logging.WARNING)
     if args.impressions_topic or args.labels_topic:
@@ -254,7 +254,7 @@ def run_produce_command(args, console: Console) -> dict:
 
 
 def _run_event_replay(args, console: Console) -> dict:
-    from picasso.pipelines.produce import EventReplayConfig, replay_events
+    from picasso.pipelines.runs.produce import EventReplayConfig, replay_events
 
     missing = [flag for flag, topic in (("--impressions-topic", args.impressions_topic),
                                         ("--labels-topic", args.labels_topic)) if not topic]

@@ -24,15 +24,14 @@ from picasso import storage
 from picasso.connectors.local_store import HalfMadeStoreError
 from picasso.durations import duration_arg
 from picasso.connectors.partitions import with_hours
-from picasso.pipelines.backfill_cli import add_range_args, range_partitions, run_daily_range
-from picasso.pipelines.beam_options import add_pipeline_command, split_beam_args
-from picasso.pipelines.cache_args import add_cache_args, cache_config, interleave_setting
-from picasso.pipelines.distributed_cli import COMMANDS as DISTRIBUTED_COMMANDS
-from picasso.pipelines.distributed_cli import add_ps_commands
-from picasso.pipelines.process_exit import run_command
-from picasso.pipelines.publish_cli import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
+from picasso.pipelines.cli.backfill import add_range_args, range_partitions, run_daily_range
+from picasso.pipelines.cli.beam_options import add_pipeline_command, split_beam_args
+from picasso.pipelines.cli.cache_args import add_cache_args, cache_config, interleave_setting
+from picasso.pipelines.cli.distributed import COMMANDS as DISTRIBUTED_COMMANDS
+from picasso.pipelines.cli.distributed import add_ps_commands
+from picasso.pipelines.cli.publish import (add_publish_args, add_publish_commands, publish_policy, run_apply_delta,
                                            run_publish_pending)
-from picasso.pipelines.train_args import add_model_args, model_settings
+from picasso.pipelines.cli.train_args import add_model_args, model_settings
 from picasso.spec import SPARSE_OPTIMIZERS, SpecError, load_spec
 from picasso.synthetic_events import DELAY_DISTRIBUTIONS
 
@@ -155,14 +154,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _add_kafka_commands(commands) -> None:
     """`stream` and `produce`: their arguments live in picasso.pipelines.stream_cli."""
-    from picasso.pipelines.stream_cli import add_produce_parser, add_stream_parser
+    from picasso.pipelines.cli.stream import add_produce_parser, add_stream_parser
 
     add_stream_parser(commands)
     add_produce_parser(commands)
 
 
 def _kafka_command(args) -> dict:
-    from picasso.pipelines.stream_cli import run_produce_command, run_stream_command
+    from picasso.pipelines.cli.stream import run_produce_command, run_stream_command
 
     if args.command == "stream":
         output = run_stream_command(args, console)
@@ -195,7 +194,7 @@ def _plan(args) -> dict:
 def _generate(args, out: str, dates: list[str]) -> list:
     """Labelled rows: from the planted model, or with --churn (`generate` only) the churn
     model's."""
-    from picasso.pipelines.generate import generate_days
+    from picasso.pipelines.runs.generate import generate_days
     from picasso.synthetic import SyntheticConfig
     from picasso.synthetic_churn import ChurnConfig
 
@@ -211,7 +210,7 @@ def _generate(args, out: str, dates: list[str]) -> list:
 
 
 def _generate_events(args, dates: list[str]) -> list:
-    from picasso.pipelines.generate import generate_event_days, whole_day_rate
+    from picasso.pipelines.runs.generate import generate_event_days, whole_day_rate
     from picasso.synthetic import SyntheticConfig
     from picasso.synthetic_events import EventStreamConfig
 
@@ -243,7 +242,7 @@ def daily_config(args, data: str, date: str):
     (a default SQLite store is made complete there), and trains nothing."""
     from picasso.connectors.decoders import DecodeOptions
     from picasso.connectors.mlflow_registry import MLflowTarget
-    from picasso.pipelines.daily import DailyConfig
+    from picasso.pipelines.runs.daily import DailyConfig
     from picasso.trainer import TrainConfig
 
     workdir = storage.make_folder(args.workdir)
@@ -273,7 +272,7 @@ def daily_config(args, data: str, date: str):
 
 
 def _daily(args, data: str, date: str):
-    from picasso.pipelines.daily import run_daily
+    from picasso.pipelines.runs.daily import run_daily
 
     config = daily_config(args, data, date)
     with console.status(f"daily run for {date}: read, decode, pack, train, evaluate, publish"):
@@ -312,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(args, "cache_capacity"):
             cache_config(args)  # a bad cache option fails here, before any work
         if args.command == "generate":
-            from picasso.pipelines.generate import dates_from
+            from picasso.pipelines.runs.generate import dates_from
 
             dates = dates_from(args.start_date, args.days)
             args.spec = args.spec or ("churn" if args.churn else "criteo")
@@ -346,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             _summary("publish-pending", output)
             pending = bool(output["pending"])
         elif args.command == "daily" and (partitions := range_partitions(args)) is not None:
-            from picasso.pipelines.backfill import RangeStopped
+            from picasso.pipelines.runs.backfill import RangeStopped
 
             try:
                 output = run_daily_range(args, partitions, daily_config(args, args.data, partitions[0]), console)
@@ -382,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(_finite(output)))
     if output.get("stopped"):
-        # The stream gave up on an error no retry mends (pipelines/cycle_failures.py): not
+        # The stream gave up on an error no retry mends (pipelines/runs/cycle_failures.py): not
         # 0, and not 3 either, since rerunning as it is would fail the same way.
         console.print(f"[red]stream stopped:[/red] {output['stopped']}")
         return STOPPED_EXIT
@@ -393,6 +392,3 @@ def main(argv: list[str] | None = None) -> int:
         return PENDING_EXIT
     return 0
 
-
-if __name__ == "__main__":
-    run_command(main)

@@ -38,9 +38,9 @@ from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of, orphan_dead_letter
 from picasso.connectors.kafka_source import Messages
 from picasso.packing import PackingPlan
-from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodePollDoFn, MessageSpan
-from picasso.pipelines.join_labels import IMPRESSIONS, LABELS
-from picasso.pipelines.joined_stream_state import JoinedTopics
+from picasso.pipelines.transforms.decode_messages import DEAD_LETTERS, DecodePollDoFn, MessageSpan
+from picasso.pipelines.transforms.join_labels import IMPRESSIONS, LABELS
+from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.sample_join import Impressions, Labels
 from picasso.spec import FeatureSpec
 

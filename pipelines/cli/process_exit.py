@@ -70,6 +70,8 @@ def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None 
 
 def console_main() -> NoReturn:
     """The `picasso` console script."""
-    from picasso.pipelines.cli import main
+    # Imported here, not at the top: this module is imported first thing in
+    # picasso.pipelines, before the command line (which imports picasso.pipelines) exists.
+    from picasso.pipelines.cli.main import main
 
     run_command(main)

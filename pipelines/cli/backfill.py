@@ -1,7 +1,7 @@
 """`picasso daily` over a range of partitions: its flags, its progress and its summary.
 
 `--dates START..END` (days, or hours: 2026-11-01T00..2026-11-01T23), or `--date D`
-with `--hours H..H`, runs pipelines/backfill.py's run_range: one process, one line of
+with `--hours H..H`, runs pipelines/runs/backfill.py's run_range: one process, one line of
 progress per partition (done out of total, rows/s, AUC, version, time left), and a table
 at the end with a row per partition.
 """
@@ -21,7 +21,7 @@ from rich.table import Table
 from picasso.connectors.partitions import MISSING_POLICIES, partition_range, with_hours
 
 if TYPE_CHECKING:  # backfill imports Beam and MLflow: at run time only once a range runs
-    from picasso.pipelines.backfill import RangeProgress
+    from picasso.pipelines.runs.backfill import RangeProgress
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def range_partitions(args) -> list[str] | None:
 
 def run_daily_range(args, partitions: list[str], config, console: Console) -> dict:
     """Run the range; its results as the command's output (RangeStopped propagates)."""
-    from picasso.pipelines.backfill import run_range  # Beam and MLflow: only for a run
+    from picasso.pipelines.runs.backfill import run_range  # Beam and MLflow: only for a run
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:

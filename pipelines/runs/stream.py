@@ -43,14 +43,14 @@ from picasso.connectors.decoders import DecodeOptions
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
-from picasso.pipelines.counters import picasso_counters
-from picasso.pipelines.cycle_failures import FailureTracker
-from picasso.pipelines.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages
-from picasso.pipelines.join_cycle import ORPHANS, DecodeJoinEvents, JoinInCycle, PackSamples
-from picasso.pipelines.joined_stream_state import JoinedModelLoader, JoinedTopics
-from picasso.pipelines.stream_state import ModelLoader, StreamModel
-from picasso.pipelines.train import PicassoTrain
-from picasso.pipelines.train_handlers import JoinedStreamHandler, StreamHandler
+from picasso.pipelines.runs.counters import picasso_counters
+from picasso.pipelines.runs.cycle_failures import FailureTracker
+from picasso.pipelines.transforms.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages
+from picasso.pipelines.runs.join_cycle import ORPHANS, DecodeJoinEvents, JoinInCycle, PackSamples
+from picasso.pipelines.runs.joined_stream_state import JoinedModelLoader, JoinedTopics
+from picasso.pipelines.runs.stream_state import ModelLoader, StreamModel
+from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.pipelines.transforms.train_handlers import JoinedStreamHandler, StreamHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig
 

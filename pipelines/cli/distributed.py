@@ -10,24 +10,41 @@ and the layout from shard 0, so they cannot disagree with the servers. Learning 
 optimizers and the global batch (M local batches) are the same flags in every mode.
 
 `add_ps_commands(subparsers)` registers both commands on the `picasso` command line;
-`python -m picasso.pipelines.distributed_cli` runs them on their own.
+`python -m picasso.pipelines.cli.distributed` runs them on their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import hashlib
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from picasso.pipelines.process_exit import run_command
-from picasso.pipelines.train_args import MODEL_FLAGS, add_model_args, flag_value, model_settings
+import torch.distributed as dist
+
+from picasso.cache import parse_capacity
+from picasso.checkpoint import read_applied, save_checkpoint
+from picasso.distributed.gba import GBAConfig
+from picasso.distributed.join import JoinSettings, join_job
+from picasso.distributed.layout import SYNC_DYNAMIC
+from picasso.distributed.param_server import JobDescription, ParameterServerError, ServerAddress, serve_shard
+from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
+from picasso.distributed.row_cache import RowCacheConfig
+from picasso.distributed.staleness import parse_decay
+from picasso.distributed.sync import SyncReplica
+from picasso.distributed.transport import Security
+from picasso.pipelines.cli.process_exit import run_command
+from picasso.pipelines.cli.train_args import MODEL_FLAGS, add_model_args, flag_value, model_settings
+from picasso.pipelines.runs.planted import planted_batches, planted_source
 from picasso.spec import SpecError, load_spec
+from picasso.trainer import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
 MODES = ("gba", "async")
@@ -91,7 +108,7 @@ def add_ps_commands(commands) -> None:
     worker.set_defaults(run=run_worker)
 
     sync = commands.add_parser("sync-worker", help="one rank of sync training; launch N with "
-                               "torchrun --nproc-per-node N -m picasso.pipelines.distributed_cli sync-worker ...")
+                               "torchrun --nproc-per-node N -m picasso.pipelines.cli.distributed sync-worker ...")
     sync.add_argument("--spec", required=True)
     sync.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
     _add_checkpoint_every(sync)
@@ -140,9 +157,6 @@ def _slowdown(args, rank: int) -> float:
 def _trainer(args, sync: bool = False):
     """A Trainer of the flags' model, resumed from WORKDIR/checkpoints when it has one;
     returns (it, the checkpoints' root, the checkpoint resumed or None)."""
-    from picasso.distributed.layout import SYNC_DYNAMIC
-    from picasso.trainer import TrainConfig, Trainer
-
     try:
         spec = load_spec(args.spec)
     except SpecError as err:
@@ -162,9 +176,6 @@ def _trainer(args, sync: bool = False):
 def _address(args, server: bool):
     """Where shard 0 is, and the credentials: TLS files from the flags, the token from
     $PICASSO_PS_TOKEN (never a flag: command lines are visible to every local user)."""
-    from picasso.distributed.param_server import ServerAddress
-    from picasso.distributed.transport import Security
-
     if server and (args.shards < 1 or args.workers < 1):
         raise SystemExit(f"error: --shards and --workers must be >= 1 (got {args.shards}, {args.workers})")
     tls = dict(tls_cert=args.tls_cert, tls_key=args.tls_key) if server else \
@@ -173,9 +184,6 @@ def _address(args, server: bool):
 
 
 def _gba_config(args):
-    from picasso.distributed.gba import GBAConfig
-    from picasso.distributed.staleness import parse_decay
-
     if args.mode == "async":
         return GBAConfig.plain_async()
     try:
@@ -186,20 +194,16 @@ def _gba_config(args):
 
 
 def run_ps(args) -> int:
-    from picasso.distributed.param_server import JobDescription, ParameterServerError, serve_shard
-    from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
-
     address, gba = _address(args, server=True), _gba_config(args)
     index = args.shard_index or 0
     if not 0 <= index < args.shards:
         raise SystemExit(f"error: --shard-index {index} outside [0, {args.shards})")
-    from picasso.checkpoint import read_applied
 
     trainer, root, resumed = _trainer(args)
     spec, config = trainer.spec, trainer.config
     children = []
     if args.shard_index is None and args.shards > 1:
-        children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.distributed_cli", *_shard_argv(args, s)])
+        children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.cli.distributed", *_shard_argv(args, s)])
                     for s in range(1, args.shards)]
     # The ledger of source ranges trained goes on with the weights: a batch replayed after
     # the restart is acknowledged, not trained twice.
@@ -243,11 +247,6 @@ def _shard_argv(args, index: int) -> list[str]:
 
 
 def run_worker(args) -> int:
-    from picasso.cache import parse_capacity
-    from picasso.distributed.join import JoinSettings, join_job
-    from picasso.distributed.param_server import ParameterServerError
-    from picasso.distributed.row_cache import RowCacheConfig
-
     address = _address(args, server=False)
     if args.rank < 0:
         raise SystemExit(f"error: --rank must be >= 0, got {args.rank}")
@@ -267,7 +266,7 @@ def run_worker(args) -> int:
     try:
         spec = joined.description.spec
         stream = args.stream_base + args.rank if args.stream is None else args.stream
-        source = _planted_source(stream)
+        source = planted_source(stream)
         start = joined.positions().get(source, 0)  # resume where trained: a replacement reads on from there
         end = start + args.rows
         batches = planted_batches(spec, args.rows, args.batch_size, stream, start)
@@ -295,12 +294,8 @@ def run_worker(args) -> int:
 
 
 def run_sync(args) -> int:
-    import os
 
-    import torch.distributed as dist
 
-    from picasso.checkpoint import save_checkpoint
-    from picasso.distributed.sync import SyncReplica
 
     if "RANK" not in os.environ:
         raise SystemExit("error: sync-worker runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR unset)")
@@ -310,7 +305,7 @@ def run_sync(args) -> int:
         rank, world = dist.get_rank(), dist.get_world_size()
         replica = SyncReplica(trainer, rank, world, _slowdown(args, rank))
         stream = args.stream_base + rank if args.stream is None else args.stream
-        start = trainer.positions.get(_planted_source(stream), 0)  # resume where the checkpoint's training ends
+        start = trainer.positions.get(planted_source(stream), 0)  # resume where the checkpoint's training ends
         batches = planted_batches(trainer.spec, args.rows, args.batch_size, stream, start)
 
         def save(replica) -> None:  # the replicas are identical: rank 0 writes
@@ -341,40 +336,11 @@ def _print_line(summary: dict) -> None:
 
 def _state_hash(model_state: dict) -> str:
     """A digest of the model's tensors: replicas that agree bit for bit have the same one."""
-    import hashlib
-
     digest = hashlib.sha256()
     for key in sorted(model_state):
         digest.update(key.encode())
         digest.update(model_state[key].contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
-
-
-def _planted_source(stream: int) -> str:
-    return f"planted-{stream}"
-
-
-def planted_batches(spec, rows: int, batch_size: int, stream: int, start: int = 0):
-    """Rows [start, start + rows) of the planted model's stream, decoded and packed like the
-    pipelines do, each batch with its position (the next row) in the stream."""
-    from picasso.batch import pack
-    from picasso.connectors.decoders import RecordDecoder
-    from picasso.packing import PackingPlan
-    from picasso.synthetic import PlantedModel
-
-    # Sampled and decoded now, packed batch by batch as they are read: a run that times its
-    # training calls this first, so planting the data is not timed (packing is, as in the
-    # pipelines).
-    # A planted sample is not a prefix of a longer one: a reader resuming at `start` draws
-    # start + rows rows and trains on those past start, so positions stay exact (rows are
-    # fresh draws of the same planted model, never ones trained before).
-    plan = PackingPlan.from_spec(spec)
-    table, _ = PlantedModel(spec).sample(start + rows, stream)
-    source = _planted_source(stream)
-    decoded = RecordDecoder(spec).decode_table(table, source).table
-    end = start + rows
-    return (pack(decoded.slice(at, batch_size), spec, plan, {source: min(at + batch_size, end)}, {source: at})
-            for at in range(start, end, batch_size))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.batch import PackedBatch
 from picasso.checkpoint import latest_checkpoint
-from picasso.pipelines.train_handlers import CheckpointRef, GBAHandler, Trained, TrainerHandler, TrainHandler
+from picasso.pipelines.transforms.train_handlers import CheckpointRef, GBAHandler, Trained, TrainerHandler, TrainHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, StepResult, TrainConfig, Trainer, TrainStats, evaluation_metrics
 

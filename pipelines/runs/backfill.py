@@ -3,7 +3,7 @@
 A backfill of a quarter, or a day of hourly runs, is a range of partitions. Run as
 separate `picasso daily` processes, each pays the interpreter's, Beam's, the kernels' and
 MLflow's start-up again, seconds that dwarf a small partition's training. Here one process
-runs them in order: each partition is a daily run (pipelines/daily.py), warm-started from
+runs them in order: each partition is a daily run (pipelines/runs/daily.py), warm-started from
 the one before, and ends as its own checkpoint and result file; every `publish_every`
 partitions, and at the last, it becomes its own model version too.
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 
 from picasso.connectors.day_files import list_day_files
 from picasso.connectors.partitions import MISSING_POLICIES
-from picasso.pipelines.daily import CHECKPOINTED, DailyConfig, DailyResult, publish_checkpointed, run_daily
+from picasso.pipelines.runs.daily import CHECKPOINTED, DailyConfig, DailyResult, publish_checkpointed, run_daily
 
 log = logging.getLogger(__name__)
 

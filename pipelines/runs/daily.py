@@ -35,10 +35,10 @@ from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, Pub
 from picasso.connectors.partitions import parse_partition, partition_path
 from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox, PublishOutcome
 from picasso.connectors.publish_policy import PublishPolicy
-from picasso.pipelines.counters import picasso_counters
-from picasso.pipelines.decode import DEAD_LETTERS, HOLDOUT, TRAIN, DecodeRecords
-from picasso.pipelines.pack import PackFeatures
-from picasso.pipelines.train import CheckpointRef, EvaluateCheckpoint, PicassoTrain
+from picasso.pipelines.runs.counters import picasso_counters
+from picasso.pipelines.transforms.decode import DEAD_LETTERS, HOLDOUT, TRAIN, DecodeRecords
+from picasso.pipelines.transforms.pack import PackFeatures
+from picasso.pipelines.transforms.train import CheckpointRef, EvaluateCheckpoint, PicassoTrain
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, TrainConfig
 
@@ -64,7 +64,7 @@ class DailyConfig:
     force: bool = False  # run a date that is done already
     policy: PublishPolicy = PublishPolicy()
     # False: train, checkpoint and evaluate, but make no version yet (status "checkpointed");
-    # a range publishes every N partitions (pipelines/backfill.py, publish_checkpointed).
+    # a range publishes every N partitions (pipelines/runs/backfill.py, publish_checkpointed).
     publish: bool = True
     runner: str = "FnApiRunner"
     beam_args: tuple[str, ...] = ()

@@ -35,7 +35,7 @@ from picasso.spec import FeatureSpec
 from picasso.trainer import StepResult, TrainConfig, Trainer, TrainStats
 
 if TYPE_CHECKING:  # gba_train imports the distributed client: only gba runs need it
-    from picasso.pipelines.gba_train import PSAddress
+    from picasso.pipelines.transforms.gba_train import PSAddress
 
 
 class Steps(Protocol):
@@ -236,12 +236,12 @@ class GBAHandler(TrainHandler):
     # Not through Shared: the member must leave the job when its last user goes, and Shared
     # never says when that is. gba_train keeps one counted member per process instead.
     def acquire(self, shared: Shared):
-        from picasso.pipelines.gba_train import acquire_member
+        from picasso.pipelines.transforms.gba_train import acquire_member
 
         return acquire_member(self.address, self.spec)
 
     def release(self, member) -> None:
-        from picasso.pipelines.gba_train import release_member
+        from picasso.pipelines.transforms.gba_train import release_member
 
         release_member()
 
