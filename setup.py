@@ -94,6 +94,9 @@ PACKAGE_DIR = {
     "picasso.distributed": "picasso_stage/distributed",
     "picasso.kernels": "kernels",
     "picasso.connectors": "connectors",
+    "picasso.connectors.publishing": "connectors/publishing",
+    "picasso.connectors.decoding": "connectors/decoding",
+    "picasso.connectors.testing": "connectors/testing",
     "picasso.pipelines": "pipelines",
     "picasso.pipelines.transforms": "pipelines/transforms",
     "picasso.pipelines.runs": "pipelines/runs",
@@ -146,5 +149,5 @@ setup(
         "aws": ["boto3>=1.28"],
         "bench": ["crc32c>=2.4", "moto[server]>=5.0", "boto3>=1.28"],
     },
-    entry_points={"console_scripts": ["picasso = picasso.pipelines.cli.process_exit:console_main"]},
+    entry_points={"console_scripts": ["picasso = picasso.pipelines.cli.main:console_main"]},
 )

@@ -37,7 +37,7 @@ from benchmarks.harness import parse_args, report
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint
 from picasso.pipelines.runs.generate import dates_from, generate_days
-from picasso.spec import load_spec
+from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 START = "2026-10-01"

@@ -30,7 +30,7 @@ from benchmarks.harness import parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
 from picasso.cache import CacheConfig
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso import kernels
 from picasso.hot_rows import HotRowDirectory
 from picasso.packing import PackingPlan

@@ -8,10 +8,8 @@ loopback, through Beam's S3 filesystem), every file put under a fresh prefix and
 commit marker last. Each load reads it back whole (load_checkpoint), and the newest-
 checkpoint lookup lists the root (latest_checkpoint), as every warm start does.
 
-Last measured (2 cores, quiet; 25.1 MB): save 0.086 s local against 1.64 s on the store,
-load 0.014 against 1.51, latest 0.00005 against 0.093. Most of the store's time is not the
-bytes: Beam's S3 filesystem builds a new boto3 client for every call (about 0.12 s each, a
-checkpoint load makes eight), where one boto3 get of the 25 MB takes 0.04 s on this server.
+Most of the store's time is not the bytes: Beam's S3 filesystem builds a new boto3 client
+for every call (a checkpoint load makes eight).
 
 No target: the figures say what the object store costs. `ratios` are local seconds over
 object-store seconds (below 1: the store is slower).
@@ -33,8 +31,8 @@ from picasso.batch import pack
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from picasso.connectors.beam_files import use_beam_filesystems
-from picasso.connectors.decoders import RecordDecoder
-from picasso.connectors.local_s3 import S3Server
+from picasso.connectors.decoding.record_decoder import RecordDecoder
+from picasso.connectors.testing.s3_server import S3Server
 from picasso.packing import PackingPlan
 from picasso.synthetic import PlantedModel
 from picasso.trainer import TrainConfig, Trainer

@@ -29,7 +29,7 @@ from torch._dynamo.utils import counters
 from benchmarks.harness import median_seconds, parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.models import build_model
 from picasso.packing import PackingPlan
 from picasso.synthetic import PlantedModel

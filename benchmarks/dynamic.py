@@ -38,7 +38,7 @@ import torch
 from benchmarks.harness import parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import CHURN_CAPACITY, churn_spec
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.spec import DynamicTable, FeatureSpec, SparseField

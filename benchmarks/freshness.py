@@ -30,8 +30,8 @@ from benchmarks.kafka_bench import kafka_broker
 from picasso import storage
 from picasso.builtin_specs import criteo_spec
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
-from picasso.connectors.message_formats import encode_json
-from picasso.connectors.mlflow_registry import MLflowTarget
+from picasso.connectors.decoding.message_formats import encode_json
+from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.durations import parse_duration_ms
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
@@ -103,7 +103,7 @@ def joined_freshness(args) -> None:
         summary = StreamRunner(config).run()
         stop.set()
         producer.join()
-        versions = [json.loads(line) for line in storage.read_text(config.versions_path).splitlines()]
+        versions = [json.loads(line) for line in storage.read_text(config.folders.stream_versions).splitlines()]
     first_ms = events[0][0]
 
     def event_time_at(wall_ms: int) -> float:
@@ -166,7 +166,7 @@ def main() -> None:
         summary = StreamRunner(config).run()
         stop.set()
         producer.join()
-        versions = [json.loads(line) for line in storage.read_text(config.versions_path).splitlines()]
+        versions = [json.loads(line) for line in storage.read_text(config.folders.stream_versions).splitlines()]
 
     ages = np.array([(v["published_ms"] - v["newest_event_ms"]) / 1000 for v in versions if v["newest_event_ms"]])
     interval = args.publish_every

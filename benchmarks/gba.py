@@ -3,99 +3,59 @@
     python -m benchmarks.gba --json [--workers 4 --shards 1 --rows 81920 --warm-rows 245760
                                      --straggler 3:4 --repeat 3 --row-cache 10%]
 
-Setup (issue 6): W workers and S parameter-server shards on this machine, one torch
-thread per process, planted synthetic data (each worker its own stream), the same model
-(wide & deep, MLP 256-128, criteo:26), the same hyper-parameters (the CLI's defaults:
-Adam 1e-3 on the dense part, Adagrad 0.05 on the rows) and the same global batch (W local
-batches of 512) in every mode. Every mode resumes the same job and trains it on exactly
-W x --rows more samples: continuous training, switching modes with nothing changed but
---mode, which is what GBA is for. The job is a model trained in sync on --warm-rows samples
-per worker of streams of its own (in process, benchmarks/gba_inprocess.py; 480 global steps
-by default), with its optimizer state, as a checkpoint in each mode's workdir; --warm-rows 0
-starts every mode from a fresh model instead.
-- sync:  torchrun --nproc-per-node W ... sync-worker: every rank trains --rows, the ranks
-         all-reduce dense gradients and gather row gradients as flat tensors (two gloo
-         collectives a step), and each applies the reduced gradient once; a straggler
+W workers and S parameter-server shards on this machine, one torch thread per process,
+planted synthetic data (each worker its own stream), the same model (wide & deep, MLP
+256-128, criteo:26), the same hyper-parameters (the CLI's defaults) and the same global
+batch (W local batches of 512) in every mode. Every mode resumes the same job and trains
+it on exactly W x --rows more samples: continuous training, switching modes with nothing
+changed but --mode, which is what GBA is for. The job is a model trained in sync on
+--warm-rows samples per worker of streams of its own (in process, benchmarks/gba_inprocess.py),
+with its optimizer state, as a checkpoint in each mode's workdir; --warm-rows 0 starts
+every mode from a fresh model instead.
+- sync:  torchrun --nproc-per-node W ... sync-worker: the ranks all-reduce dense gradients
+         and gather row gradients, and each applies the reduced gradient once; a straggler
          stalls every step;
 - async: `picasso ps --mode async` and W gba-workers: every push steps (M = 1), no
          staleness control;
-- gba:   `picasso ps --mode gba` (M = W, default decay), the same workers.
+- gba:   `picasso ps --mode gba` (M = W, default decay), the same workers;
 - gba+cache (with --row-cache CAPACITY): gba with each worker's hot-row cache in front
-         of the server (`gba-worker --row-cache`), which also reports the share of the
-         workers' row pulls their caches served: PS traffic saved.
+         of the server (`gba-worker --row-cache`), also reporting the share of the
+         workers' row pulls their caches served.
 In the PS modes the server's budget (--samples W x --rows) stops the workers and refuses
 pushes past it, so fast workers take the batches a straggler does not and every mode
-trains on the same number of samples. Each PS worker is given half the job's rows, more
-than any one takes.
+trains on the same number of samples.
 
 The straggler (`--straggler RANK:FACTOR`, the same flag in every mode) times its own work
-in each step (preparing the batch and computing gradients; in sync also stepping its
-replica) and sleeps (FACTOR - 1) times that, so its work takes FACTOR times as long;
-waiting on the network or on others is not stretched. Its sleep frees the CPU, as a slow
-machine elsewhere would.
+in each step and sleeps (FACTOR - 1) times that, so its work takes FACTOR times as long;
+waiting on the network or on others is not stretched, and its sleep frees the CPU, as a
+slow machine elsewhere would.
 
-Why resume a trained job: from a fresh model the first hundred-odd global steps decide
-the AUC. The planted model's ceiling is 0.89, and after 160 steps from scratch a model is
-at 0.80 and still climbing fast, so GBA's 0.7 steps of staleness cost it 0.0013 AUC there
-while async's four times as many optimizer steps gain it 0.0015 (benchmarks.gba_staleness,
-which fixes the order pushes land in, measures both); four times as long, or resumed from
-480 sync steps, GBA is within 0.0003 of sync. A continuous-training job is a trained model
-taking in new data, so its figures are the ones that count; --warm-rows 0 gives the others.
-Runs repeat round every setting (--repeat, 3) and the medians count, because other work on
-the machine moves a single run's samples/s by up to 2x; each repeat draws its own planted
-streams and trains its own start model (the same for every mode), so the AUCs are not one
-draw of data's luck.
+Why resume a trained job: from a fresh model the first hundred-odd global steps decide the
+AUC, and there GBA's staleness and async's extra optimizer steps weigh more than they do
+on a trained model (benchmarks.gba_staleness measures both with the push order fixed). A
+continuous-training job is a trained model taking in new data, so its figures are the
+ones that count; --warm-rows 0 gives the others. Runs repeat round every setting
+(--repeat) and the medians count, because other work on the machine moves a single run's
+samples/s a lot; each repeat draws its own planted streams and trains its own start model
+(the same for every mode).
 
 Measured per mode: samples/s (the samples trained into the model over the span from the
-first worker's start to the last worker's end, wall clock; process start, joining and
-data planting are left out: workers meet at a start line first), the held-out AUC of the
-mode's checkpoint on 50,000 planted rows no worker trained on, and for the PS modes the
-mean staleness (global steps between a counted gradient's pull and its push).
+first worker's start to the last worker's end; process start, joining and data planting
+are left out: workers meet at a start line first), the held-out AUC of the mode's
+checkpoint on --holdout planted rows no worker trained on, and for the PS modes the mean
+staleness (global steps between a counted gradient's pull and its push). Ratios (higher is
+better for GBA): throughput_vs_sync and the AUC deltas, under the straggler.
 
-Ratios (higher is better for GBA): throughput_vs_sync and the AUC deltas, under the
-straggler. Targets (issue 6): throughput_vs_sync >= 2.4, auc_delta_vs_sync >= -0.001,
-auc_delta_vs_async >= 0, and without the straggler |auc gba - sync| <= 0.001.
+The churn run (--no-churn leaves it out): gba without a straggler on --churn-rows per
+worker (more than --rows: the replacement needs time to start and train); the last worker
+is killed with SIGKILL once half the job is trained, and a new process with its rank joins
+the running job and reads its source on from the server's positions. Reported: samples/s
+before the kill, from the kill until the replacement trains, and after; the seconds from
+the replacement's process start to its first batch; and the ledger of every sample
+(trained plus dropped as too stale equals what the checkpoint's positions cover, and the
+trained ranges have no holes).
 
-The churn run (issue 14; --no-churn leaves it out): gba without a straggler on
---churn-rows per worker (4x --rows: the replacement needs time to start and train); the
-last worker is killed with SIGKILL once half the job is trained, and a new process with its
-rank joins the running job and reads its source on from the server's positions. Reported:
-samples/s before the kill, from the kill until the replacement trains, and after; the
-seconds from the replacement's process start to its first batch; and the ledger of every
-sample (trained plus dropped as too stale equals what the checkpoint's positions cover,
-and the trained ranges have no holes).
-
-Last measured (issue 14: gRPC parameter server, the new sync; 2 cores, 1 shard, the
-defaults, 3 repeats, a quiet machine): throughput_vs_sync 2.43 (gba 25.4k samples/s, sync
-10.5k under the straggler); without the straggler sync ran at 0.96x gba (24.0k against
-25.0k: the straggler's share of the gain is now counted on its own); auc_delta_vs_sync
-+0.0004, no straggler +0.0003; auc_delta_vs_async +0.0014. Churn: 24.3k samples/s before
-the kill, 18.7k until the replacement trained, 26.3k after; the replacement trained 7.3-8.7
-s after its process started (most of it Python's imports and planting its data, on cores
-the other four processes share); every sample trained exactly once in all three runs.
-This machine ran slower that day than for the figures below: the pre-issue code, measured
-in the same session alternately with the new one (gba, no straggler, fresh model, 3
-runs each), gave gba 24.5k samples/s (median) against the new code's 29.3k, and its sync
-14.9k against the new sync's 25.1k.
-
-Before issue 14 (torch RPC, all_gather_object sync; --row-cache 10%): throughput_vs_sync
-3.91 (gba 35.0k, sync 9.0k under the straggler; 36.0k and 20.4k without: the old sync
-baseline was itself slow); auc_delta_vs_sync +0.0006, no straggler +0.0004;
-auc_delta_vs_async +0.0020. In every repeat GBA's AUC was within 0.0003 of sync's or above
-it (AUCs 0.827-0.829), and async's below sync's, by 0.0003 to 0.0016: after 480 steps at
-the global batch, async's four times as many steps of a quarter of it, each from a model
-2.8 of them stale, are worse for the trained model. GBA's gradients are 0.7 global steps
-stale on average (the others' pushes during one local batch: about (W-1)/M, the least any
-asynchronous scheme has). The row cache served 22.6% of the workers' row pulls at GBA's
-AUC, but gba+cache ran at 0.86x gba's samples/s: on loopback a pull costs less than the
-cache's bookkeeping (about 2.5 ms a pull).
-
-From a fresh model (--warm-rows 0, 3 repeats): throughput_vs_sync 3.82; auc_delta_vs_sync
--0.00105, no straggler -0.0016; auc_delta_vs_async -0.0025 (AUCs 0.798-0.803). There
-benchmarks.gba_staleness, which fixes the order pushes land in, finds the same: the
-staleness costs GBA 0.0013 AUC, and async's extra steps gain it 0.0015 over sync at the
-CLI's learning rates (at sync's best, from a sweep: Adam 5e-4, Adagrad 0.02, async ties
-sync and GBA trails it by 0.0014).
+Measured figures: README.md, "Distributed training" (What to expect).
 """
 
 from __future__ import annotations
@@ -103,7 +63,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -118,8 +77,9 @@ from benchmarks.gba_inprocess import HOLDOUT_STREAM, WARM_STREAM_BASE, warm_up
 from benchmarks.harness import parse_args, print_table, report
 from picasso import kernels
 from picasso.checkpoint import latest_checkpoint
+from picasso.connectors.testing.loopback import free_port
 from picasso.pipelines.runs.planted import planted_batches
-from picasso.spec import load_spec
+from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 CLI = [sys.executable, "-m", "picasso.pipelines.cli.distributed"]
@@ -184,12 +144,6 @@ def _extra(parser) -> None:
     parser.set_defaults(repeat=3)  # a run is minutes; medians of 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # one torch thread per process
 
@@ -204,7 +158,7 @@ def _model_flags(args) -> list[str]:
 
 def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.workers),
-               "--master-port", str(_free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
+               "--master-port", str(free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
                "--spec", args.spec, "--workdir", str(workdir), "--rows", str(args.rows),
                "--batch-size", str(args.batch_size), "--stream-base", str(streams), "--json", *_model_flags(args)]
     command += ["--straggler", straggler] if straggler else []
@@ -231,7 +185,7 @@ def _start_worker(args, rank: int, rows: int, streams: int, port: int, *extra: s
 
 def run_ps_mode(args, mode: str, workdir: Path, straggler: str | None, streams: int, trained_before: int) -> Run:
     """trained_before: samples in the model the server resumes (its count includes them)."""
-    port, total = _free_port(), args.workers * args.rows
+    port, total = free_port(), args.workers * args.rows
     cached = mode == "gba+cache"
     server = _start_server(args, workdir, "gba" if cached else mode, port, total)
     # Each worker has rows enough for half the job: more than any one takes (a fast worker
@@ -283,7 +237,7 @@ def run_churn(args, workdir: Path, streams: int, trained_before: int) -> Churn:
 
     # Longer than the other runs: the kill comes halfway, and the replacement must have time
     # to start (a Python process, the kernels, its planted data) and train before the end.
-    port, total, doomed = _free_port(), args.workers * args.churn_rows, args.workers - 1
+    port, total, doomed = free_port(), args.workers * args.churn_rows, args.workers - 1
     if args.churn_rows % args.batch_size:
         raise ValueError("the churn run counts stale drops in whole batches: --rows must be a multiple of --batch-size")
     server = _start_server(args, workdir, "gba", port, total)

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from picasso.checkpoint import save_checkpoint
+from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.layout import ShardLayout
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
+from picasso.distributed.ps_client import PSClient
 from picasso.distributed.shard import Shard
 from picasso.models import build_model
 from picasso.packing import PackingPlan

@@ -5,7 +5,7 @@
 
 benchmarks.gba runs the real thing (processes, RPC, a straggler), but there the order in
 which pushes land is the scheduler's, and it alone moves one GBA run's AUC by up to 0.002
-from a fresh model (three runs on one draw of data: 0.7988, 0.7999, 0.8005). This one takes
+from a fresh model. This one takes
 the order into its own hands (benchmarks/gba_inprocess.py): W workers take turns in one
 process, and each push lands --delay +- 2 turns after its pull.
 - sync:  M = W, round robin, every push at once: a sync step.
@@ -20,16 +20,7 @@ W x --rows planted samples with the same hyper-parameters. The AUC is on 50,000 
 planted rows, as in benchmarks.gba.
 
 Ratios (GBA's, means over the orders): auc_delta_vs_sync and auc_delta_vs_async; the
-metrics carry every run.
-
-Last measured (2 cores; 4 workers, 4 x 81,920 samples, 160 global steps):
-- resumed (the defaults: 480 sync steps before, 4 orders): sync 0.8283, gba 0.8281
-  (stdev 0.0001), async 0.8268: auc_delta_vs_sync -0.0002, auc_delta_vs_async +0.0012;
-- from a fresh model (--warm-rows 0; 4 orders): sync 0.8014, gba 0.8000 (stdev 0.0005),
-  async 0.8029: -0.0013 and -0.0029. Async's four times as many optimizer steps win while
-  the model is young; at sync's best learning rates (a sweep: Adam 5e-4, Adagrad 0.02) it
-  ties sync, and GBA trails by 0.0014. Four times as long from fresh (--rows 327680, 2
-  orders): -0.0002 and -0.0004.
+metrics carry every run. Measured figures: README.md, "Distributed training" (What to expect).
 """
 
 from __future__ import annotations
@@ -44,7 +35,7 @@ import torch
 from benchmarks.gba_inprocess import HOLDOUT_STREAM, JITTER, WARM_STREAM_BASE, Schedule, train, warm_up
 from benchmarks.harness import parse_args, report
 from picasso.pipelines.runs.planted import planted_batches
-from picasso.spec import load_spec
+from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 STREAM_BASE = 100  # worker r reads planted stream STREAM_BASE + r, as benchmarks.gba's first repeat

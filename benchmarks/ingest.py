@@ -34,9 +34,10 @@ from benchmarks.pack import python_rows_pack
 from picasso.builtin_specs import criteo_spec
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_source import FETCH_SETTINGS, ReadFromKafka
-from picasso.connectors.message_formats import encode_arrow, encode_json
+from picasso.connectors.decoding.message_formats import encode_arrow, encode_json
 from picasso.packing import PackingPlan
-from picasso.pipelines.transforms.decode_messages import DecodeMessages, PackMessages
+from picasso.pipelines.transforms.decode import DecodeMessages
+from picasso.pipelines.transforms.pack import PackMessages
 from picasso.synthetic import PlantedModel
 
 BATCH = 1000  # messages per element / per naive batch

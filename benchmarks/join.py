@@ -38,14 +38,14 @@ import pyarrow as pa
 from benchmarks.harness import parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import criteo_spec
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.delayed_feedback import late_share
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.sample_buffer import SampleBuffer
-from picasso.sample_join import (
-    CORRECTION_COLUMN, KEY_COLUMN, Impressions, JoinPolicy, JoinState, Labels, join_keys,
-)
+from picasso.join_rules import CORRECTION_COLUMN, KEY_COLUMN, Impressions, JoinPolicy, Labels, join_keys
+from picasso.sample_join import JoinState
 from picasso.sample_join_reference import DictJoin
 from picasso.synthetic import PlantedModel
 from picasso.synthetic_events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream

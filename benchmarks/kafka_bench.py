@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
-from picasso.connectors.local_broker import TansuBroker
+from picasso.connectors.testing.kafka_broker import TansuBroker
 
 
 @contextlib.contextmanager

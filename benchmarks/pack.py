@@ -18,7 +18,7 @@ import pyarrow as pa
 from benchmarks.harness import median_seconds, parse_args, report
 from picasso.batch import PackedBatch, pack
 from picasso.builtin_specs import builtin_spec
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.hashing import bucket_of
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec

@@ -9,30 +9,19 @@ param_server.py configured it: its shared-memory transport busy-polls a core per
 its messages go as torch pickles them. picasso's side is transport.py with wire.py.
 
 Reported per size: the median milliseconds of a call on each side, and ms per MB.
-`ratios`: torch's ms per MB over gRPC's, per call and size (higher: gRPC is cheaper; the
-issue asks for at least 0.8, i.e. gRPC within 1.25x of torch).
+`ratios`: torch's ms per MB over gRPC's, per call and size (higher: gRPC is cheaper).
 
     python -m benchmarks.ps_transport [--sizes 65536,1048576,8388608] [--repeat 50] [--json]
 
-Last measured (2 cores, a quiet machine), torch over gRPC per MB (pull / push): 64 KiB
-1.22 / 1.04, 1 MiB 0.72 / 0.78, 8 MiB 0.32 / 0.24. gRPC costs less per call (0.79 against
-0.96 ms for a 64 KiB pull) but more per byte: 1.1 ms per MB past a few MB against torch's
-0.3. grpcio copies a message into its own buffers on the way out and into a new bytes
-object on the way in (bare grpcio moves 8 MiB in 6-8 ms here, with no message of ours),
-where TensorPipe writes tensor storage to the socket and reads into the tensor. The
-benchmark job's pulls and pushes are about 1 MB each (a batch's distinct rows and the
-dense parameters).
-
-The floor, measured the same way at 8 MiB: a plain Python socket (sendall, recv_into a
-preallocated buffer) 0.40 ms per MB, so torch is at it; bare grpcio 0.78 whatever its
-HTTP/2 and TCP chunk options; Arrow Flight's zero-copy DoExchange 0.67-0.72 (and 1.2 at
-1 MiB). wire.py's own encode and decode take 0.07 ms of a 1 MiB pull's 1.6.
+gRPC costs less per call but more per byte: grpcio copies a message into its own buffers
+on the way out and into a new bytes object on the way in, where TensorPipe writes tensor
+storage to the socket and reads into the tensor. The benchmark job's pulls and pushes are
+about 1 MB each (a batch's distinct rows and the dense parameters).
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -40,14 +29,9 @@ import time
 import torch
 
 from benchmarks.harness import median_seconds, parse_args, report
+from picasso.connectors.testing.loopback import free_port
 
 DIM = 16  # floats per row: the tables' usual width
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rows(size: int) -> int:
@@ -119,7 +103,7 @@ def main() -> None:
     from picasso.distributed import param_server  # noqa: F401  (registers the message types)
     from picasso.distributed.transport import Connection, Security
 
-    rpc_port, grpc_port = _free_port(), _free_port()
+    rpc_port, grpc_port = free_port(), free_port()
     server = subprocess.Popen([sys.executable, "-c", f"from benchmarks.ps_transport import serve; "
                                f"serve({rpc_port}, {grpc_port})"], env={**os.environ})
     try:

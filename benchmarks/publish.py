@@ -25,9 +25,10 @@ from pathlib import Path
 from benchmarks.harness import parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
-from picasso.connectors.decoders import RecordDecoder
-from picasso.connectors.local_mlflow import MlflowServer
-from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, publish
+from picasso.connectors.decoding.record_decoder import RecordDecoder
+from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
+from picasso.connectors.publishing.publication import publish
+from picasso.connectors.testing.mlflow_server import MlflowServer
 from picasso.packing import PackingPlan
 from picasso.synthetic import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
@@ -88,8 +89,8 @@ def _touched_share(version, cycles: Cycles, uri: str, work: Path) -> float:
     """The share of embedding-table rows the last delta ships (the rows its cycle moved)."""
     from mlflow.tracking import MlflowClient
 
-    from picasso.connectors.delta_store import download_delta
-    from picasso.connectors.model_delta import load_delta
+    from picasso.connectors.publishing.delta_store import download_delta
+    from picasso.connectors.publishing.model_delta import load_delta
 
     client = MlflowClient(uri)
     delta = load_delta(download_delta(client, client.get_model_version(version.model_name, version.version),

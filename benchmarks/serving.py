@@ -37,8 +37,9 @@ import pandas as pd
 from benchmarks.harness import parse_args, report
 from benchmarks.publish import Cycles
 from picasso.builtin_specs import criteo_spec
-from picasso.connectors.local_mlflow import served_model
-from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, publish
+from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
+from picasso.connectors.publishing.publication import publish
+from picasso.connectors.testing.mlflow_server import served_model
 from picasso.synthetic import PlantedModel
 
 ROW_COUNTS = (1, 100, 10_000)

@@ -48,7 +48,7 @@ from benchmarks.train_rivals import NaiveRival, PlainRival, TorchRecRival
 from picasso import kernels
 from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.interleave import worth_interleaving
 from picasso.metrics import auc
 from picasso.models.common import dense_autocast

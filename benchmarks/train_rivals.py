@@ -32,7 +32,7 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.hashing import bucket_of
 from picasso.models.common import dense_autocast
 

@@ -24,12 +24,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder, as_arrow_array
+from picasso.connectors.decoding.columns import as_arrow_array
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
-from picasso.connectors.message_formats import DecodedMessages, decode_messages
+from picasso.connectors.decoding.message_formats import DecodedMessages, decode_messages
 from picasso.join_spec import JoinSpec
-from picasso.sample_join import Impressions, Labels, OrphanLabel, join_keys
+from picasso.join_rules import Impressions, Labels, OrphanLabel, join_keys
 from picasso.spec import FeatureSpec
 
 KEY_COLUMN = "_join_key"  # uint64: the hash of the key fields

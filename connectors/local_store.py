@@ -160,19 +160,15 @@ def _remove_sidecars(path: Path) -> None:
 
 def _build(path: Path, artifact_root: str | None) -> None:
     """A complete store at path, made in a temporary file and renamed into place."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
+    # MLflow, imported when a store is built: every command imports this module.
+    from picasso.connectors.publishing.mlflow_env import create_sqlite_schema
 
     _remove_leftovers(path)
     fd, temporary = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=path.parent)
     os.close(fd)  # SQLite takes an empty file for an empty database
     uri = f"{SQLITE_PREFIX}{temporary}"
     try:
-        # The store MLflow's client makes for a sqlite URI (tables, migrations, the Default
-        # experiment); None: the artifact root MLflow's client would give it.
-        store = _get_sqlalchemy_store(uri, artifact_root)
-        store.engine.dispose()  # MLflow caches engines per URI: this one must not outlive its name
-        SqlAlchemyStore._engine_map.pop(uri, None)
+        create_sqlite_schema(uri, artifact_root)  # its engine must not outlive the temporary name
     except BaseException:
         _remove_leftovers(path)  # a kill leaves them to the next builder; an error cleans up now
         raise

@@ -23,12 +23,13 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
 from picasso.batch import pack
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.serving_rows import BadRows, decode_request, on_bad_row_problem
 from picasso.connectors.serving_weights import is_training_only
 from picasso.models import build_model
 from picasso.packing import PackingPlan
-from picasso.spec import load_spec
+from picasso.spec_refs import load_spec
 
 ARTIFACT_WEIGHTS = "weights"
 ARTIFACT_SPEC = "spec"

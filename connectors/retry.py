@@ -26,10 +26,31 @@ class RetryPolicy:
                              f"({self.max_backoff_s})")
 
     def delays(self):
-        delay = self.first_backoff_s
+        backoff = Backoff(self.first_backoff_s, self.max_backoff_s)
         for _ in range(self.attempts - 1):
-            yield delay
-            delay = min(self.max_backoff_s, delay * 2)
+            yield backoff.next_delay()
+
+
+class Backoff:
+    """Delays that start at first_s and double up to max_s, for as long as they are asked
+    for; reset() starts them over (after a success)."""
+
+    def __init__(self, first_s: float, max_s: float):
+        self.first_s, self.max_s = first_s, max_s
+        self.delay_s = first_s
+
+    def next_delay(self) -> float:
+        delay = self.delay_s
+        self.delay_s = min(self.max_s, self.delay_s * 2)
+        return delay
+
+    def wait(self, sleep: Callable[[float], None] = time.sleep) -> float:
+        delay = self.next_delay()
+        sleep(delay)
+        return delay
+
+    def reset(self) -> None:
+        self.delay_s = self.first_s
 
 
 def with_retries(call: Callable[[], T], policy: RetryPolicy, what: str,

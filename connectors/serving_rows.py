@@ -1,7 +1,7 @@
 """What serving does with a request's rows: decode them as training would, and decide
 what a refused row gets.
 
-The decoder is training's (connectors/decoders.py), with no label required, so serving
+The decoder is training's (connectors/decoding/), with no label required, so serving
 and training never disagree about a row. Every input row gets exactly one answer, in
 order:
 - `on_bad_row: error` (the default): a request with any refused row is refused whole,
@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from picasso.connectors.decoders import DecodeResult, RecordDecoder
+from picasso.connectors.decoding.contracts import DecodeResult
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 
 ON_BAD_ROW = ("error", "default")
 SOURCE = "serving"

@@ -190,7 +190,7 @@ def _pack_group(table: pa.Table, group: PackedGroup) -> tuple[pa.Array, pa.Array
 
 def pack(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, positions: dict[str, int] | None = None,
          starts: dict[str, int] | None = None) -> PackedBatch:
-    """Pack a canonical table (see connectors.decoders) into one PackedBatch; positions:
+    """Pack a canonical table (see connectors.decoding.validation) into one PackedBatch; positions:
     per source, the next position after it; starts: its first."""
     dense_names = spec.dense_names
     columns = {"label": pa.array(table.column("label").to_numpy().astype(np.float32, copy=False))}

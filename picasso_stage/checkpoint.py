@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 from picasso import storage
-from picasso.spec import FeatureSpec, load_spec
+from picasso.spec import FeatureSpec
+from picasso.spec_refs import load_spec
 
 _PREFIX = "step-"
 MARKER = "COMMITTED"

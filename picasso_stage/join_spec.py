@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from picasso.durations import parse_duration_ms
-from picasso.sample_join import LATE_LABEL_POLICIES, JoinPolicy
+from picasso.join_rules import LATE_LABEL_POLICIES, JoinPolicy
 
 _DURATIONS = {"wait": "wait_ms", "horizon": "horizon_ms", "orphan_grace": "orphan_grace_ms",
               "allowed_lateness": "allowed_lateness_ms", "max_future": "max_future_ms"}

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from picasso.hashing import splitmix64_array
-from picasso.sample_join import DELAY_COLUMN
+from picasso.join_rules import DELAY_COLUMN
 from picasso.synthetic import PlantedModel
 
 REQUEST_ID = "request_id"

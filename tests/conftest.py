@@ -7,11 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from picasso.connectors.local_mlflow import MlflowServer
+from picasso.connectors.publishing.mlflow_env import kept_fluent_uris
+from picasso.connectors.testing.mlflow_server import MlflowServer
 
 pytest_plugins = ["kafka_broker"]  # the Kafka broker fixtures
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_uris_stay_with_their_test():
+    """A test that points MLflow's fluent API at a store (mlflow.set_tracking_uri) also sets
+    MLFLOW_TRACKING_URI for the process: without this, every later test's `picasso`
+    subprocess would publish there instead of to the store it names or defaults to."""
+    with kept_fluent_uris():
+        yield
 
 
 @pytest.fixture(scope="session")

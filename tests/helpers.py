@@ -8,7 +8,7 @@ import pyarrow as pa
 import torch
 
 from picasso.batch import pack
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, parse_spec
 from picasso.synthetic import PlantedModel

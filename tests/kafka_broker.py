@@ -20,7 +20,7 @@ import uuid
 
 import pytest
 
-from picasso.connectors.local_broker import TansuBroker, wait_for_kafka
+from picasso.connectors.testing.kafka_broker import TansuBroker, wait_for_kafka
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import torch
 from helpers import small_spec
 from kafka_broker import create_topic, produce_values
 
-from picasso.connectors.message_formats import encode_arrow, encode_json
+from picasso.connectors.decoding.message_formats import encode_arrow, encode_json
 from picasso.synthetic import PlantedModel
 
 SPEC = small_spec(name="stream-test")

@@ -12,10 +12,11 @@ from mlflow.tracking import MlflowClient
 
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import load_checkpoint
-from picasso.connectors.mlflow_registry import MLflowTarget
 from picasso.connectors.partitions import partition_range, with_hours
+from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.backfill import RangeStopped, run_range
-from picasso.pipelines.cli.main import STOPPED_EXIT, main
+from picasso.pipelines.cli.main import main
+from picasso.pipelines.cli.output import STOPPED_EXIT
 from picasso.pipelines.runs.daily import CHECKPOINTED, DailyConfig
 from picasso.pipelines.runs.generate import generate_days
 from picasso.trainer import TrainConfig

@@ -9,6 +9,7 @@ import pytest
 
 from picasso.builtin_specs import criteo_spec
 from picasso.pipelines.cli import main as cli
+from picasso.pipelines.cli.daily import daily_config
 from picasso.pipelines.runs import daily
 from picasso.pipelines.runs.generate import generate_days
 from picasso.pipelines.cli.stream import stream_config
@@ -89,7 +90,7 @@ def test_help_of_the_pipeline_commands_says_where_other_options_go(capsys):
 
 
 def test_daily_config_carries_the_beam_options(tmp_path):
-    config = cli.daily_config(cli.parse_args(_daily_flags(tmp_path, *BEAM_OPTIONS)), str(tmp_path / "data"), DATE)
+    config = daily_config(cli.parse_args(_daily_flags(tmp_path, *BEAM_OPTIONS)), str(tmp_path / "data"), DATE)
     assert config.beam_args == BEAM_OPTIONS
 
 

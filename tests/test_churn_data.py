@@ -14,7 +14,7 @@ from test_cli import run_cli
 
 from picasso.builtin_specs import CHURN_CAPACITY, builtin_spec, churn_spec
 from picasso.connectors.day_files import list_day_files, read_chunks
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.metrics import auc
 from picasso.pipelines.cli import main as cli
 from picasso.pipelines.runs.generate import dates_from, first_position, generate_days

@@ -20,7 +20,7 @@ from picasso.connectors.dead_letter_oversize import KEPT_PREFIX_BYTES, Digest
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_sink import MAX_REASON_BYTES, MessageDeadLetter, WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import FETCH_SETTINGS
-from picasso.connectors.local_broker import TansuBroker
+from picasso.connectors.testing.kafka_broker import TansuBroker
 
 MiB = 1024 * 1024
 

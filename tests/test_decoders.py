@@ -12,7 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from picasso.connectors.dead_letters import DeadLetter
-from picasso.connectors.decoders import DecodeOptions, DecodeResult, RecordDecoder
+from picasso.connectors.decoding.contracts import DecodeOptions, DecodeResult
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.hashing import bucket_of
 
 from helpers import small_spec
@@ -533,7 +534,7 @@ def test_tsv_bytes_lines():
 
 
 def test_tsv_criteo_spec():
-    from picasso.spec import load_spec
+    from picasso.spec_refs import load_spec
 
     spec = load_spec("criteo")
     decoder = RecordDecoder(spec)

@@ -4,7 +4,7 @@ import torch
 from helpers import small_spec
 
 from picasso.batch import pack
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.delayed_feedback import importance_weights, late_share
 from picasso.packing import PackingPlan
 from picasso.synthetic import PlantedModel

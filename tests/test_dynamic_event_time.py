@@ -17,17 +17,17 @@ from test_dynamic_tables import batch_of, item_map, live_keys, make_spec, max_di
 
 from picasso.builtin_specs import CHURN_CAPACITY, churn_spec
 from picasso.checkpoint import load_checkpoint
-from picasso.connectors.decoders import RecordDecoder
-from picasso.connectors.mlflow_registry import MLflowTarget
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.partitions import partition_range, partition_time_ms
+from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.dynamic_rows import EventTimeMissing
 from picasso.pipelines.runs.backfill import run_range
 from picasso.pipelines.runs.daily import DailyConfig
 from picasso.pipelines.transforms.decode import DecodedChunk
-from picasso.pipelines.transforms.decode_messages import DecodedMessageChunk, MessageSpan, PackMessages
+from picasso.pipelines.transforms.message_spans import DecodedMessageChunk, MessageSpan
 from picasso.pipelines.runs.join_cycle import PackSamples
 from picasso.pipelines.runs.generate import generate_days
-from picasso.pipelines.transforms.pack import PackFeatures
+from picasso.pipelines.transforms.pack import PackFeatures, PackMessages
 from picasso.spec import DynamicTable, parse_spec
 from picasso.synthetic_churn import ChurnConfig
 from picasso.trainer import TrainConfig, Trainer

@@ -7,11 +7,13 @@ import pytest
 import torch
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.connectors.testing.loopback import free_port
+from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.dynamic_shard import checkpoint_metrics, owner_of
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
+from picasso.distributed.ps_client import PSClient
 from picasso.distributed.sync import SyncReplica
 from picasso.distributed.worker import GBAWorker, WorkerStats
 from picasso.kernels.id_map_reference import EMPTY_KEY
@@ -20,7 +22,7 @@ from picasso.trainer import TrainConfig, Trainer
 
 from helpers import planted_batches
 from test_dynamic_tables import SETTINGS, batch_of, make_spec, stream
-from test_gba_ps import _finish, _free_port, _ps, _worker
+from test_gba_ps import _finish, _ps, _worker
 from test_trainer import SPEC as TRAINER_SPEC
 
 CONFIG = TrainConfig(hidden=(8,), log_every=0, interleave=False)
@@ -176,7 +178,7 @@ def test_a_gba_job_over_grpc_trains_a_dynamic_table_on_its_shards(tmp_path):
     spec = parse_spec(raw)
     path = tmp_path / "dynamic.yaml"
     spec.save(path)
-    port = _free_port()
+    port = free_port()
     server = _ps(str(path), tmp_path, port, 2, 2)
     refused = _worker(port, 2, 100, "--row-cache", "64")
     code, _, err = _finish(refused)

@@ -15,10 +15,11 @@ from publish_helpers import CheckpointMaker, fresh_target, request
 
 from picasso.batch import pack
 from picasso.checkpoint import load_checkpoint
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder
-from picasso.connectors.delta_store import download_delta, download_weights, rebuild_version
-from picasso.connectors.mlflow_registry import publish
-from picasso.connectors.model_delta import load_delta
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.record_decoder import RecordDecoder
+from picasso.connectors.publishing.delta_store import download_delta, download_weights, rebuild_version
+from picasso.connectors.publishing.model_delta import load_delta
+from picasso.connectors.publishing.publication import publish
 from picasso.connectors.serving_rows import decode_request
 from picasso.connectors.serving_weights import file_sha256, serving_state
 from picasso.hashing import key_of

@@ -12,7 +12,7 @@ import torch
 from picasso import kernels
 from picasso.batch import pack
 from picasso.cache import CacheConfig
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.dynamic_rows import initial_rows
 from picasso.kernels import id_map_reference
 from picasso.kernels.id_map_reference import EMPTY_KEY

@@ -23,10 +23,11 @@ from helpers import small_spec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_source import Messages
-from picasso.connectors.json_fast_path import learned_types
-from picasso.connectors.message_formats import decode_json_values, decode_messages, read_ipc_stream
+from picasso.connectors.decoding.json_fast_path import learned_types
+from picasso.connectors.decoding.message_formats import decode_json_values, decode_messages, read_ipc_stream
 
 SPEC = small_spec()
 OPTIONS = {"ignore-unknown": DecodeOptions(), "reject-unknown": DecodeOptions(unknown_fields="reject")}

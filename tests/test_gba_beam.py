@@ -14,13 +14,14 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.connectors.testing.loopback import free_port
 from picasso.distributed.row_cache import RowCacheConfig
 from picasso.pipelines.runs.planted import planted_batches
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.trainer import Trainer
 
-from test_gba_ps import _finish, _free_port, _ps
+from test_gba_ps import _finish, _ps
 from test_gba_sync import TRAIN
 from test_trainer import SPEC
 
@@ -62,7 +63,7 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
     start = Trainer(SPEC, CONFIG)
     start.train(planted_batches(SPEC, 2 * WORKERS * BATCH, WORKERS * BATCH, stream=300))
     start.save_checkpoint(tmp_path / "checkpoints")
-    port = _free_port()
+    port = free_port()
     # No hard staleness limit: how far one process runs ahead of the other is the
     # scheduler's choice (a loaded machine can pause one for 10 global steps), and a batch
     # dropped as too stale would make the exact accounting below depend on it. Dropping is
@@ -129,7 +130,7 @@ def test_a_pipeline_of_another_spec_is_refused_by_name(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
-    port = _free_port()
+    port = free_port()
     server = _ps(str(spec_path), tmp_path, port, 1, 1, "--lease", "2")
     other = replace(SPEC, name="other")
     options = PipelineOptions(["--runner", "FnApiRunner", "--direct_num_workers=1",
@@ -184,7 +185,7 @@ def test_a_beam_worker_killed_mid_bundle_and_the_job_run_again_trains_every_samp
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
     flags = ("--mode", "gba", "--lr-sparse", str(LR_SPARSE), "--decay", "exp:limit=none", "--lease", "2")
-    port = _free_port()
+    port = free_port()
     server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, *flags)
     try:
         with pytest.raises(Exception):  # the runner reports its worker's death
@@ -197,7 +198,7 @@ def test_a_beam_worker_killed_mid_bundle_and_the_job_run_again_trains_every_samp
     trained_first = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
     assert trained_first.state["samples"] < WORKERS * ROWS  # the dead one's tail was never trained
 
-    port = _free_port()
+    port = free_port()
     server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, *flags)
     try:
         _gba_pipeline(port, _planted)  # every source from its start: at least once

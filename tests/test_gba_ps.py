@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -14,11 +13,13 @@ import pytest
 import torch
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from picasso.connectors.testing.loopback import free_port
+from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import GBAConfig, WorkerDropped
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
+from picasso.distributed.ps_client import PSClient
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
 from picasso.packing import PackingPlan
@@ -193,11 +194,6 @@ def test_a_shard_refuses_rows_it_does_not_own():
 
 # -- real processes on loopback ---------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _start(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "picasso.pipelines.cli.distributed", *args], stdout=subprocess.PIPE,
@@ -238,7 +234,7 @@ def _worker(port: int, rank: int, rows: int, *extra: str) -> subprocess.Popen:
 def test_plain_async_steps_on_every_push(tiny_spec, tmp_path):
     """The baseline mode: M = 1 and no staleness control, whatever --workers says; its
     checkpoint restores into a Trainer. (gba on two shards: test_gba_switch.py.)"""
-    port = _free_port()
+    port = free_port()
     server = _ps(tiny_spec, tmp_path, port, 1, 2, "--mode", "async")
     workers = [_worker(port, rank, 500) for rank in range(2)]
     for code, stats, err in [_finish(w) for w in workers]:
@@ -256,7 +252,7 @@ def test_dead_workers_are_dropped_and_the_others_train_on(tiny_spec, tmp_path):
     """worker1 dies while training: dropped when its lease runs out. worker2 dies after
     the group met but before its first pull (it is still planting 2M rows): counted as
     lost after a lease. worker0 trains on, and the server ends and checkpoints."""
-    port = _free_port()
+    port = free_port()
     server = _ps(tiny_spec, tmp_path, port, 1, 3, "--lease", "2")
     survivor = _worker(port, 0, 800, "--straggler", "0:3")
     doomed = _worker(port, 1, 100_000)
@@ -282,7 +278,7 @@ def test_a_worker_that_stalls_past_its_lease_rejoins(tiny_spec, tmp_path):
     out at its next pull, rejoins under a new incarnation, reads its source on from the
     server's positions, and the job ends with both sources trained to the end. worker0,
     slowed down, trains on throughout."""
-    port = _free_port()
+    port = free_port()
     # No hard staleness limit: a gradient dropped as too stale would advance the positions
     # without its samples, and the count below could not be exact.
     server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "2", "--decay", "exp:limit=none")
@@ -306,12 +302,12 @@ def test_a_worker_that_stalls_past_its_lease_rejoins(tiny_spec, tmp_path):
 
 
 def test_a_worker_without_a_server_says_so(tmp_path):
-    code, _, err = _finish(_start("gba-worker", "--port", str(_free_port()), "--rank", "0", "--timeout", "2"), timeout=60)
+    code, _, err = _finish(_start("gba-worker", "--port", str(free_port()), "--rank", "0", "--timeout", "2"), timeout=60)
     assert code != 0 and "no parameter server at 127.0.0.1:" in err
 
 
 def test_a_worker_whose_server_dies_says_so(tiny_spec, tmp_path):
-    port = _free_port()
+    port = free_port()
     server = _ps(tiny_spec, tmp_path, port, 1, 1)
     worker = _worker(port, 0, 200_000)
     _wait_for_log(worker, "training from step")

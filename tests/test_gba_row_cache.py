@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from picasso.connectors.testing.loopback import free_port
+from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard
+from picasso.distributed.ps_client import PSClient
 from picasso.distributed.row_cache import CachedPSClient, RowCacheConfig
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
@@ -18,7 +20,7 @@ from picasso.packing import PackingPlan
 from picasso.trainer import Trainer
 
 from helpers import planted_batches
-from test_gba_ps import _finish, _free_port, _ps, _start, _worker, tiny_spec  # noqa: F401 (a fixture)
+from test_gba_ps import _finish, _ps, _start, _worker, tiny_spec  # noqa: F401 (a fixture)
 from test_trainer import CONFIG, SPEC, assert_state_equal
 
 
@@ -120,7 +122,7 @@ def test_bad_settings_are_refused():
 def test_gba_workers_with_the_row_cache_against_a_real_server(tiny_spec, tmp_path):
     """`picasso gba-worker --row-cache`: real processes on loopback; each worker reports what
     its cache served, and the job trains every sample."""
-    port = _free_port()
+    port = free_port()
     server = _ps(tiny_spec, tmp_path, port, 2, 2, "--mode", "gba")
     workers = [_worker(port, rank, 1000, "--row-cache", "30%", "--row-cache-staleness", "2")
                for rank in range(2)]
@@ -136,6 +138,6 @@ def test_gba_workers_with_the_row_cache_against_a_real_server(tiny_spec, tmp_pat
 
 
 def test_a_bad_row_cache_setting_fails_before_joining():
-    code, _, err = _finish(_start("gba-worker", "--port", str(_free_port()), "--rank", "0", "--row-cache",
+    code, _, err = _finish(_start("gba-worker", "--port", str(free_port()), "--rank", "0", "--row-cache",
                                   "lots"))
     assert code != 0 and "cache capacity 'lots'" in err

@@ -18,10 +18,11 @@ import subprocess
 import sys
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.connectors.testing.loopback import free_port
 from picasso.pipelines.runs.planted import planted_batches
 from picasso.trainer import Trainer
 
-from test_gba_ps import _finish, _free_port, _ps, _worker
+from test_gba_ps import _finish, _ps, _worker
 from test_gba_sync import TRAIN
 from test_trainer import SPEC
 
@@ -40,7 +41,7 @@ def _held_out_loss(checkpoint) -> float:
 
 def _sync(spec_path, workdir) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORKERS),
-               "--master-port", str(_free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
+               "--master-port", str(free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
                "--spec", str(spec_path), "--workdir", str(workdir), "--hidden", "16,8", "--lr-dense", "0.01",
                "--lr-sparse", "0.05", "--rows", str(ROWS), "--batch-size", str(BATCH), "--checkpoint-every", str(EVERY)]
     done = subprocess.run(command + ["--stream-base", str(STREAM_BASE)], capture_output=True, text=True, timeout=120)
@@ -48,7 +49,7 @@ def _sync(spec_path, workdir) -> None:
 
 
 def _gba(spec_path, workdir) -> dict:
-    port = _free_port()
+    port = free_port()
     server = _ps(str(spec_path), workdir, port, 2, WORKERS, "--mode", "gba", "--checkpoint-every", str(EVERY))
     workers = [_worker(port, rank, ROWS, "--stream-base", str(STREAM_BASE)) for rank in range(WORKERS)]
     for code, stats, err in [_finish(w) for w in workers]:

@@ -4,7 +4,6 @@ gradients from every rank."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from dataclasses import replace
@@ -13,10 +12,12 @@ import pytest
 import torch
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.connectors.testing.loopback import free_port
+from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
+from picasso.distributed.ps_client import PSClient
 from picasso.models import build_model
 from picasso.pipelines.cli import distributed as distributed_cli
 from picasso.pipelines.runs.planted import planted_batches
@@ -26,12 +27,6 @@ from test_trainer import CONFIG, SPEC
 
 ROWS, BATCH, RANKS = 600, 100, 2
 TRAIN = replace(CONFIG, hidden=(16, 8), lr_dense=0.01, lr_sparse=0.05)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _fresh_gba(steps: int) -> dict:
@@ -60,7 +55,7 @@ def test_sync_ranks_stay_identical_and_step_like_fresh_gba(tmp_path):
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
-               "--master-port", str(_free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
+               "--master-port", str(free_port()), "-m", "picasso.pipelines.cli.distributed", "sync-worker",
                "--spec", str(spec_path), "--workdir", str(tmp_path), "--hidden", "16,8", "--lr-dense", "0.01",
                "--lr-sparse", "0.05", "--rows", str(ROWS), "--batch-size", str(BATCH), "--json"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)

@@ -6,8 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.connectors.id_hashing import _groups, hash_many
-from picasso.hashing import hash_to_buckets
+from picasso.hashing import _groups, hash_many, hash_to_buckets
 
 
 @pytest.mark.parametrize("buckets", [

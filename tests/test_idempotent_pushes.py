@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.aggregation import Contribution
 from picasso.distributed.gba import GBAConfig, TokenControl
 from picasso.distributed.ledger import Ledger
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient, in_process
 from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
+from picasso.distributed.ps_client import PSClient
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
 from picasso.pipelines.runs.planted import planted_batches

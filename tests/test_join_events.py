@@ -13,10 +13,11 @@ from picasso.connectors.join_events import (
     JoinDecoders, decode_poll, impressions_of, labels_of, orphan_dead_letter,
 )
 from picasso.connectors.kafka_source import Messages
-from picasso.connectors.message_formats import encode_arrow
+from picasso.connectors.decoding.message_formats import encode_arrow
 from picasso.join_spec import JoinSpec
-from picasso.sample_join import OrphanLabel, join_keys
-from picasso.spec import SpecError, load_join_spec, parse_spec
+from picasso.join_rules import OrphanLabel, join_keys
+from picasso.spec import SpecError, parse_spec
+from picasso.spec_refs import load_join_spec
 from picasso.synthetic import PlantedModel
 
 SPEC = small_spec(name="join-events")

@@ -37,7 +37,7 @@ from picasso.connectors.join_events import JoinDecoders, decode_poll, impression
 from picasso.connectors.kafka_config import source_name
 from picasso.connectors.kafka_source import Messages
 from picasso.join_spec import JoinSpec
-from picasso.pipelines.transforms.decode_messages import DEAD_LETTERS
+from picasso.pipelines.transforms.decode import DEAD_LETTERS
 from picasso.pipelines.runs.join_cycle import DecodeJoinEvents, PackSamples, SpanPositions, SplitJoinEvents
 from picasso.pipelines.transforms.join_labels import SAMPLES, JoinLabels
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics

@@ -21,10 +21,10 @@ from publish_helpers import CheckpointMaker, request
 from stream_helpers import fill_topic, json_messages, stream_command, write_spec
 from test_cli import run_cli
 
-from picasso.connectors.local_broker import free_port
 from picasso.connectors.local_store import HalfMadeStoreError, ensure_sqlite_store
-from picasso.connectors.mlflow_registry import MLflowTarget
-from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox
+from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget
+from picasso.connectors.publishing.outbox import PublishOutbox
+from picasso.connectors.testing.loopback import free_port
 
 # Makes a store and stops for good inside MLflow's schema creation, right after the migration
 # that creates `mcp_servers` created it (its alembic revision not yet recorded: the state the
@@ -47,7 +47,7 @@ def create_then_stop(name, *columns, **options):
 
 alembic.op.create_table = create_then_stop
 if mode == "picasso":
-    from picasso.connectors.mlflow_registry import MLflowTarget
+    from picasso.connectors.publishing.contract import MLflowTarget
     MLflowTarget.for_workdir(workdir)
 else:
     from mlflow.tracking import MlflowClient

@@ -18,7 +18,8 @@ from picasso.models import MODELS, build_model
 from picasso.models.common import CommonDim, PackedModel
 from picasso.models.deepfm import fm_interaction
 from picasso.packing import PackingPlan
-from picasso.spec import load_spec, parse_spec
+from picasso.spec import parse_spec
+from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 # The trainer tests' data path (planted model -> decoder -> pack), reused rather than

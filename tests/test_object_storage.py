@@ -22,9 +22,9 @@ from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import MARKER, clean_temporaries, latest_checkpoint, load_checkpoint
 from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.local_mlflow import MlflowServer
-from picasso.connectors.local_s3 import S3Server
-from picasso.connectors.mlflow_registry import MLflowTarget
+from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.connectors.testing.mlflow_server import MlflowServer
+from picasso.connectors.testing.s3_server import S3Server
 from picasso.pipelines.cli import main as cli
 from picasso.pipelines.runs.generate import generate_days
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
@@ -105,11 +105,11 @@ def test_stream_runs_with_every_path_on_s3(s3, s3_mlflow, kafka_bootstrap):
     summary = run_stream(config)
     assert summary.failures == 0 and summary.lag == 0
     assert sum(p["messages"] for p in summary.ledger["partitions"].values()) == 601
-    checkpoint = latest_checkpoint(config.checkpoint_dir)
+    checkpoint = latest_checkpoint(config.folders.checkpoints)
     assert checkpoint.startswith(f"{workdir}/checkpoints/step-")
     loaded = load_checkpoint(checkpoint)
     assert loaded.positions == {f"{topic}/0": 301, f"{topic}/1": 300}
-    versions = [json.loads(line) for line in storage.read_text(config.versions_path).splitlines()]
+    versions = [json.loads(line) for line in storage.read_text(config.folders.stream_versions).splitlines()]
     assert versions and versions[-1]["checkpoint"] == checkpoint
 
     # A restart resumes from the checkpoint on S3 and finds nothing left to train.

@@ -10,7 +10,8 @@ import torch
 from picasso.batch import POSITIONS_KEY, PackedBatch, pack
 from picasso.kernels import SparseOptimizer, load_backend
 from picasso.packing import PackingPlan
-from picasso.spec import load_spec, parse_spec
+from picasso.spec import parse_spec
+from picasso.spec_refs import load_spec
 
 from helpers import canonical_table, reference_pack, reference_pool, small_spec
 
@@ -159,7 +160,7 @@ def test_pack_criteo_scaled_spec():
 
 def test_pack_small_spec_from_decoder():
     """Decoder output packs straight away: the canonical schema is pack's input."""
-    from picasso.connectors.decoders import RecordDecoder
+    from picasso.connectors.decoding.record_decoder import RecordDecoder
 
     spec = small_spec()
     plan = PackingPlan.from_spec(spec)

@@ -15,7 +15,8 @@ import torch
 from picasso.metrics import auc
 from picasso.models import MODELS, build_model
 from picasso.packing import PackingPlan
-from picasso.pipelines.cli.main import build_parser, daily_config
+from picasso.pipelines.cli.daily import daily_config
+from picasso.pipelines.cli.main import build_parser
 from picasso.pipelines.cli.stream import stream_config
 from picasso.trainer import TrainConfig, Trainer
 

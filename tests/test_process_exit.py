@@ -53,7 +53,7 @@ def test_the_status_is_kept_and_every_exit_handler_runs(tmp_path, outcome, statu
 
 
 def test_the_console_script_exits_with_the_commands_status(tmp_path):
-    done = subprocess.run([sys.executable, "-c", "from picasso.pipelines.cli.process_exit import console_main; "
+    done = subprocess.run([sys.executable, "-c", "from picasso.pipelines.cli.main import console_main; "
                            "console_main()", "daily", "--data", str(tmp_path), "--date", "2026-11-01", "--workdir",
                            str(tmp_path / "w"), "--dropout", "2"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and "--dropout" in done.stderr

@@ -15,12 +15,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
+from picasso.connectors.testing.loopback import free_port
 from picasso.distributed import transport, wire
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.param_server import JobDescription
 from picasso.distributed.transport import Security, TransportError
 from picasso.pipelines.cli import distributed as distributed_cli
-from test_gba_ps import _finish, _free_port, _ps, _start, _wait_for_log, _worker, tiny_spec  # noqa: F401
+from test_gba_ps import _finish, _ps, _start, _wait_for_log, _worker, tiny_spec  # noqa: F401
 from test_trainer import SPEC, CONFIG
 
 
@@ -70,7 +71,7 @@ def test_only_registered_types_are_sent_or_built():
 # -- who gets in ------------------------------------------------------------------------------
 
 def _echo_server(security: Security, host: str = "127.0.0.1"):
-    port = _free_port()
+    port = free_port()
     return transport.serve({"echo": lambda value: value}, host, port, security, threads=2), port
 
 
@@ -133,19 +134,19 @@ def test_over_tls_only_a_client_that_trusts_the_server_and_has_the_token_is_answ
 ])
 def test_a_server_off_loopback_without_tls_and_a_token_refuses_to_start(security, message):
     with pytest.raises(ValueError, match=message):
-        transport.serve({}, "0.0.0.0", _free_port(), security, threads=1)
+        transport.serve({}, "0.0.0.0", free_port(), security, threads=1)
 
 
 def test_ps_off_loopback_without_tls_says_why(tiny_spec, tmp_path):
     with pytest.raises(SystemExit, match="not loopback.*needs TLS"):
         distributed_cli.main(["ps", "--spec", tiny_spec, "--workdir", str(tmp_path), "--host", "0.0.0.0", "--port",
-                              str(_free_port()), "--workers", "1", "--hidden", "16,8"])
+                              str(free_port()), "--workers", "1", "--hidden", "16,8"])
 
 
 def test_a_job_over_tls_with_a_token_trains_and_a_worker_without_the_token_is_refused(tiny_spec, tmp_path, certificate,
                                                                                       monkeypatch):
     cert, key = certificate
-    port = _free_port()
+    port = free_port()
     monkeypatch.setenv(transport.TOKEN_ENV, "s3cret")
     server = _ps(tiny_spec, tmp_path, port, 2, 1, "--tls-cert", cert, "--tls-key", key)
     monkeypatch.delenv(transport.TOKEN_ENV)
@@ -165,7 +166,7 @@ def test_a_killed_worker_is_replaced_by_a_new_process_that_reads_on_from_the_ser
     """worker1 is killed while training; a new process with its rank joins the running job,
     reads its source on from the server's positions and trains it to the end. An extra
     worker (rank 2, beyond --workers) joins half-way too. No restart of anything else."""
-    port = _free_port()
+    port = free_port()
     server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "2", "--decay", "exp:limit=none")
     steady = _worker(port, 0, 20_000, "--straggler", "0:3")
     doomed = _worker(port, 1, 20_000)

@@ -19,14 +19,16 @@ from mlflow.tracking import MlflowClient
 from publish_helpers import SPEC, CheckpointMaker, fresh_target, request
 
 from picasso.checkpoint import load_checkpoint
-from picasso.connectors.delta_store import download_delta, download_weights, rebuild, rebuild_version
-from picasso.connectors.local_broker import free_port
-from picasso.connectors.mlflow_registry import MLflowTarget, publish, serving_requirements
-from picasso.connectors.model_delta import DeltaMismatch, apply_delta, changed_rows, compute_delta
-from picasso.connectors.publish_outbox import PENDING, PUBLISHED, PublishOutbox
-from picasso.connectors.publish_policy import PublishPolicy, decide_promotion
+from picasso.connectors.publishing.contract import PENDING, PUBLISHED, MLflowTarget
+from picasso.connectors.publishing.delta_store import download_delta, download_weights, rebuild, rebuild_version
+from picasso.connectors.publishing.model_code import serving_requirements
+from picasso.connectors.publishing.model_delta import DeltaMismatch, apply_delta, changed_rows, compute_delta
+from picasso.connectors.publishing.outbox import PublishOutbox
+from picasso.connectors.publishing.policy import PublishPolicy, decide_promotion
+from picasso.connectors.publishing.publication import publish
 from picasso.connectors.retry import RetryPolicy
 from picasso.connectors.serving_weights import file_sha256, load_weights, serving_state
+from picasso.connectors.testing.loopback import free_port
 
 FAST = PublishPolicy(retry=RetryPolicy(attempts=2, first_backoff_s=0.05, max_backoff_s=0.05), http_timeout_s=5,
                      http_retries=0)

@@ -11,11 +11,12 @@ from mlflow.tracking import MlflowClient
 from publish_helpers import CheckpointMaker, fresh_target, request
 
 from picasso.builtin_specs import criteo_spec
-from picasso.connectors.local_mlflow import MlflowServer
-from picasso.connectors.mlflow_registry import MLflowTarget, publish
-from picasso.connectors.publish_outbox import PublishOutbox
-from picasso.connectors.publish_policy import PublishPolicy
+from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.connectors.publishing.outbox import PublishOutbox
+from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.connectors.publishing.publication import publish
 from picasso.connectors.retry import RetryPolicy
+from picasso.connectors.testing.mlflow_server import MlflowServer
 from picasso.pipelines.runs.daily import DailyConfig, run_daily
 from picasso.pipelines.runs.generate import generate_days
 from picasso.trainer import TrainConfig
@@ -81,11 +82,11 @@ def test_a_daily_run_while_mlflow_is_down_stays_pending_and_is_published_by_the_
     finally:
         server.start()
     assert down.status == "pending" and down.version is None and down.error
-    assert len(PublishOutbox(config.publish_dir).pending()) == 1
+    assert len(PublishOutbox(config.folders.publish).pending()) == 1
     again = run_daily(config)  # the date is done: nothing is trained, the pending version goes out
     assert again.skipped and again.status == "published" and again.version == "1"
     assert again.checkpoint == down.checkpoint and again.auc == down.auc
-    assert PublishOutbox(config.publish_dir).pending() == []
+    assert PublishOutbox(config.folders.publish).pending() == []
     versions = MlflowClient(server.uri).search_model_versions(f"name = '{name}'")
     assert [v.version for v in versions] == ["1"]
     assert run_daily(config).version == "1"  # and again: still one version

@@ -17,7 +17,8 @@ from picasso.models.common import MLP
 from picasso.packing import PackingPlan
 from picasso.distributed.gba import GBAConfig
 from picasso.pipelines.cli import distributed as distributed_cli
-from picasso.pipelines.cli.main import build_parser, daily_config
+from picasso.pipelines.cli.daily import daily_config
+from picasso.pipelines.cli.main import build_parser
 from picasso.pipelines.cli.stream import stream_config
 from picasso.trainer import TrainConfig, Trainer
 

@@ -5,9 +5,16 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.sample_join import (
-    CORRECTION_COLUMN, DELAY_COLUMN, Impressions, JoinPolicy, JoinState, Labels, event_watermark, join_keys,
+from picasso.join_rules import (
+    CORRECTION_COLUMN,
+    DELAY_COLUMN,
+    Impressions,
+    JoinPolicy,
+    Labels,
+    event_watermark,
+    join_keys,
 )
+from picasso.sample_join import JoinState
 from picasso.sample_join_reference import DictJoin
 
 SCHEMA = pa.schema([pa.field("label", pa.float32()), pa.field("x", pa.float32()),

@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 from publish_helpers import CheckpointMaker, fresh_target, request
 
-from picasso.connectors.local_mlflow import served_model
-from picasso.connectors.mlflow_registry import publish
+from picasso.connectors.publishing.publication import publish
+from picasso.connectors.testing.mlflow_server import served_model
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 from helpers import small_spec
 
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.serving_rows import BadRows, decode_request
 
 SPEC = small_spec()

@@ -9,7 +9,8 @@ import yaml
 
 from picasso.builtin_specs import CRITEO_DENSE, CRITEO_SPARSE, MAX_SCALED_FIELDS
 from picasso.packing import PackingPlan
-from picasso.spec import DenseField, FeatureSpec, SparseField, SpecError, load_spec, parse_spec
+from picasso.spec import DenseField, FeatureSpec, SparseField, SpecError, parse_spec
+from picasso.spec_refs import load_spec
 
 from helpers import small_spec
 

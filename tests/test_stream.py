@@ -13,7 +13,7 @@ from stream_helpers import SPEC, arrow_messages, fill_topic, json_messages
 
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.mlflow_registry import MLflowTarget
+from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.trainer import TrainConfig
 
@@ -86,7 +86,7 @@ def test_stream_commits_checkpointed_positions_to_the_consumer_group(streamed):
 def test_stream_publishes_versions_tagged_with_their_checkpoint(streamed, mlflow_server):
     config, summary, _, _, _ = streamed
     assert summary.versions
-    records = [json.loads(line) for line in Path(config.versions_path).read_text().splitlines()]
+    records = [json.loads(line) for line in Path(config.folders.stream_versions).read_text().splitlines()]
     assert [r["version"] for r in records] == summary.versions
     client = MlflowClient(mlflow_server)
     last = client.get_model_version("stream-test-model", summary.versions[-1])

@@ -17,12 +17,12 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 from stream_helpers import SPEC, fill_topic, json_messages
 
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages, SourceStalled
-from picasso.connectors.message_formats import decode_messages
+from picasso.connectors.decoding.message_formats import decode_messages
 from picasso.pipelines.runs import cycle_failures
 from picasso.pipelines.runs.cycle_failures import FATAL, OUTSIDE, REPEATED, FailureTracker, classify
 from picasso.pipelines.runs.stream import StreamConfig, StreamRunner

@@ -15,13 +15,14 @@ from stream_helpers import SPEC, assert_same_state, load_state
 from picasso.checkpoint import latest_checkpoint, read_checkpoint_file
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_sink import MessageDeadLetter
-from picasso.connectors.mlflow_registry import MLflowTarget
+from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.connectors.join_events import JoinDecoders
 from picasso.sample_buffer import SampleBuffer
-from picasso.sample_join import DELAY_COLUMN, JoinState, sample_schema
+from picasso.join_rules import DELAY_COLUMN
+from picasso.sample_join import JoinState, sample_schema
 from picasso.synthetic import PlantedModel
 from picasso.synthetic_events import EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig
@@ -81,7 +82,7 @@ def joined(kafka_bootstrap, topics, mlflow_server, tmp_path_factory):
 
 
 def _final_join(config) -> tuple[str, JoinState]:
-    path = latest_checkpoint(config.checkpoint_dir)
+    path = latest_checkpoint(config.folders.checkpoints)
     files = {name: read_checkpoint_file(path, name) for name in JoinState.FILES}
     return path, JoinState.from_files(files, JoinDecoders(SPEC, JOIN).feature_schema, JOIN.policy())
 
@@ -108,7 +109,7 @@ def test_every_impression_is_decided_once_with_the_label_an_offline_join_gives(j
     # than the buffer's window of 4 batches) waiting in the checkpoint.
     emitted = counts.positives + counts.negatives + counts.corrections
     assert sum(r.samples for r in reports) == emitted
-    ready = read_checkpoint_file(latest_checkpoint(config.checkpoint_dir), "join-ready.arrow")
+    ready = read_checkpoint_file(latest_checkpoint(config.folders.checkpoints), "join-ready.arrow")
     waiting = SampleBuffer.from_bytes(ready, sample_schema(JoinDecoders(SPEC, JOIN).feature_schema), 100)
     assert summary.step * 100 + waiting.num_rows == emitted and 300 <= waiting.num_rows < 400
 

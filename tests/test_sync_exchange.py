@@ -4,13 +4,13 @@ no decay), the same bits on every rank, and replicas trained with it stay identi
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from picasso.connectors.testing.loopback import free_port
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import GBAConfig, TokenControl
 from picasso.distributed.local_gradient import GradientComputer, LocalGradient
@@ -34,14 +34,8 @@ ROWS = {0: ([0, 1, 2, 5], [1, 2, 3, 40], [2, 9, 10, 11, 12, 40]),
         1: ([4, 6], [], [0, 4, 7])}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(target, world: int, *args) -> None:
-    mp.spawn(target, args=(world, _free_port(), *args), nprocs=world, join=True)
+    mp.spawn(target, args=(world, free_port(), *args), nprocs=world, join=True)
 
 
 def _init(rank: int, world: int, port: int) -> None:

@@ -20,7 +20,7 @@ from picasso.durations import parse_duration_ms
 from picasso.pipelines.cli import main as cli
 from picasso.pipelines.runs.generate import generate_event_days, midnight_ms
 from picasso.pipelines.runs.produce import EventReplayConfig, EventTimePacer, merged_events, pacing_wait_s
-from picasso.sample_join import DELAY_COLUMN
+from picasso.join_rules import DELAY_COLUMN
 from picasso.synthetic import PlantedModel, SyntheticConfig
 from picasso.synthetic_events import (DUPLICATE_GAP_MS, EventStreamConfig, expected_late_share, late_share,
                                       make_event_stream)

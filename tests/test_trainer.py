@@ -17,7 +17,8 @@ import picasso.checkpoint as checkpoint_module
 from picasso.checkpoint import (MARKER, clean_temporaries, latest_checkpoint, load_checkpoint, prune_checkpoints,
                                 save_checkpoint)
 from picasso.metrics import auc, logloss
-from picasso.spec import load_spec, parse_spec
+from picasso.spec import parse_spec
+from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 from helpers import brute_force_auc, planted_batches

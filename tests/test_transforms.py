@@ -9,7 +9,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso.batch import pack
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import DecodedChunk
 from picasso.pipelines.transforms.pack import PackFeatures

@@ -15,8 +15,8 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from picasso.distributed.param_server import (JobDescription, ParameterServerError, PSClient, ServerAddress,
-                                              over_grpc)
+from picasso.distributed.param_server import JobDescription, ParameterServerError, ServerAddress
+from picasso.distributed.ps_client import PSClient, over_grpc
 from picasso.distributed.row_cache import CachedPSClient, RowCacheConfig
 from picasso.distributed.transport import Connection, TransportError
 from picasso.distributed.worker import GBAWorker

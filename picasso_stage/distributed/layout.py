@@ -103,17 +103,9 @@ class ShardLayout:
     def local(self, rows: torch.Tensor) -> torch.Tensor:
         return rows // self.num_shards
 
-    def global_rows(self, shard: int, local: torch.Tensor) -> torch.Tensor:
-        return local * self.num_shards + shard
-
     def local_rows(self, shard: int, table: TableLayout) -> int:
         """How many of the table's rows shard `shard` holds."""
         return len(range(shard, table.num_rows, self.num_shards))
-
-    def by_shard(self, rows: torch.Tensor) -> list[torch.Tensor]:
-        """Per shard, the positions in `rows` of the rows it owns."""
-        owner = self.owner(rows)
-        return [torch.nonzero(owner == s).flatten() for s in range(self.num_shards)]
 
     # -- state ------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import torch
 
 from picasso.cache import counter_metrics, parse_capacity
 from picasso.distributed.local_gradient import LocalGradient
-from picasso.distributed.param_server import PSClient, PulledBatch
+from picasso.distributed.ps_client import PSClient, PulledBatch
 from picasso.hot_rows import HotRowDirectory
 
 _VERSION_BYTES = 8  # a pulled row also carries its int64 version

@@ -37,11 +37,7 @@ and everything a step needs rides in these two:
    move more: 2(W-1)/W of the union each way against W-1 ranks' rows.
 Per step at the benchmark's settings (criteo:26, MLP 256-128, 4 ranks of 512): the
 all-reduce's tensor is 0.71 MB (a ring moves 1.07 MB each way per rank) and a rank's part
-of the gather 0.76 MB, of which it receives 3, 2.3 MB. The all_gather_object exchange
-before this one pickled 1.7 MB a rank (dense, rows and their versions as int64) and
-received 5.1 MB, then pushed all W contributions through the shard's token control: with
-benchmarks.gba's runs (no straggler, 3 repeats, side by side) sync went from 14.9k to 25.1k
-samples/s, against GBA's 26.4k.
+of the gather 0.76 MB, of which it receives 3, 2.3 MB.
 
 Positions: every rank's batch positions are known on every rank after each step, and a
 checkpoint (rank 0's, every `checkpoint_every` steps and at the end) carries them: a job

@@ -3,8 +3,8 @@
 Why gRPC (grpcio, already installed with Beam, whose own control plane runs on it):
 - membership is per call, not per group: a client connects, calls and goes at any time,
   and a server never waits on, or calls, a dead peer. torch.distributed.rpc's group is
-  static, and its dynamic joins call every listed member, the dead ones included (measured
-  with real processes; see param_server.py in git history), so a runner's restarted worker
+  static, and its dynamic joins call every listed member, the dead ones included (seen
+  with real processes), so a runner's restarted worker
   could never come back;
 - it is maintained, takes TLS and per-call tokens through its standard credentials, has
   deadlines on every call and futures for calls left in flight;
@@ -88,8 +88,8 @@ def keep_message_memory() -> None:
     """Let glibc keep freed message buffers for the next message instead of handing them
     back to the kernel. Every pull and push allocates buffers of megabytes (the message,
     grpc's copy of it, the receiver's); with glibc's defaults each one is a fresh mmap whose
-    pages fault in on first touch, which measured (benchmarks.ps_transport) cost 3-4x the
-    transfer itself: 2.5-3.7 ms per MB against 0.8. Process-wide, so it is called by the
+    pages fault in on first touch, which costs several times the transfer itself
+    (benchmarks.ps_transport shows it). Process-wide, so it is called by the
     processes that serve or join a job (once), not on import. Elsewhere than glibc: nothing."""
     if not sys.platform.startswith("linux"):
         return

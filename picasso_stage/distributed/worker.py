@@ -1,6 +1,6 @@
 """A GBA (or plain async) worker: pull, compute a local batch's gradients, push, repeat.
 
-The worker never waits for other workers: its push returns at once (param_server.py) and
+The worker never waits for other workers: its push returns at once (ps_client.py) and
 it goes on to its next batch. `slowdown` makes it a straggler on purpose (`Straggler`),
 which is how the benchmark slows one worker down.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from picasso.batch import PackedBatch, TorchBatch
 from picasso.distributed.gba import WorkerDropped
 from picasso.distributed.local_gradient import GradientComputer
-from picasso.distributed.param_server import PSClient
+from picasso.distributed.ps_client import PSClient
 
 log = logging.getLogger(__name__)
 

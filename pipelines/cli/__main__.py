@@ -1,6 +1,5 @@
 """`python -m picasso.pipelines.cli COMMAND ...`: the `picasso` console script."""
 
-from picasso.pipelines.cli.main import main
-from picasso.pipelines.cli.process_exit import run_command
+from picasso.pipelines.cli.main import console_main
 
-run_command(main)
+console_main()

@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 import logging
 import time
-from typing import TYPE_CHECKING
 from dataclasses import asdict, replace
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from picasso.connectors.partitions import MISSING_POLICIES, partition_range, with_hours
+from picasso.pipelines.cli.output import CommandResult
 
 if TYPE_CHECKING:  # backfill imports Beam and MLflow: at run time only once a range runs
     from picasso.pipelines.runs.backfill import RangeProgress
@@ -54,9 +55,9 @@ def range_partitions(args) -> list[str] | None:
     return partitions
 
 
-def run_daily_range(args, partitions: list[str], config, console: Console) -> dict:
-    """Run the range; its results as the command's output (RangeStopped propagates)."""
-    from picasso.pipelines.runs.backfill import run_range  # Beam and MLflow: only for a run
+def run_daily_range(args, partitions: list[str], config, console: Console) -> CommandResult:
+    """Run the range: its results as the command's output, or where it stopped and why."""
+    from picasso.pipelines.runs.backfill import RangeStopped, run_range  # Beam and MLflow: only for a run
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
@@ -69,14 +70,19 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> di
             log.info(line)
             progress.update(task, completed=p.done, description=line)
 
-        results = run_range(replace(config, date=partitions[0]), partitions, args.publish_every, on_partition,
-                            missing=args.missing)
+        try:
+            results = run_range(replace(config, date=partitions[0]), partitions, args.publish_every, on_partition,
+                                missing=args.missing)
+        except RangeStopped as stopped:
+            return CommandResult({"error": str(stopped), "failed": stopped.partition,
+                                  "partitions": [asdict(r) for r in stopped.results]}, stopped=str(stopped))
     console.print(summary_table(results))
-    return {"partitions": [asdict(r) for r in results],
-            "trained": sum(not r.skipped for r in results), "skipped": sum(r.skipped for r in results),
-            "versions": [r.version for r in results if r.version is not None], "finished_at": finished_at,
-            "missing": sorted(set(partitions) - {r.date for r in results}),
-            "tracking_uri": config.mlflow.tracking_uri}
+    return CommandResult({"partitions": [asdict(r) for r in results],
+                          "trained": sum(not r.skipped for r in results), "skipped": sum(r.skipped for r in results),
+                          "versions": [r.version for r in results if r.version is not None],
+                          "finished_at": finished_at, "missing": sorted(set(partitions) - {r.date for r in results}),
+                          "tracking_uri": config.mlflow.tracking_uri},
+                         pending=any(r.status == "pending" for r in results))
 
 
 def progress_line(p: RangeProgress) -> str:

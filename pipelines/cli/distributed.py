@@ -43,7 +43,9 @@ from picasso.distributed.transport import Security
 from picasso.pipelines.cli.process_exit import run_command
 from picasso.pipelines.cli.train_args import MODEL_FLAGS, add_model_args, flag_value, model_settings
 from picasso.pipelines.runs.planted import planted_batches, planted_source
-from picasso.spec import SpecError, load_spec
+from picasso.pipelines.runs.workdir import Workdir
+from picasso.spec import SpecError
+from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -165,7 +167,7 @@ def _trainer(args, sync: bool = False):
         raise SystemExit(f"error: {', '.join(f.name for f in spec.dynamic_fields)}: {SYNC_DYNAMIC}")
     config = TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu")
     trainer = Trainer(spec, config)
-    root = Path(args.workdir) / "checkpoints"
+    root = Path(Workdir(args.workdir).checkpoints)
     try:
         resumed = trainer.warm_start(root)
     except (RuntimeError, ValueError) as err:  # another spec, or a model of other shapes

@@ -17,7 +17,8 @@ The handler is registered when this module is imported, first thing in picasso.p
 so that it is among the first registered (only what site itself registers comes before:
 certifi's, a no-op for an installed package). It does nothing unless run_command armed
 it: library callers of a command's main() (tests, notebooks) exit as Python always does.
-The console script and `python -m` of the command modules go through run_command.
+The console script (cli/main.py's console_main) and `python -m` of the command modules go
+through run_command.
 """
 
 from __future__ import annotations
@@ -66,12 +67,3 @@ def run_command(main: Callable[[list[str] | None], int], argv: list[str] | None 
         _status = 130
         raise
     sys.exit(_status)
-
-
-def console_main() -> NoReturn:
-    """The `picasso` console script."""
-    # Imported here, not at the top: this module is imported first thing in
-    # picasso.pipelines, before the command line (which imports picasso.pipelines) exists.
-    from picasso.pipelines.cli.main import main
-
-    run_command(main)

@@ -7,6 +7,12 @@ import argparse
 import os
 from pathlib import Path
 
+from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget
+from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.connectors.retry import RetryPolicy
+from picasso.pipelines.cli.output import CommandResult, reported, summary
+from picasso.pipelines.runs.workdir import Workdir
+
 
 def add_publish_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--promote-epsilon", type=float, default=0.005,
@@ -19,9 +25,6 @@ def add_publish_args(parser: argparse.ArgumentParser) -> None:
 
 
 def publish_policy(args):
-    from picasso.connectors.publish_policy import PublishPolicy
-    from picasso.connectors.retry import RetryPolicy
-
     return PublishPolicy(promote_epsilon=args.promote_epsilon, auto_promote=not args.no_auto_promote,
                          deltas=not args.no_deltas, retry=RetryPolicy(attempts=args.publish_attempts))
 
@@ -42,19 +45,33 @@ def add_publish_commands(commands) -> list[argparse.ArgumentParser]:
     apply.add_argument("--version", help="fetch the base weights and this version's delta from MLflow instead")
     apply.add_argument("--workdir", default=".", help="for the default local MLflow store")
     _add_target_args(apply)
+    apply.set_defaults(run=reported(_apply_delta_command))
 
     pending = commands.add_parser("publish-pending", help="publish the checkpoints waiting in WORKDIR/publish")
     pending.add_argument("--workdir", required=True)
     _add_target_args(pending)
     add_publish_args(pending)
+    pending.set_defaults(run=reported(_publish_pending_command))
     return [apply, pending]
 
 
+def _apply_delta_command(args) -> CommandResult:
+    output = run_apply_delta(args)
+    summary("apply-delta: rebuilt bit for bit", output)
+    return CommandResult(output)
+
+
+def _publish_pending_command(args) -> CommandResult:
+    output = run_publish_pending(args)
+    summary("publish-pending", output)
+    return CommandResult(output, pending=bool(output["pending"]))
+
+
 def run_apply_delta(args) -> dict:
+    # MLflow: a second of start-up that the commands which never publish skip.
     from mlflow.tracking import MlflowClient
 
-    from picasso.connectors.delta_store import rebuild, rebuild_version
-    from picasso.connectors.mlflow_registry import MLflowTarget
+    from picasso.connectors.publishing.delta_store import rebuild, rebuild_version
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -75,12 +92,11 @@ def run_apply_delta(args) -> dict:
 
 
 def run_publish_pending(args) -> dict:
-    from picasso.connectors.mlflow_registry import MLflowTarget
-    from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox
+    from picasso.connectors.publishing.outbox import PublishOutbox  # MLflow: see run_apply_delta
 
     workdir = Path(args.workdir).resolve()
     target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
-    outcomes = PublishOutbox(workdir / "publish").flush(target, publish_policy(args))
+    outcomes = PublishOutbox(Workdir(str(workdir)).publish).flush(target, publish_policy(args))
     published = [o.version.version for o in outcomes if o.status == PUBLISHED]
     pending = [o.checkpoint_path for o in outcomes if o.status != PUBLISHED]
     return {"published": published, "pending": pending, "error": next((o.error for o in outcomes if o.error), None)}

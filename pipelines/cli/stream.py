@@ -9,16 +9,25 @@ from dataclasses import asdict
 
 import yaml
 from rich.console import Console
+from rich.progress import Progress
 
 from picasso import storage
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.message_formats import FORMATS
+from picasso.connectors.join_events import JOIN_FORMATS
+from picasso.connectors.kafka_config import KafkaConnection
+from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.durations import duration_arg
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config
+from picasso.pipelines.cli.output import CommandResult, console, reported, summary
 from picasso.pipelines.cli.publish import add_publish_args, publish_policy
 from picasso.pipelines.cli.train_args import add_model_args, model_settings
-from picasso.durations import duration_arg
-from picasso.sample_join import LATE_LABEL_POLICIES
-from picasso.spec import load_spec
-
+from picasso.pipelines.runs.joined_stream_state import JoinedTopics
+from picasso.pipelines.runs.produce import EventReplayConfig, ProduceConfig, produce, replay_events
+from picasso.join_rules import LATE_LABEL_POLICIES
+from picasso.spec_refs import load_join_spec, load_spec
+from picasso.trainer import TrainConfig
 
 def _kafka_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
@@ -29,8 +38,6 @@ def _kafka_args(parser: argparse.ArgumentParser) -> None:
 
 
 def kafka_connection(args):
-    from picasso.connectors.kafka_config import KafkaConnection
-
     options = {}
     for item in args.kafka_option:
         key, sep, value = item.partition("=")
@@ -41,8 +48,6 @@ def kafka_connection(args):
 
 
 def _topic_formats(items: list[str]) -> dict[str, str]:
-    from picasso.connectors.message_formats import FORMATS
-
     topics = {}
     for item in items:
         topic, _, fmt = item.partition(":")
@@ -101,6 +106,7 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     stream.add_argument("--max-failures", type=int, default=None, help="consecutive failed cycles before exiting")
     add_publish_args(stream)
     stream.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    stream.set_defaults(run=reported(_stream_command))
     return stream
 
 
@@ -126,15 +132,26 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
                              "0: as fast as possible (default)")
     _kafka_args(produce)
     produce.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    produce.set_defaults(run=reported(_produce_command))
     return produce
+
+
+def _stream_command(args) -> CommandResult:
+    output = run_stream_command(args, console)
+    summary("stream", {k: v for k, v in output.items() if k not in ("ledger", "versions")})
+    # pending: a stream that ended with versions in the outbox; stopped: one that gave up
+    # on an error no retry mends (pipelines/runs/cycle_failures.py).
+    return CommandResult(output, pending=bool(output.get("pending")), stopped=output.get("stopped"))
+
+
+def _produce_command(args) -> CommandResult:
+    output = run_produce_command(args, console)
+    summary(f"produced into {output['topic']}", output)
+    return CommandResult(output)
 
 
 def _stream_topics(args):
     """The topics and formats to read, and how they are joined (None: labelled events)."""
-    from picasso.connectors.join_events import JOIN_FORMATS
-    from picasso.pipelines.runs.joined_stream_state import JoinedTopics
-    from picasso.spec import load_join_spec
-
     if not (args.impressions or args.labels):
         if not args.topic:
             raise ValueError("picasso stream needs --topic (labelled events), or --impressions and --labels")
@@ -162,10 +179,7 @@ def _stream_topics(args):
 def stream_config(args):
     """The StreamConfig the flags describe. It makes WORKDIR and, when the stream publishes,
     opens its MLflow target; it connects to no broker."""
-    from picasso.connectors.decoders import DecodeOptions
-    from picasso.connectors.mlflow_registry import MLflowTarget
-    from picasso.pipelines.runs.stream import StreamConfig
-    from picasso.trainer import TrainConfig
+    from picasso.pipelines.runs.stream import StreamConfig  # MLflow: see run_stream_command
 
     workdir = storage.make_folder(args.workdir)
     target = None
@@ -203,7 +217,8 @@ def stream_config(args):
 
 
 def run_stream_command(args, console: Console) -> dict:
-    from picasso.connectors.publish_outbox import PublishOutbox
+    # MLflow (the outbox) and the stream's run: seconds of start-up the other commands skip.
+    from picasso.connectors.publishing.outbox import PublishOutbox
     from picasso.pipelines.runs.stream import run_stream
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
@@ -229,12 +244,10 @@ def run_stream_command(args, console: Console) -> dict:
             "tracking_uri": target.tracking_uri if target else None,
             # Versions MLflow did not take: they wait in the outbox (the main loop's exit
             # status says so to a scheduler).
-            "pending": len(PublishOutbox(config.publish_dir).pending())}
+            "pending": len(PublishOutbox(config.folders.publish).pending())}
 
 
 def run_produce_command(args, console: Console) -> dict:
-    from picasso.pipelines.runs.produce import ProduceConfig, produce
-
     logging.getLogger("kafka").setLevel(logging.WARNING)
     if args.impressions_topic or args.labels_topic:
         return _run_event_replay(args, console)
@@ -254,8 +267,6 @@ def run_produce_command(args, console: Console) -> dict:
 
 
 def _run_event_replay(args, console: Console) -> dict:
-    from picasso.pipelines.runs.produce import EventReplayConfig, replay_events
-
     missing = [flag for flag, topic in (("--impressions-topic", args.impressions_topic),
                                         ("--labels-topic", args.labels_topic)) if not topic]
     if missing:
@@ -281,8 +292,6 @@ def _run_event_replay(args, console: Console) -> dict:
 
 def _with_progress(console: Console, title: str, total: int | None, run):
     """run(on_progress) under a progress bar that on_progress(records) advances."""
-    from rich.progress import Progress
-
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(title, total=total)
         return run(lambda records: bar.advance(task, records))

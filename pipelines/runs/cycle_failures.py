@@ -13,7 +13,7 @@ to try again:
   positions REPEATS_BEFORE_STOPPING times in a row it is taken to come from the data or
   from a bug, which no retry mends: the stream stops with the error rather than spin on
   the same offsets for ever. (Data that the decoders cannot cope with never gets here:
-  connectors.message_formats turns each such message into a dead letter.)
+  connectors.decoding.message_formats turns each such message into a dead letter.)
 """
 
 from __future__ import annotations

@@ -10,10 +10,15 @@ Evaluation is on a holdout slice of the day, or on the whole of the next day whe
 eval_date is given (the day is then all training). Training warm-starts from the latest
 checkpoint under WORKDIR/checkpoints, from the champion's checkpoint, or from scratch.
 
-A date is done once its result file (WORKDIR/runs/daily-DATE.json) exists: running it
-again trains nothing unless forced. If MLflow was unreachable, the result says "pending"
-and the checkpoint waits in the publish outbox (WORKDIR/publish); any later run, the same
-date's included, publishes it first.
+A date is done once its record (WORKDIR/runs/daily-DATE.json, see workdir.py) exists:
+running it again trains nothing unless forced. If MLflow was unreachable, the result says
+"pending" and the checkpoint waits in the publish outbox (WORKDIR/publish); any later run,
+the same date's included, publishes it first.
+
+The record is written by the pipeline's last step, which may run on another machine than
+the driver (a cluster runner's worker): it is how the outcome of that step reaches
+run_daily, and it holds exactly the result's fields that step knows (RECORDED), so the
+result is the record plus what the driver adds (the counters, the planted ceiling).
 """
 
 from __future__ import annotations
@@ -21,21 +26,25 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso import storage
+from picasso.checkpoint import latest_checkpoint
 from picasso.connectors.beam_files import use_beam_filesystems
-from picasso.connectors.champion import champion_checkpoint
-from picasso.connectors.day_files import ReadDayFiles, list_day_files, partition_dir
-from picasso.connectors.decoders import DecodeOptions
-from picasso.connectors.mlflow_registry import MLflowTarget, PublishRequest, PublishToMLflow
-from picasso.connectors.partitions import parse_partition, partition_path
-from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox, PublishOutcome
-from picasso.connectors.publish_policy import PublishPolicy
+from picasso.connectors.day_files import ReadDayFiles, list_day_files
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.partitions import parse_partition
+from picasso.connectors.publishing.champion import champion_checkpoint
+from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget, PublishOutcome, PublishRequest
+from picasso.connectors.publishing.outbox import PublishOutbox
+from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.connectors.publishing.transform import PublishToMLflow
 from picasso.pipelines.runs.counters import picasso_counters
+from picasso.pipelines.runs.generate import planted_ceiling
+from picasso.pipelines.runs.workdir import Workdir
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, HOLDOUT, TRAIN, DecodeRecords
 from picasso.pipelines.transforms.pack import PackFeatures
 from picasso.pipelines.transforms.train import CheckpointRef, EvaluateCheckpoint, PicassoTrain
@@ -43,7 +52,6 @@ from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, TrainConfig
 
 log = logging.getLogger(__name__)
-PLANTED_FILE = "_planted.json"  # written by `picasso generate` next to the parts
 CHECKPOINTED = "checkpointed"  # a partition trained and evaluated, whose version is still to come
 WARM_STARTS = ("latest", "champion", "none")
 
@@ -81,21 +89,13 @@ class DailyConfig:
         if self.eval_date is None and self.holdout_fraction == 0:
             raise ValueError("nothing to evaluate on: give a holdout fraction above 0 or an evaluation day")
 
-    # Every folder is a local path or a URL (picasso.storage): the workdir's kind.
     @property
-    def checkpoint_dir(self) -> str:
-        return storage.join(self.workdir, "checkpoints")
+    def folders(self) -> Workdir:
+        return Workdir(self.workdir)
 
     @property
-    def publish_dir(self) -> str:
-        return storage.join(self.workdir, "publish")
-
-    def dead_letter_dir(self, date: str) -> str:
-        return storage.join(self.workdir, "dead_letters", *partition_path(date).split("/"))
-
-    @property
-    def result_path(self) -> str:
-        return storage.join(self.workdir, "runs", f"daily-{self.date}.json")
+    def record_path(self) -> str:
+        return self.folders.daily_record(self.date)
 
     def pipeline_options(self) -> PipelineOptions:
         return PipelineOptions([f"--runner={self.runner}", *self.beam_args])
@@ -129,6 +129,11 @@ class DailyResult:
     error: str | None = None  # why a pending publish is pending
     auc_ceiling: float | None = None  # the planted model's own AUC, for generated data
     counters: dict[str, int] = field(default_factory=dict)
+
+
+# What the run's record holds of its result: all but what the driver adds after the run.
+RECORDED = tuple(f.name for f in fields(DailyResult)
+                 if f.name not in ("date", "rows_in", "dead_letters", "skipped", "auc_ceiling", "counters"))
 
 
 def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_RunFacts") -> PublishRequest:
@@ -179,13 +184,15 @@ def _outcome_fields(outcome: PublishOutcome) -> dict:
     }
 
 
-def _write_json(path: str, values: dict) -> None:
-    storage.write_text(path, json.dumps(values))
+def _write_record(path: str, record: dict) -> None:
+    storage.write_text(path, json.dumps(record))
 
 
 def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts,
                   path: str, **more) -> None:
-    _write_json(path, {
+    """The record of a partition done: RECORDED's fields (the request's other metrics, e.g.
+    the mean label, ride along for whoever reads the file), and `more`."""
+    _write_record(path, {
         **more,
         **_outcome_fields(outcome),
         "checkpoint": checkpoint.path,
@@ -213,7 +220,7 @@ def _evaluation_rows(pipeline: beam.Pipeline, config: DailyConfig, decoded):
         | "DecodeEvalDay" >> DecodeRecords(config.spec, config.decode, holdout_fraction=1.0)
     )
     evaluation[DEAD_LETTERS] | "WriteEvalDeadLetters" >> _WriteDeadLetters(
-        storage.join(config.dead_letter_dir(config.eval_date), "eval-part"))
+        storage.join(config.folders.dead_letters(config.eval_date), "eval-part"))
     return evaluation[HOLDOUT]
 
 
@@ -241,11 +248,11 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
         | "DecodeRecords" >> DecodeRecords(spec, config.decode, 0.0 if config.eval_date else config.holdout_fraction)
     )
     decoded[DEAD_LETTERS] | "WriteDeadLetters" >> _WriteDeadLetters(
-        storage.join(config.dead_letter_dir(config.date), "part"))
+        storage.join(config.folders.dead_letters(config.date), "part"))
     checkpoint = (
         decoded[TRAIN]
         | "PackTrain" >> PackFeatures(spec)
-        | "PicassoTrain" >> PicassoTrain(spec, config.train, config.checkpoint_dir, start_from=start_from)
+        | "PicassoTrain" >> PicassoTrain(spec, config.train, config.folders.checkpoints, start_from=start_from)
     )
     metrics = (
         _evaluation_rows(pipeline, config, decoded)
@@ -259,21 +266,16 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     )
     if not config.publish:
         requests | "WriteResult" >> beam.Map(_write_checkpointed, checkpoint=beam.pvalue.AsSingleton(checkpoint),
-                                             facts=facts, path=config.result_path)
+                                             facts=facts, path=config.record_path)
         return
-    outcomes = requests | "PublishToMLflow" >> PublishToMLflow(config.mlflow, config.publish_dir, config.policy)
+    outcomes = requests | "PublishToMLflow" >> PublishToMLflow(config.mlflow, config.folders.publish, config.policy)
     outcomes | "WriteResult" >> beam.Map(
         _write_result,
         request=beam.pvalue.AsSingleton(requests),
         checkpoint=beam.pvalue.AsSingleton(checkpoint),
         facts=facts,
-        path=config.result_path,
+        path=config.record_path,
     )
-
-
-def planted_ceiling(data_root: str, date: str) -> float | None:
-    path = storage.join(partition_dir(data_root, date), PLANTED_FILE)
-    return json.loads(storage.read_text(path))["auc_ceiling"] if storage.exists(path) else None
 
 
 def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
@@ -286,52 +288,31 @@ def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
             log.info("warm start from the champion, version %s: %s", champion.version, champion.checkpoint_path)
             return champion.checkpoint_path, champion.checkpoint_path
         log.info("%s has no champion yet: warm start from the latest checkpoint", config.mlflow.model_name)
-    from picasso.checkpoint import latest_checkpoint
-
-    latest = latest_checkpoint(config.checkpoint_dir)
-    return "latest", latest
+    return "latest", latest_checkpoint(config.folders.checkpoints)
 
 
-def _done_result(config: DailyConfig, outcome: dict) -> DailyResult:
+def _done_result(config: DailyConfig, record: dict) -> DailyResult:
     """The result of a date done before; a pending publish of it is retried first."""
-    if outcome["status"] not in (PUBLISHED, CHECKPOINTED):
-        outbox = PublishOutbox(config.publish_dir)
+    if record["status"] not in (PUBLISHED, CHECKPOINTED):
+        outbox = PublishOutbox(config.folders.publish)
         outbox.flush(config.mlflow, config.policy)
-        record = outbox.published(outcome["checkpoint"])
-        if record is not None:
-            outcome = {**outcome, "status": PUBLISHED, "error": None, "model_uri": record["model_uri"],
-                       "version": record["version"], "run_id": record["run_id"], "champion": record["champion"],
-                       "promotion_reason": record.get("promotion_reason", "")}
-            _write_json(config.result_path, outcome)
-    return _result(config, outcome, {}, skipped=True)
+        published = outbox.published(record["checkpoint"])
+        if published is not None:
+            record = {**record, "status": PUBLISHED, "error": None, "model_uri": published["model_uri"],
+                      "version": published["version"], "run_id": published["run_id"],
+                      "champion": published["champion"], "promotion_reason": published.get("promotion_reason", "")}
+            _write_record(config.record_path, record)
+    return _result(config, record, {}, skipped=True)
 
 
-def _result(config: DailyConfig, outcome: dict, counters: dict, skipped: bool = False) -> DailyResult:
+def _result(config: DailyConfig, record: dict, counters: dict, skipped: bool = False) -> DailyResult:
+    """The record's fields (a field an older record lacks takes its default), and the driver's."""
     return DailyResult(
         date=config.date,
-        status=outcome["status"],
-        model_uri=outcome["model_uri"],
-        version=outcome["version"],
-        run_id=outcome["run_id"],
-        checkpoint=outcome["checkpoint"],
-        step=outcome["step"],
-        auc=outcome["auc"],
-        logloss=outcome["logloss"],
-        calibration=outcome["calibration"],
-        samples=outcome["samples"],
-        holdout_samples=outcome["holdout_samples"],
+        **{name: record[name] for name in RECORDED if name in record},
         rows_in=counters.get("rows_in", 0),
         dead_letters=counters.get("dead_letters", 0),
-        train_loss=outcome["train_loss"],
-        champion=outcome["champion"],
-        promotion_reason=outcome["promotion_reason"],
-        evaluation=outcome["evaluation"],
-        warm_start_from=outcome["warm_start_from"],
         skipped=skipped,
-        delta_base=outcome.get("delta_base"),
-        delta_bytes=outcome.get("delta_bytes"),
-        full_bytes=outcome.get("full_bytes"),
-        error=outcome["error"],
         auc_ceiling=planted_ceiling(config.data_root, config.date),
         counters=counters,
     )
@@ -341,31 +322,28 @@ def run_daily(config: DailyConfig) -> DailyResult:
     options = config.pipeline_options()
     # The workdir and the data may be URLs: their filesystems are set up before the first read.
     use_beam_filesystems(options, data=config.data_root, workdir=config.workdir)
-    if storage.exists(config.result_path) and not config.force:
-        log.info("%s is done already (%s); --force runs it again", config.date, config.result_path)
-        return _done_result(config, json.loads(storage.read_text(config.result_path)))
+    if storage.exists(config.record_path) and not config.force:
+        log.info("%s is done already (%s); --force runs it again", config.date, config.record_path)
+        return _done_result(config, json.loads(storage.read_text(config.record_path)))
     for date in filter(None, (config.date, config.eval_date)):  # a missing day fails before anything is written
         list_day_files(config.data_root, date)
     start_from, warm_start_from = _start_from(config)
-    storage.delete(config.result_path)
+    storage.delete(config.record_path)
     with beam.Pipeline(options=options) as pipeline:
         build_daily(pipeline, config, start_from, warm_start_from)
     counters = picasso_counters(pipeline.result) if hasattr(pipeline, "result") else {}
-    return _result(config, json.loads(storage.read_text(config.result_path)), counters)
+    # The record the pipeline's last step wrote: the one way its outcome reaches the driver.
+    return _result(config, json.loads(storage.read_text(config.record_path)), counters)
 
 
 def publish_checkpointed(config: DailyConfig) -> DailyResult:
     """Publish the version of a partition that was only checkpointed (config.publish was
     False), through the outbox as a daily run does; a published one is left as it is."""
-    outcome = json.loads(storage.read_text(config.result_path))
-    if outcome["status"] != CHECKPOINTED:
-        return _result(config, outcome, {}, skipped=True)
-    request = PublishRequest.from_dict(outcome.pop("publish_request"))
-    outcome |= _outcome_fields(PublishOutbox(config.publish_dir).submit(request, config.mlflow, config.policy))
-    _write_json(config.result_path, outcome)
-    return _result(config, outcome, {})
-
-
-def result_dict(result: DailyResult) -> dict:
-    return asdict(result)
+    record = json.loads(storage.read_text(config.record_path))
+    if record["status"] != CHECKPOINTED:
+        return _result(config, record, {}, skipped=True)
+    request = PublishRequest.from_dict(record.pop("publish_request"))
+    record |= _outcome_fields(PublishOutbox(config.folders.publish).submit(request, config.mlflow, config.policy))
+    _write_record(config.record_path, record)
+    return _result(config, record, {})
 

@@ -29,8 +29,7 @@ from picasso.connectors.day_files import FORMATS, partition_dir, write_part
 from picasso.connectors.partitions import parse_partition
 from picasso.join_spec import JoinSpec
 from picasso.metrics import auc
-from picasso.pipelines.runs.daily import PLANTED_FILE
-from picasso.sample_join import DELAY_COLUMN
+from picasso.join_rules import DELAY_COLUMN
 from picasso.spec import FeatureSpec
 from picasso.synthetic import PlantedModel, SyntheticConfig
 from picasso.synthetic_churn import ChurnConfig, ChurnModel
@@ -39,6 +38,7 @@ from picasso.synthetic_events import (IMPRESSIONS, LABELS, PROBABILITY, TRUTH, E
 
 EVENT_FORMATS = ("parquet", "jsonl")  # events need named fields: a TSV line has none
 DAY_MS = 86_400_000
+PLANTED_FILE = "_planted.json"  # next to the parts: the planted model's facts (its own AUC)
 
 
 @dataclass(frozen=True)
@@ -232,3 +232,8 @@ def _write_parts(table: pa.Table, tree: str, date: str, fmt: str, rows_per_file:
         write_part(piece, storage.join(partition_dir(tree, date), f"part-{part:05d}{FORMATS[fmt]}"))
         on_part(piece.num_rows)
     return len(starts)
+
+
+def planted_ceiling(data_root: str, date: str) -> float | None:
+    path = storage.join(partition_dir(data_root, date), PLANTED_FILE)
+    return json.loads(storage.read_text(path))["auc_ceiling"] if storage.exists(path) else None

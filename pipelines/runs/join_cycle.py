@@ -5,7 +5,7 @@
                                     └→ bad events ────────────────────┴→ dead-letter topic
 
 DecodeJoinEvents decodes each poll with its topic's decoder (connectors.join_events):
-impression polls become sample_join.Impressions, label polls sample_join.Labels, each with
+impression polls become join_rules.Impressions, label polls join_rules.Labels, each with
 the poll's MessageSpan. JoinInCycle hands them, in the order they come, to the stream's
 JoinedStreamModel (the one the training step trains, held under the same Shared and key),
 which joins them and returns full training batches. Nothing of the join lives in the
@@ -33,15 +33,16 @@ from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
 
 from picasso.batch import PackedBatch, pack
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of, orphan_dead_letter
 from picasso.connectors.kafka_source import Messages
 from picasso.packing import PackingPlan
-from picasso.pipelines.transforms.decode_messages import DEAD_LETTERS, DecodePollDoFn, MessageSpan
+from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodePollDoFn
+from picasso.pipelines.transforms.message_spans import MessageSpan
 from picasso.pipelines.transforms.join_labels import IMPRESSIONS, LABELS
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
-from picasso.sample_join import Impressions, Labels
+from picasso.join_rules import Impressions, Labels
 from picasso.spec import FeatureSpec
 
 ORPHANS = "orphans"

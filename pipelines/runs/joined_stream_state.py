@@ -10,7 +10,7 @@ cycle that fails or is killed leaves no trace, and its re-run from the checkpoin
 re-joins the very same samples and trains the very same batches.
 
 The watermark of the bounded cycles is event time: the oldest newest-event-time of the
-partitions this cycle reads, less the allowed lateness (sample_join.event_watermark). A
+partitions this cycle reads, less the allowed lateness (join_rules.event_watermark). A
 partition that is caught up, and so has nothing to read this cycle, does not hold it
 back: an idle label partition must not leave every impression pending for ever. One that
 has messages to read but whose first event this process has not yet seen holds it
@@ -33,7 +33,8 @@ from picasso.delayed_feedback import late_share
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.runs.stream_state import Ledger, StreamModel
 from picasso.sample_buffer import SampleBuffer
-from picasso.sample_join import JoinCounts, JoinState, OrphanLabel, event_watermark, sample_schema
+from picasso.join_rules import JoinCounts, OrphanLabel, event_watermark
+from picasso.sample_join import JoinState, sample_schema
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig, Trainer
 

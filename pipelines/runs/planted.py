@@ -5,7 +5,7 @@ the GBA and sync tests and benchmarks."""
 from __future__ import annotations
 
 from picasso.batch import pack
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.packing import PackingPlan
 from picasso.synthetic import PlantedModel
 

@@ -29,7 +29,7 @@ import pyarrow.json as pa_json
 from picasso import storage
 from picasso.connectors.day_files import UnreadableFile, format_of, list_day_files, read_chunks
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
-from picasso.connectors.message_formats import encode_arrow, encode_json
+from picasso.connectors.decoding.message_formats import encode_arrow, encode_json
 from picasso.synthetic_events import EVENT_TIME, IMPRESSIONS, LABELS
 
 

@@ -22,7 +22,6 @@ healthy stream never reloads its checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -31,24 +30,28 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
+import torch
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 from apache_beam.utils.shared import Shared
 from kafka import TopicPartition
 from kafka.structs import OffsetAndMetadata
 
-from picasso import storage
 from picasso.checkpoint import clean_temporaries
 from picasso.connectors.beam_files import use_beam_filesystems
-from picasso.connectors.decoders import DecodeOptions
+from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
+from picasso.connectors.retry import Backoff
 from picasso.pipelines.runs.counters import picasso_counters
 from picasso.pipelines.runs.cycle_failures import FailureTracker
-from picasso.pipelines.transforms.decode_messages import DEAD_LETTERS, DecodeMessages, PackMessages
 from picasso.pipelines.runs.join_cycle import ORPHANS, DecodeJoinEvents, JoinInCycle, PackSamples
 from picasso.pipelines.runs.joined_stream_state import JoinedModelLoader, JoinedTopics
+from picasso.pipelines.runs.stream_publisher import StreamPublisher
 from picasso.pipelines.runs.stream_state import ModelLoader, StreamModel
+from picasso.pipelines.runs.workdir import Workdir
+from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodeMessages
+from picasso.pipelines.transforms.pack import PackMessages
 from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.pipelines.transforms.train_handlers import JoinedStreamHandler, StreamHandler
 from picasso.spec import FeatureSpec
@@ -63,8 +66,6 @@ def one_worker_in_this_process(options: PipelineOptions) -> None:
     The stream's model lives across cycles here, in the driver's process (held under the
     runner's Shared): a worker process would train a copy of it that no checkpoint saves,
     and a second worker would train part of each cycle beside it."""
-    from apache_beam.options.pipeline_options import DirectOptions
-
     direct = options.view_as(DirectOptions)
     if direct.direct_num_workers != 1 or direct.direct_running_mode == "multi_processing":
         raise ValueError(
@@ -106,18 +107,9 @@ class StreamConfig:
     # None: every event carries its label. batch_messages is then samples per batch.
     joined: JoinedTopics | None = None
 
-    # Every folder is a local path or a URL (picasso.storage): the workdir's kind.
     @property
-    def publish_dir(self) -> str:
-        return storage.join(self.workdir, "publish")
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return storage.join(self.workdir, "checkpoints")
-
-    @property
-    def versions_path(self) -> str:
-        return storage.join(self.workdir, "runs", "stream-versions.jsonl")
+    def folders(self) -> Workdir:
+        return Workdir(self.workdir)
 
     def pipeline_options(self) -> PipelineOptions:
         return PipelineOptions([f"--runner={self.runner}", *self.beam_args])
@@ -154,21 +146,6 @@ class StreamSummary:
     stopped: str | None = None
 
 
-class Backoff:
-    def __init__(self, first_s: float, max_s: float):
-        self.first_s, self.max_s = first_s, max_s
-        self.delay_s = first_s
-
-    def wait(self, sleep: Callable[[float], None]) -> float:
-        waited = self.delay_s
-        sleep(waited)
-        self.delay_s = min(self.max_s, self.delay_s * 2)
-        return waited
-
-    def reset(self) -> None:
-        self.delay_s = self.first_s
-
-
 class StreamRunner:
     def __init__(self, config: StreamConfig, on_cycle: Callable[[CycleReport, StreamSummary], None] = lambda r, s: None,
                  sleep: Callable[[float], None] = time.sleep):
@@ -180,12 +157,10 @@ class StreamRunner:
         self.key = ""
         self.summary = StreamSummary()
         self.stopping = False
-        self.unpublished = False
-        self.recorded_versions: set[str] | None = None  # in stream-versions.jsonl (see _flush)
-        self.last_publish = time.monotonic()
-        self.load = (ModelLoader(config.spec, config.train, config.checkpoint_dir) if config.joined is None else
-                     JoinedModelLoader(config.spec, config.train, config.checkpoint_dir, config.joined,
-                                       config.batch_messages))
+        self.publisher = StreamPublisher(config, self.summary.versions)
+        checkpoints = config.folders.checkpoints
+        self.load = (ModelLoader(config.spec, config.train, checkpoints) if config.joined is None else
+                     JoinedModelLoader(config.spec, config.train, checkpoints, config.joined, config.batch_messages))
 
     # -- the model: kept across cycles, dropped after a failure ------------------------
 
@@ -229,7 +204,7 @@ class StreamRunner:
                                f"{messages} by the stream's model")
         model.ledger.cycles += 1
         model.end_cycle()
-        checkpoint = model.save(config.checkpoint_dir, keep=config.keep_checkpoints)
+        checkpoint = model.save(config.folders.checkpoints, keep=config.keep_checkpoints)
         seconds = time.perf_counter() - started
         samples = counters.get("rows_in", 0) - counters.get("dead_letters", 0)
         join = None
@@ -288,78 +263,6 @@ class StreamRunner:
             if consumer is not None:
                 consumer.close()
 
-    def publish_version(self, model: StreamModel) -> str | None:
-        """Publish the last checkpoint through the outbox, with the progressive-validation
-        metrics of the window since the last publish (each batch scored before it was
-        trained on). Raises when MLflow did not take it: it then waits in the outbox and
-        goes out, in order, with the next publish."""
-        config = self.config
-        if config.mlflow is None or model.checkpoint is None:
-            return None
-        # These import mlflow: only when publishing.
-        from picasso.connectors.mlflow_registry import PublishRequest
-        from picasso.connectors.publish_outbox import PUBLISHED, PublishOutbox
-
-        window = model.window_metrics()
-        mean_label = window["mean_label"]
-        calibration = window["mean_prediction"] / mean_label if mean_label else float("nan")
-        extra_metrics, series, plots = model.publish_extras()
-        request = PublishRequest(
-            checkpoint_path=str(model.checkpoint),
-            metrics={**window, "calibration": calibration, "samples": model.trainer.samples,
-                     "step": model.trainer.step, **extra_metrics},
-            step_metrics=series, plots=plots,
-            params={"mode": "stream", "topics": ",".join(config.topics), "evaluation": "progressive",
-                    **(config.joined.params() if config.joined else {})},
-            run_name=f"stream-cycle-{model.ledger.cycles}",
-            tags={"picasso.evaluation": "progressive", "picasso.window_samples": str(window["window_samples"]),
-                  "picasso.total_samples": str(model.trainer.samples)},
-        )
-        outbox = PublishOutbox(config.publish_dir)
-        outbox.add(request)
-        joined = {"watermark_ms": model.join.watermark, "wait_ms": config.joined.join.wait_ms} if config.joined else {}
-        outcomes = self._flush(outbox, newest={request.checkpoint_path: {
-            "newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles, **joined,
-            "samples": model.trainer.samples}})
-        mine = next(o for o in outcomes if o.checkpoint_path == request.checkpoint_path)
-        if mine.status != PUBLISHED:
-            raise RuntimeError(f"publish pending in {config.publish_dir}: {mine.error}")
-        return mine.version.version
-
-    def _flush(self, outbox, newest: dict[str, dict] | None = None) -> list:
-        """Flush the outbox, recording each version in stream-versions.jsonl as it is made
-        (once, however often a kill makes the outbox report it), with the freshness facts
-        (`newest`, by checkpoint) of the one this process just checkpointed."""
-        from picasso.connectors.publish_policy import PublishPolicy
-
-        config = self.config
-        if self.recorded_versions is None:  # read once per process; kept up to date below
-            path = config.versions_path
-            lines = storage.read_text(path).splitlines() if storage.exists(path) else []
-            self.recorded_versions = {json.loads(line)["version"] for line in lines if line}
-        recorded = self.recorded_versions
-
-        def record(outcome) -> None:
-            if outcome.version.version in recorded:
-                return
-            entry = {"version": outcome.version.version, "model_uri": outcome.version.model_uri,
-                     "published_ms": int(time.time() * 1000), "checkpoint": outcome.checkpoint_path,
-                     "champion": outcome.version.champion, **(newest or {}).get(outcome.checkpoint_path, {})}
-            storage.append_line(config.versions_path, json.dumps(entry))  # kept before the outbox forgets it
-            recorded.add(outcome.version.version)
-            self.summary.versions.append(outcome.version.version)
-
-        return outbox.flush(config.mlflow, config.publish_policy or PublishPolicy(), on_published=record)
-
-    def _flush_pending(self) -> None:
-        """Publish what earlier runs left in the outbox (a restarted stream that has
-        nothing new to train would otherwise leave it there for ever)."""
-        from picasso.connectors.publish_outbox import PublishOutbox
-
-        outbox = PublishOutbox(self.config.publish_dir)
-        if outbox.pending():
-            self._flush(outbox)
-
     # -- the loop ----------------------------------------------------------------------
 
     def _should_stop(self, started: float) -> bool:
@@ -368,21 +271,6 @@ class StreamRunner:
                 or (config.max_cycles is not None and summary.cycles >= config.max_cycles)
                 or (config.max_seconds is not None and time.monotonic() - started >= config.max_seconds)
                 or (config.max_failures is not None and summary.failures >= config.max_failures))
-
-    def _maybe_publish(self, model: StreamModel, force: bool = False) -> None:
-        config = self.config
-        due = time.monotonic() - self.last_publish >= config.publish_every_s
-        if config.mlflow is None or not (due or force) or config.publish_every_s <= 0:
-            return
-        try:
-            if not self.unpublished:
-                self._flush_pending()
-                return
-            self.publish_version(model)
-            self.unpublished = False
-            self.last_publish = time.monotonic()
-        except Exception as err:  # noqa: BLE001 - a registry outage must not stop training
-            log.warning("publish failed (retried after the next cycle): %s", err)
 
     def _gives_up(self, err: Exception, starts: dict[str, int], tracker: FailureTracker, failures_in_row: int) -> bool:
         """Count a failed cycle; whether the stream stops rather than retry it."""
@@ -404,7 +292,7 @@ class StreamRunner:
         one_worker_in_this_process(options)  # before any work
         # The workdir may be a URL: its filesystem is set up from the options before the first read.
         use_beam_filesystems(options, workdir=config.workdir)
-        clean_temporaries(config.checkpoint_dir)
+        clean_temporaries(config.folders.checkpoints)
         backoff = Backoff(config.backoff_s, config.backoff_max_s)
         started = time.monotonic()
         failures_in_row = 0
@@ -421,7 +309,7 @@ class StreamRunner:
                 starts = {r.source: r.start for r in ranges}
                 summary.lag = lag
                 if lag == 0:
-                    self._maybe_publish(model)
+                    self.publisher.maybe_publish(model)
                     if config.until_caught_up:
                         break
                     self.sleep(config.idle_sleep_s)
@@ -436,17 +324,17 @@ class StreamRunner:
             failures_in_row = 0
             tracker.reset()
             backoff.reset()
-            self.unpublished = True
+            self.publisher.unpublished = True
             summary.cycles += 1
             summary.messages += report.messages
             summary.samples += report.samples
             summary.dead_letters += report.dead_letters
             summary.checkpoint = report.checkpoint
             self.commit_offsets(model)
-            self._maybe_publish(model)
+            self.publisher.maybe_publish(model)
             self.on_cycle(report, summary)
         if self.model is not None:
-            self._maybe_publish(self.model, force=True)
+            self.publisher.maybe_publish(self.model, force=True)
             summary.step = self.model.trainer.step
             summary.ledger = self.model.ledger.to_dict()
             summary.checkpoint = str(self.model.checkpoint) if self.model.checkpoint else None
@@ -458,8 +346,6 @@ class StreamRunner:
 
 def configure_determinism(deterministic: bool) -> None:
     if deterministic:
-        import torch
-
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
 
@@ -475,5 +361,3 @@ def run_stream(config: StreamConfig, on_cycle=lambda report, summary: None) -> S
             signal.signal(sig, handler)
 
 
-def summary_dict(summary: StreamSummary) -> dict:
-    return asdict(summary)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from picasso.pipelines.transforms.decode_messages import MessageSpan, PackedMessages
+from picasso.pipelines.transforms.message_spans import MessageSpan, PackedMessages
 from picasso import storage
 from picasso.batch import PackedBatch
 from picasso.checkpoint import prune_checkpoints

@@ -1,7 +1,21 @@
-"""DecodeRecords: raw chunks in; decoded train and holdout chunks and dead letters out."""
+"""DecodeRecords and DecodeMessages: day-file chunks or Kafka polls in; decoded chunks and
+dead letters out.
+
+Both decode with a RecordDecoder made once per DoFn instance, count the records that come
+in and those refused, and send every dead letter to the one DEAD_LETTERS output
+(DecodeDoFn). They differ where their sources differ:
+- day files: an unreadable file becomes one dead letter, and a fixed fraction of the rows
+  is held out for evaluation (the HOLDOUT output);
+- Kafka: a topic's format is json, arrow (many rows per message) or tsv (see
+  connectors.decoding.message_formats), a dead letter keeps the message's original bytes,
+  and every chunk carries its MessageSpan (pipelines.transforms.message_spans). There is
+  no holdout split: a stream is evaluated prequentially (each batch is scored before it
+  is trained on).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,16 +26,55 @@ from apache_beam.metrics import Metrics
 
 from picasso.connectors.day_files import RawChunk, UnreadableFile
 from picasso.connectors.dead_letters import DeadLetter
-from picasso.connectors.decoders import DecodeOptions, RecordDecoder
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.decoding.message_formats import FORMATS, decode_messages
+from picasso.connectors.decoding.record_decoder import RecordDecoder
+from picasso.connectors.kafka_source import Messages
 from picasso.hashing import hash_bytes, splitmix64_array
+from picasso.pipelines.transforms.message_spans import DecodedMessageChunk, MessageSpan
 from picasso.spec import FeatureSpec
 
 TRAIN, HOLDOUT, DEAD_LETTERS = "train", "holdout", "dead_letters"
 
 
+# -- what every decode shares -----------------------------------------------------------
+
+class DecodeDoFn(beam.DoFn):
+    """The counters and the dead-letter output of every decode. Subclasses make their
+    decoder in setup, after super().setup()."""
+
+    def setup(self):
+        self.records_in = Metrics.counter("picasso", "rows_in")
+        self.dead = Metrics.counter("picasso", "dead_letters")
+
+    def dead_letters(self, letters: Iterable, refused: int | None = None):
+        """Count the refused records (one per letter unless told: an Arrow message's
+        letter names all its refused rows) and send their letters to DEAD_LETTERS."""
+        letters = list(letters)
+        self.dead.inc(len(letters) if refused is None else refused)
+        for letter in letters:
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
+
+
+class _SpecDecodeDoFn(DecodeDoFn):
+    """A decode with one RecordDecoder of a spec and options. (A joined stream's decode,
+    pipelines.runs.join_cycle, holds two decoders of its own, so it derives from
+    DecodePollDoFn alone.)"""
+
+    def __init__(self, spec: FeatureSpec, options: DecodeOptions):
+        self.spec = spec
+        self.options = options
+
+    def setup(self):
+        super().setup()
+        self.decoder = RecordDecoder(self.spec, self.options)
+
+
+# -- day files ---------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class DecodedChunk:
-    table: pa.Table  # canonical rows (see connectors.decoders)
+    table: pa.Table  # canonical rows (see connectors.decoding.validation)
     positions: dict[str, int]  # source -> next row/offset after this chunk
     starts: dict[str, int] = field(default_factory=dict)  # source -> its first row/offset
 
@@ -44,16 +97,13 @@ def _select(records: pa.Table | list[bytes], mask: np.ndarray):
     return records.filter(pa.array(mask))
 
 
-class _DecodeDoFn(beam.DoFn):
+class _DecodeChunkDoFn(_SpecDecodeDoFn):
     def __init__(self, spec: FeatureSpec, options: DecodeOptions, holdout_fraction: float):
-        self.spec = spec
-        self.options = options
+        super().__init__(spec, options)
         self.holdout_fraction = holdout_fraction
 
     def setup(self):
-        self.decoder = RecordDecoder(self.spec, self.options)
-        self.rows_in = Metrics.counter("picasso", "rows_in")
-        self.dead = Metrics.counter("picasso", "dead_letters")
+        super().setup()
         self.train_rows = Metrics.counter("picasso", "train_rows")
         self.holdout_rows = Metrics.counter("picasso", "holdout_rows")
 
@@ -67,20 +117,17 @@ class _DecodeDoFn(beam.DoFn):
 
     def process(self, chunk: RawChunk | UnreadableFile):
         if isinstance(chunk, UnreadableFile):  # one dead letter for what could not be read
-            self.dead.inc(1)
-            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, DeadLetter(chunk.source, chunk.first_row, "", chunk.reason))
+            yield from self.dead_letters([DeadLetter(chunk.source, chunk.first_row, "", chunk.reason)])
             return
         held = holdout_mask(chunk.source, chunk.first_row, chunk.num_rows, self.holdout_fraction)
         positions = {chunk.source: chunk.first_row + chunk.num_rows}
-        self.rows_in.inc(chunk.num_rows)
+        self.records_in.inc(chunk.num_rows)
         for tag, mask, counter in ((TRAIN, ~held, self.train_rows), (HOLDOUT, held, self.holdout_rows)):
             if tag == HOLDOUT and not mask.any():
                 continue
             result = self._decode(chunk, mask)
             counter.inc(result.table.num_rows)
-            self.dead.inc(len(result.dead_letters))
-            for letter in result.dead_letters:
-                yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
+            yield from self.dead_letters(result.dead_letters)
             yield beam.pvalue.TaggedOutput(tag, DecodedChunk(result.table, positions, {chunk.source: chunk.first_row}))
 
 
@@ -100,5 +147,61 @@ class DecodeRecords(beam.PTransform):
 
     def expand(self, chunks):
         return chunks | "Decode" >> beam.ParDo(
-            _DecodeDoFn(self.spec, self.options, self.holdout_fraction)
+            _DecodeChunkDoFn(self.spec, self.options, self.holdout_fraction)
         ).with_outputs(TRAIN, HOLDOUT, DEAD_LETTERS)
+
+
+# -- Kafka polls -------------------------------------------------------------------------
+
+class DecodePollDoFn(DecodeDoFn):
+    """What every decode of a Kafka poll does around its decoder: count the messages,
+    records and refusals, send the dead letters to the tagged output, and make the poll's
+    MessageSpan. Subclasses decode (decode) and make the main element (chunk)."""
+
+    def setup(self):
+        super().setup()
+        self.messages_in = Metrics.counter("picasso", "messages_in")
+
+    def decode(self, messages: Messages):
+        raise NotImplementedError
+
+    def chunk(self, messages: Messages, decoded, span: MessageSpan):
+        raise NotImplementedError
+
+    def process(self, messages: Messages):
+        decoded = self.decode(messages)
+        self.messages_in.inc(len(messages))
+        self.records_in.inc(decoded.records_in)
+        yield from self.dead_letters(decoded.dead_letters, decoded.records_refused)
+        yield self.chunk(messages, decoded, MessageSpan.of_poll(messages, decoded.records_in, decoded.records_refused))
+
+
+class _DecodeMessagesDoFn(DecodePollDoFn, _SpecDecodeDoFn):
+    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions):
+        super().__init__(spec, options)
+        self.formats = formats
+
+    def decode(self, messages: Messages):
+        return decode_messages(self.decoder, self.formats[messages.topic], messages)
+
+    def chunk(self, messages: Messages, decoded, span: MessageSpan) -> DecodedMessageChunk:
+        return DecodedMessageChunk(decoded.table, span)
+
+
+class DecodeMessages(beam.PTransform):
+    """Messages in. Main output: DecodedMessageChunks (valid rows + span); tagged output
+    `dead_letters`: one MessageDeadLetter per message with any refused record."""
+
+    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions = DecodeOptions()):
+        super().__init__()
+        bad = {topic: fmt for topic, fmt in formats.items() if fmt not in FORMATS}
+        if bad:
+            raise ValueError(f"unknown message format(s) {bad}: expected one of {', '.join(FORMATS)}")
+        self.spec = spec
+        self.formats = dict(formats)
+        self.options = options
+
+    def expand(self, messages):
+        return messages | "Decode" >> beam.ParDo(
+            _DecodeMessagesDoFn(self.spec, self.formats, self.options)
+        ).with_output_types(DecodedMessageChunk).with_outputs(DEAD_LETTERS, main="chunks")

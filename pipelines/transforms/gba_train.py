@@ -30,6 +30,8 @@ import logging
 import threading
 from dataclasses import dataclass
 
+from picasso.distributed.join import JoinSettings, join_job
+from picasso.distributed.param_server import ServerAddress
 from picasso.distributed.row_cache import RowCacheConfig
 from picasso.distributed.transport import Security
 from picasso.spec import FeatureSpec
@@ -57,9 +59,6 @@ class _Member:
     """This process's one GBA worker: joined on first use, left when its last user goes."""
 
     def __init__(self, address: PSAddress, spec: FeatureSpec):
-        from picasso.distributed.join import JoinSettings, join_job
-        from picasso.distributed.param_server import ServerAddress
-
         server = ServerAddress(address.host, address.port, address.timeout_s, address.security or Security.from_env())
         self.joined = join_job(server, JoinSettings(max_in_flight=address.max_in_flight, row_cache=address.row_cache),
                                spec)

@@ -5,13 +5,13 @@ streaming runners. The bounded-cycle stream holds every pending impression in on
 JoinState; a streaming runner instead shards the join by key, so each key's impression,
 its verdict and a label waiting for it live in that key's state, and event-time timers
 stand for the watermark passing the impression's timeout, its forget time and a waiting
-label's grace. The verdicts come from sample_join.decide_labels and the times from its
+label's grace. The verdicts come from join_rules.decide_labels and the times from its
 predicates (timed_out, forgettable, orphaned), so both hosts emit the same samples for
 the same events and watermarks.
 
     joined = {IMPRESSIONS: impression_chunks, LABELS: label_chunks} | JoinLabels(policy, schema)
     joined[SAMPLES]  # pa.Table chunks in sample_schema(schema)
-    joined[ORPHANS]  # sample_join.OrphanLabel: labels that found no impression in time
+    joined[ORPHANS]  # join_rules.OrphanLabel: labels that found no impression in time
 
 One difference is by design. The core decides a call's timeouts after all of the call's
 events, so a label in the same call as an impression that arrives already past its
@@ -38,10 +38,10 @@ from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from picasso.sample_join import (
-    CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE, POSITIVE, SETTLED, Impressions,
-    JoinCounts, JoinPolicy, Labels, OrphanLabel, decide_labels, forgettable, orphaned, sample_schema, timed_out,
-)
+from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
+                                POSITIVE, SETTLED, Impressions, JoinCounts, JoinPolicy, Labels, OrphanLabel,
+                                decide_labels, forgettable, orphaned, timed_out)
+from picasso.sample_join import sample_schema
 
 IMPRESSIONS, LABELS = "impressions", "labels"  # the input's keys
 SAMPLES, ORPHANS = "samples", "orphans"  # the output's keys

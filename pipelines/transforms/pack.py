@@ -1,4 +1,5 @@
-"""PackFeatures: decoded chunks in, PackedBatches out."""
+"""PackFeatures and PackMessages: decoded chunks in, PackedBatches out; a Kafka chunk's
+batch goes out with its MessageSpan."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from picasso.batch import pack
 from picasso.connectors.partitions import partition_time_ms
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import DecodedChunk
+from picasso.pipelines.transforms.message_spans import DecodedMessageChunk, PackedMessages
 from picasso.spec import FeatureSpec
 
 
@@ -31,3 +33,17 @@ class PackFeatures(beam.PTransform):
 
     def expand(self, chunks):
         return chunks | "Pack" >> beam.Map(self.pack_chunk)
+
+
+class PackMessages(PackFeatures):
+    """One PackedMessages per chunk; its PackedBatch carries the partition's next position.
+    Chunks whose every record was refused still become (empty) batches, so their
+    positions reach the checkpoint."""
+
+    def pack_chunk(self, chunk: DecodedMessageChunk) -> PackedMessages:
+        span = chunk.span
+        batch = pack(chunk.table, self.spec, self.plan, {span.source: span.next_position}, {span.source: span.start})
+        return PackedMessages(batch.with_event_time(span.newest_timestamp_ms), span)
+
+    def expand(self, chunks):
+        return chunks | "Pack" >> beam.Map(self.pack_chunk).with_output_types(PackedMessages)

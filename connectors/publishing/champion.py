@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
 from picasso import storage
-from picasso.connectors import registry_tags as tags
-from picasso.connectors.mlflow_registry import MLflowTarget, http_settings
-from picasso.connectors.publish_policy import CHAMPION, PublishPolicy
+from picasso.connectors.publishing import registry_tags as tags
+from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.connectors.publishing.mlflow_env import http_settings
+from picasso.connectors.publishing.policy import CHAMPION, PublishPolicy
+from picasso.connectors.publishing.registry import ALIAS_ABSENT, client_for, version_by_alias
 from picasso.connectors.retry import with_retries
 
 
@@ -21,13 +20,8 @@ class ChampionCheckpoint:
 
 
 def _lookup(target: MLflowTarget):
-    client = MlflowClient(target.tracking_uri, target.tracking_uri)
-    try:
-        return client.get_model_version_by_alias(target.model_name, CHAMPION)
-    except MlflowException as err:
-        if err.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"):
-            return None  # no such model, or no champion yet
-        raise
+    # None for no champion yet, and for no such model (NOT_FOUND) either.
+    return version_by_alias(client_for(target), target.model_name, CHAMPION, ALIAS_ABSENT + ("NOT_FOUND",))
 
 
 def champion_checkpoint(target: MLflowTarget, policy: PublishPolicy = PublishPolicy()) -> ChampionCheckpoint | None:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.json as pa_json
 
-from picasso.connectors.decoders import RecordDecoder
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 
 _OPEN, _CLOSE = ord("{"), ord("}")
 _ARROW_REFUSES = (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError)

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from picasso.connectors.decoders import DecodeResult, RecordDecoder
-from picasso.connectors.json_fast_path import read_poll
+from picasso.connectors.decoding.contracts import DecodeResult
+from picasso.connectors.decoding.json_fast_path import read_poll
+from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_config import source_name
 from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
@@ -35,7 +36,7 @@ FORMATS = ("json", "arrow", "tsv")
 
 @dataclass
 class DecodedMessages:
-    table: pa.Table  # valid rows, canonical schema (see connectors.decoders)
+    table: pa.Table  # valid rows, canonical schema (see connectors.decoding.validation)
     dead_letters: list[MessageDeadLetter] = field(default_factory=list)
     records_in: int = 0
     records_refused: int = 0
@@ -103,7 +104,7 @@ def _decode_poll(decoder: RecordDecoder, fmt: str, messages: Messages) -> Decode
 def decode_json_values(decoder: RecordDecoder, values: Sequence[bytes], source: str, positions) -> DecodeResult:
     """One JSON object per value: the whole poll through Arrow's reader and validated
     column-wise like a Parquet chunk where that gives every message the verdict
-    json.loads would (connectors.json_fast_path), else message by message. So the fast
+    json.loads would (connectors.decoding.json_fast_path), else message by message. So the fast
     path never changes a verdict, only its cost; tests/test_fast_path_verdicts.py checks
     that message by message over random mixes."""
     table = read_poll(decoder, values)

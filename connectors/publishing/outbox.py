@@ -6,7 +6,7 @@ store), so that pruning the checkpoint folder frees nothing the request needs. I
 the outbox only once its version exists, and is recorded in WORKSPACE/published.jsonl. So if MLflow is down longer than the retries
 last, the request waits there, and the next flush (the next publish, the next daily run,
 or `picasso publish-pending`) publishes it: nothing is lost, and since publish() is
-idempotent per checkpoint, nothing is published twice.
+idempotent per checkpoint (publication.py), nothing is published twice.
 
 Requests are published oldest first, and a failure stops the flush: each version's delta
 is made against the version before it.
@@ -19,24 +19,16 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 from picasso import storage
-from picasso.connectors.mlflow_registry import MLflowTarget, ModelVersionRef, PublishRequest, publish
-from picasso.connectors.publish_policy import PublishPolicy
+from picasso.connectors.publishing.contract import (PENDING, PUBLISHED, MLflowTarget, ModelVersionRef,
+                                                    PublishOutcome, PublishRequest)
+from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.connectors.publishing.publication import publish
 
 log = logging.getLogger(__name__)
-PUBLISHED, PENDING = "published", "pending"
 _REQUEST = "request.json"
-
-
-@dataclass(frozen=True)
-class PublishOutcome:
-    status: str  # published | pending
-    checkpoint_path: str
-    version: ModelVersionRef | None = None
-    error: str | None = None  # why it is still pending
 
 
 class PublishOutbox:

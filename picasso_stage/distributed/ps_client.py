@@ -1,0 +1,170 @@
+"""The worker's client of the parameter server (param_server.py).
+
+`PSClient` splits a worker's requests by owner (layout.py): a pull asks each shard for its
+rows (and shard 0 for the dense parameters) and reassembles them in the order asked; a
+push sends every shard its part without waiting, so the worker computes its next batch
+while the shards aggregate. Every shard receives every push, even one with none of its
+rows: each shard counts the same local batches towards its global batches. At most
+`max_in_flight` pushes per shard are outstanding; a worker further ahead waits for the
+oldest (a bound on memory, not a barrier between workers; 0 makes every push complete
+before the next pull, for runs that must be deterministic).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from picasso.distributed import transport
+from picasso.distributed.aggregation import Contribution, RowGradient
+from picasso.distributed.dynamic_shard import owner_of
+from picasso.distributed.gba import PushOutcome, WorkerDropped, worker_id
+from picasso.distributed.layout import ShardLayout
+from picasso.distributed.local_gradient import LocalGradient
+from picasso.distributed.param_server import ParameterServerError, shard_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PulledBatch:
+    tokens: tuple[int, ...]  # per shard
+    dense: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor]  # table key -> rows asked for
+    values: dict[str, torch.Tensor]  # table key -> their values, in that order
+    versions: dict[str, torch.Tensor]
+    stop: bool  # shard 0 says the job's sample budget is spent
+
+
+class PSClient:
+    def __init__(self, layout: ShardLayout, worker: str, max_in_flight: int = 2, call=None):
+        """call(shard, method, args, asynchronous) -> the answer, or (asynchronous) a Call
+        with done() and result(); `over_grpc(connections)` reaches real shards,
+        `picasso.connectors.testing.param_server.in_process(shards)` Shard objects in this
+        process (tests and one-process benchmarks)."""
+        if call is None:
+            raise ValueError("PSClient needs a call: over_grpc(connections) or in_process(shards)")
+        self.layout, self.worker, self.max_in_flight = layout, worker, max_in_flight
+        self._call = call
+        self._in_flight: list[list] = [[] for _ in range(layout.num_shards)]
+        self.outcomes: list[PushOutcome] = []  # shard 0's answers to this worker's pushes
+        self._pushed = 0  # pushes so far: the next push's sequence number
+
+    def pull(self, rows: dict[str, torch.Tensor]) -> PulledBatch:
+        owners = {key: self.layout.owner(r) for key, r in rows.items()}
+        # Every shard's part is asked at once: the shards look their rows up in parallel.
+        calls = [self._call(s, "pull", (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0), True)
+                 for s in range(self.layout.num_shards)]
+        answers = [self._settled(s, "pull", call) for s, call in enumerate(calls)]
+        dropped = [shard_name(s) for s, answer in enumerate(answers) if answer.dropped]
+        if dropped:
+            raise WorkerDropped(f"{self.worker} was dropped by {', '.join(dropped)} (silent past its lease?)")
+        values, versions = {}, {}
+        for key, wanted in rows.items():
+            dim = self.layout.table(key).dim
+            values[key] = torch.empty(wanted.numel(), dim)
+            versions[key] = torch.empty(wanted.numel(), dtype=torch.int64)
+            for s, answer in enumerate(answers):
+                mine = owners[key] == s
+                values[key][mine], versions[key][mine] = answer.rows[key], answer.versions[key]
+        return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions, answers[0].stop)
+
+    def resolve(self, keys: dict[str, torch.Tensor], event_time_ms: int | None) -> dict[str, torch.Tensor]:
+        """Per dynamic field, the rows of a batch's keys: each shard resolves the keys it
+        owns (admitting and evicting there), all shards at once."""
+        owners = {name: owner_of(k, self.layout.num_shards) for name, k in keys.items()}
+        calls = [self._call(s, "resolve", (self.worker, {name: k[owners[name] == s] for name, k in keys.items()},
+                                           event_time_ms), True)
+                 for s in range(self.layout.num_shards)]
+        answers = [self._settled(s, "resolve", call) for s, call in enumerate(calls)]
+        rows = {}
+        for name, wanted in keys.items():
+            rows[name] = torch.empty_like(wanted)
+            for s, answer in enumerate(answers):
+                rows[name][owners[name] == s] = answer[name]
+        return rows
+
+    def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None,
+             ranges: dict[str, tuple[int, int]] | None = None) -> None:
+        """Send every shard its part; returns without waiting for the shards' answers.
+        positions: where the batch ends in its sources (shard 0 records them for checkpoints);
+        ranges: the batch's [start, end) per source, which every shard trains at most once."""
+        self.collect()
+        for s in range(self.layout.num_shards):
+            sparse = {}
+            for key, rows in gradient.rows.items():
+                mine = self.layout.owner(rows) == s
+                sparse[key] = RowGradient(rows[mine], gradient.row_grads[key][mine], pulled.versions[key][mine])
+            contribution = Contribution(self.worker, pulled.tokens[s], gradient.samples,
+                                        gradient.dense if s == 0 else {}, sparse, (positions or {}) if s == 0 else {},
+                                        sequence=self._pushed, ranges=ranges or {})
+            while len(self._in_flight[s]) > self.max_in_flight - 1 and self._in_flight[s]:
+                self._settle(s, self._in_flight[s].pop(0))
+            future = self._call(s, "push", (contribution,), True)
+            if self.max_in_flight == 0:
+                self._settle(s, future)
+            else:
+                self._in_flight[s].append(future)
+        self._pushed += 1
+
+    def rejoin(self) -> None:
+        """Go on as a new incarnation of this worker, after the shards dropped this one: its
+        unanswered pushes are taken (refused), and pushes are numbered from 0 again."""
+        self.drain()
+        old, name = self.worker, self.worker.split("/", 1)[0]
+        for s in range(self.layout.num_shards):  # the shards that have not dropped it yet do so now
+            self._call(s, "forget", (old,), False)
+        self.worker = worker_id(name, uuid.uuid4().hex[:8])
+        self._pushed = 0
+        log.info("%s rejoined as %s", old, self.worker)
+
+    def positions(self) -> dict[str, int]:
+        """How far the model is trained into each source: where a rejoining worker reads on."""
+        return self._call(0, "positions", (), False)
+
+    def collect(self) -> None:
+        """Take the answers of finished pushes (raising a shard's error, if one came back)."""
+        for s, futures in enumerate(self._in_flight):
+            while futures and futures[0].done():
+                self._settle(s, futures.pop(0))
+
+    def drain(self) -> None:
+        for s, futures in enumerate(self._in_flight):
+            while futures:
+                self._settle(s, futures.pop(0))
+
+    def finish(self) -> None:
+        self.drain()
+        for s in range(self.layout.num_shards):
+            self._call(s, "finish", (self.worker,), False)
+
+    def _settle(self, shard: int, future) -> None:
+        outcome = self._settled(shard, "push", future)
+        if shard == 0:
+            self.outcomes.append(outcome)
+
+    def _settled(self, shard: int, method: str, call):
+        try:
+            return call.result()
+        except ParameterServerError:
+            raise
+        except Exception as err:
+            raise ParameterServerError(f"{shard_name(shard)} failed a {method} from {self.worker}: {err}") from err
+
+
+def over_grpc(connections: list[transport.Connection]):
+    """A `call` for PSClient over one connection per shard."""
+
+    def call(index: int, method: str, args: tuple, asynchronous: bool):
+        connection = connections[index]
+        if asynchronous:
+            return connection.call_async(method, *args)
+        try:
+            return connection.call(method, *args)
+        except transport.TransportError as err:  # unreachable, or a refusal raised over there
+            raise ParameterServerError(str(err)) from None
+
+    return call

@@ -1,0 +1,126 @@
+"""`picasso daily` (one partition, or a range of them: cli/backfill.py) and `picasso demo`
+(a generated day, then daily on embedded defaults)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, replace
+
+from picasso import storage
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.pipelines.cli.backfill import add_range_args, range_partitions, run_daily_range
+from picasso.pipelines.cli.beam_options import add_pipeline_command
+from picasso.pipelines.cli.cache_args import add_cache_args, cache_config, interleave_setting
+from picasso.pipelines.cli.generate import DEMO_DATE, add_generate_args, generate_rows
+from picasso.pipelines.cli.output import CommandResult, console, reported, summary
+from picasso.pipelines.cli.publish import add_publish_args, publish_policy
+from picasso.pipelines.cli.train_args import add_model_args, model_settings
+from picasso.pipelines.runs.workdir import Workdir
+from picasso.spec_refs import load_spec
+from picasso.trainer import TrainConfig
+
+
+def _add_daily_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workdir", required=True, help="checkpoints, dead letters and run results go here")
+    parser.add_argument(
+        "--mlflow-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db)",
+    )
+    parser.add_argument("--experiment", default="picasso")
+    parser.add_argument("--model-name", default="picasso-ctr")
+    parser.add_argument("--batch-size", type=int, default=2048)
+    parser.add_argument("--holdout", type=float, default=0.1, help="fraction of the day held out for evaluation")
+    add_model_args(parser)
+    add_cache_args(parser)
+    parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
+    parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (FnApiRunner, DirectRunner, ...)")
+    parser.add_argument("--warm-start", choices=["latest", "champion", "none"], default="latest",
+                        help="start from the latest checkpoint, the champion version's checkpoint, or scratch")
+    parser.add_argument("--force", action="store_true", help="run a date again although it is done")
+    add_publish_args(parser)
+
+
+def add_daily_command(commands) -> argparse.ArgumentParser:
+    daily = add_pipeline_command(commands, "daily", help="train on one partition, or a range of them, and publish "
+                                                        "a model version of each")
+    daily.add_argument("--spec", default="criteo")
+    daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD[/hour=HH] partitions")
+    add_range_args(daily)
+    daily.add_argument("--eval-date", default=None,
+                       help="evaluate on this day (e.g. the next one) instead of a holdout slice of --date")
+    _add_daily_args(daily)
+    daily.set_defaults(run=reported(_daily_command))
+    return daily
+
+
+def add_demo_command(commands) -> argparse.ArgumentParser:
+    demo = add_pipeline_command(commands, "demo", help="generate a small day, then run daily on embedded defaults")
+    demo.add_argument("--spec", default="criteo")
+    add_generate_args(demo)
+    _add_daily_args(demo)
+    demo.set_defaults(run=reported(_demo_command))
+    return demo
+
+
+def daily_config(args, data: str, date: str):
+    """The DailyConfig the flags describe. It makes WORKDIR and opens its MLflow target
+    (a default SQLite store is made complete there), and trains nothing."""
+    # Beam and MLflow: seconds of start-up that the commands which never run a pipeline
+    # (generate, plan, produce, ps, ...) would pay too if they were imported at the top.
+    from picasso.connectors.publishing.contract import MLflowTarget
+    from picasso.pipelines.runs.daily import DailyConfig
+
+    workdir = storage.make_folder(args.workdir)
+    target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
+    return DailyConfig(
+        data_root=data,
+        date=date,
+        workdir=workdir,
+        spec=load_spec(args.spec),
+        mlflow=target,
+        train=TrainConfig(
+            **model_settings(args),
+            device=args.device,
+            cache=cache_config(args),
+            interleave=interleave_setting(args),
+        ),
+        decode=DecodeOptions(unknown_fields=args.unknown_fields),
+        batch_size=args.batch_size,
+        holdout_fraction=args.holdout,
+        eval_date=getattr(args, "eval_date", None) or None,  # "" (the MLproject default): a holdout slice
+        warm_start=args.warm_start,
+        force=args.force,
+        policy=publish_policy(args),
+        runner=args.runner,
+        beam_args=args.beam_args,
+    )
+
+
+def _daily_command(args) -> CommandResult:
+    partitions = range_partitions(args)
+    if partitions is not None:
+        return run_daily_range(args, partitions, daily_config(args, args.data, partitions[0]), console)
+    return _one_partition(args, args.data, args.date)
+
+
+def _demo_command(args) -> CommandResult:
+    data = Workdir(args.workdir).demo_data
+    days = generate_rows(args, data, [DEMO_DATE])
+    return _one_partition(args, data, DEMO_DATE, auc_ceiling=days[0].auc_ceiling)
+
+
+def _one_partition(args, data: str, date: str, auc_ceiling: float | None = None) -> CommandResult:
+    from picasso.pipelines.runs.daily import run_daily  # Beam and MLflow: see daily_config
+
+    config = daily_config(args, data, date)
+    with console.status(f"daily run for {date}: read, decode, pack, train, evaluate, publish"):
+        result = run_daily(config)
+    if result.auc_ceiling is None and auc_ceiling is not None:
+        result = replace(result, auc_ceiling=auc_ceiling)
+    output = {**asdict(result), "tracking_uri": config.mlflow.tracking_uri}
+    summary(f"daily {result.date}" + (" (done before: nothing trained)" if result.skipped else ""),
+            {k: v for k, v in output.items() if k != "counters"})
+    return CommandResult(output, pending=result.status != "published")

@@ -1,0 +1,100 @@
+"""How a reporting command ends (every command but the distributed ones, which print
+their own lines): progress on stderr, a summary table, with --json one JSON object as the
+last line of stdout, and an exit status a scheduler can act on.
+
+  0  done
+  1  stopped: the command gave up on an error no retry mends (STOPPED_EXIT)
+  2  bad input, or an MLflow that cannot be reached: a message, not a traceback
+  3  done, but versions wait in WORKDIR/publish for MLflow (PENDING_EXIT): a retry publishes them
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.logging import RichHandler
+from rich.table import Table
+
+from picasso.connectors.local_store import HalfMadeStoreError
+from picasso.pipelines.cli.cache_args import cache_config
+from picasso.spec import SpecError
+
+console = Console(stderr=True)
+STOPPED_EXIT = 1
+BAD_INPUT_EXIT = 2
+PENDING_EXIT = 3
+BAD_INPUT = (SpecError, FileNotFoundError, ValueError, HalfMadeStoreError)
+
+
+@dataclass
+class CommandResult:
+    output: dict  # what --json prints (with "seconds" added)
+    pending: bool = False  # a version MLflow did not take waits in the outbox
+    stopped: str | None = None  # why the command gave up; None: it did not
+
+
+def reported(command: Callable[..., CommandResult]) -> Callable[..., int]:
+    """The command as a `run` for argparse's set_defaults: it runs under picasso's logging
+    and ends as the module docstring says."""
+
+    def run(args) -> int:
+        _configure_logging()
+        started = time.perf_counter()
+        try:
+            if hasattr(args, "cache_capacity"):
+                cache_config(args)  # a bad cache option fails here, before any work
+            result = command(args)
+        except Exception as err:  # noqa: BLE001 - bad input and an unreachable MLflow: a message
+            if not isinstance(err, BAD_INPUT) and not type(err).__module__.startswith("mlflow"):
+                raise
+            console.print(f"[red]error:[/red] {err}")
+            if args.json:
+                print(json.dumps({"error": str(err)}))
+            return BAD_INPUT_EXIT
+        result.output["seconds"] = round(time.perf_counter() - started, 2)
+        if args.json:
+            print(json.dumps(finite(result.output)))
+        if result.stopped:
+            # Not 0, and not 3 either, since rerunning as it is would fail the same way.
+            console.print(f"[red]{args.command} stopped:[/red] {result.stopped}")
+            return STOPPED_EXIT
+        if result.pending:
+            # Not 0: a scheduler sees it and retries, and the retry publishes what is pending.
+            console.print("[yellow]publish pending:[/yellow] MLflow did not take every version; they wait in "
+                          "WORKDIR/publish/pending and go out with the next run or `picasso publish-pending`")
+            return PENDING_EXIT
+        return 0
+
+    return run
+
+
+def _configure_logging() -> None:
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)])
+    for noisy in ("apache_beam", "mlflow", "alembic", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def summary(title: str, values: dict) -> None:
+    table = Table(title=title, show_header=False)
+    for key, value in values.items():
+        if isinstance(value, float):
+            value = f"{value:.4f}"
+        table.add_row(key, str(value))
+    console.print(table)
+
+
+def finite(value):
+    """The value with every float that is not finite as None (JSON has no NaN), nested too."""
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return None if isinstance(value, float) and not math.isfinite(value) else value

@@ -1,0 +1,111 @@
+"""A stream's versions: when one is due, publishing it through the outbox, and the log of
+every version the stream made (WORKDIR/runs/stream-versions.jsonl).
+
+A registry outage never stops training: a publish MLflow does not take waits in the
+outbox and goes out, in order, with the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from picasso import storage
+from picasso.connectors.publishing.contract import PUBLISHED, PublishRequest
+from picasso.connectors.publishing.outbox import PublishOutbox
+from picasso.connectors.publishing.policy import PublishPolicy
+
+log = logging.getLogger(__name__)
+
+
+class StreamPublisher:
+    """Publishes a stream's model (a StreamModel: pipelines/runs/stream_state.py) every
+    config.publish_every_s seconds of cycles, and records each version once, in
+    `versions` and in the stream's version log."""
+
+    def __init__(self, config, versions: list[str]):
+        self.config = config  # a StreamConfig
+        self.versions = versions  # each version this process makes is appended (the stream's summary)
+        self.unpublished = False  # a cycle trained since the last version
+        self.recorded_versions: set[str] | None = None  # in stream-versions.jsonl (see _flush)
+        self.last_publish = time.monotonic()
+
+    def maybe_publish(self, model, force: bool = False) -> None:
+        config = self.config
+        due = time.monotonic() - self.last_publish >= config.publish_every_s
+        if config.mlflow is None or not (due or force) or config.publish_every_s <= 0:
+            return
+        try:
+            if not self.unpublished:
+                self.flush_pending()
+                return
+            self.publish_version(model)
+            self.unpublished = False
+            self.last_publish = time.monotonic()
+        except Exception as err:  # noqa: BLE001 - a registry outage must not stop training
+            log.warning("publish failed (retried after the next cycle): %s", err)
+
+    def publish_version(self, model) -> str | None:
+        """Publish the last checkpoint through the outbox, with the progressive-validation
+        metrics of the window since the last publish (each batch scored before it was
+        trained on). Raises when MLflow did not take it: it then waits in the outbox and
+        goes out, in order, with the next publish."""
+        config = self.config
+        if config.mlflow is None or model.checkpoint is None:
+            return None
+        window = model.window_metrics()
+        mean_label = window["mean_label"]
+        calibration = window["mean_prediction"] / mean_label if mean_label else float("nan")
+        extra_metrics, series, plots = model.publish_extras()
+        request = PublishRequest(
+            checkpoint_path=str(model.checkpoint),
+            metrics={**window, "calibration": calibration, "samples": model.trainer.samples,
+                     "step": model.trainer.step, **extra_metrics},
+            step_metrics=series, plots=plots,
+            params={"mode": "stream", "topics": ",".join(config.topics), "evaluation": "progressive",
+                    **(config.joined.params() if config.joined else {})},
+            run_name=f"stream-cycle-{model.ledger.cycles}",
+            tags={"picasso.evaluation": "progressive", "picasso.window_samples": str(window["window_samples"]),
+                  "picasso.total_samples": str(model.trainer.samples)},
+        )
+        outbox = PublishOutbox(config.folders.publish)
+        outbox.add(request)
+        joined = {"watermark_ms": model.join.watermark, "wait_ms": config.joined.join.wait_ms} if config.joined else {}
+        outcomes = self._flush(outbox, newest={request.checkpoint_path: {
+            "newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles, **joined,
+            "samples": model.trainer.samples}})
+        mine = next(o for o in outcomes if o.checkpoint_path == request.checkpoint_path)
+        if mine.status != PUBLISHED:
+            raise RuntimeError(f"publish pending in {config.folders.publish}: {mine.error}")
+        return mine.version.version
+
+    def _flush(self, outbox, newest: dict[str, dict] | None = None) -> list:
+        """Flush the outbox, recording each version in stream-versions.jsonl as it is made
+        (once, however often a kill makes the outbox report it), with the freshness facts
+        (`newest`, by checkpoint) of the one this process just checkpointed."""
+        config = self.config
+        if self.recorded_versions is None:  # read once per process; kept up to date below
+            path = config.folders.stream_versions
+            lines = storage.read_text(path).splitlines() if storage.exists(path) else []
+            self.recorded_versions = {json.loads(line)["version"] for line in lines if line}
+        recorded = self.recorded_versions
+
+        def record(outcome) -> None:
+            if outcome.version.version in recorded:
+                return
+            entry = {"version": outcome.version.version, "model_uri": outcome.version.model_uri,
+                     "published_ms": int(time.time() * 1000), "checkpoint": outcome.checkpoint_path,
+                     "champion": outcome.version.champion, **(newest or {}).get(outcome.checkpoint_path, {})}
+            storage.append_line(config.folders.stream_versions, json.dumps(entry))  # kept before the outbox forgets it
+            recorded.add(outcome.version.version)
+            self.versions.append(outcome.version.version)
+
+        return outbox.flush(config.mlflow, config.publish_policy or PublishPolicy(), on_published=record)
+
+    def flush_pending(self) -> None:
+        """Publish what earlier runs left in the outbox (a restarted stream that has
+        nothing new to train would otherwise leave it there for ever)."""
+        outbox = PublishOutbox(self.config.folders.publish)
+        if outbox.pending():
+            self._flush(outbox)
