@@ -31,17 +31,9 @@ model a daily run restores from yesterday's checkpoint): each day read in chunks
 batch_size rows, holdout_fraction of them held out by the same hash, each chunk's training
 rows one step. `--check-cli N` runs the real CLI on the first N days and compares.
 
-What it found (validation AUC; LR tuned 0.6962, LR without crosses 0.6931): picasso's
-defaults gave 0.681, because a step's loss was its batch's mean and a day is one short
-batch: each sample of a small day weighed up to 57 times one of a full chunk, and Adagrad's
-accumulators took those steps' large gradients. With every sample weighted alike
-(TrainConfig.loss_batch_size) the defaults give 0.688-0.690, and on the test 0.7164-0.7171
-against LR's 0.7119. Nothing else moved validation AUC beyond seed noise (+-0.002): batch
-size, learning rates, embedding dim 4-32, MLP sizes, the four models, more passes per day
-and sparse lr 0.1+ (worse). Nor did the regularisation flags, which `--regularisation`
-scores one at a time on the validation days: --weight-decay 1e-5/1e-4 +0.0003/+0.0004,
---dropout 0.1/0.3 -0.0007/-0.0003, --embedding-l2 1e-4/1e-3 -0.002/-0.017 (2 seeds). So
-the defaults are where a user of a data set this size should start.
+Over 400 lines as one file, so that the benchmark reads top to bottom: fetching the data,
+the split, the baseline's tuning, picasso's day-by-day run and the CLI check. Its figures
+are in the README ("On real data").
 
     python -m benchmarks.movielens [--wheel PATH] [--seeds 3] [--check-cli N] [--regularisation] [--json]
 """

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote
 
+# MLflow, alembic and SQLAlchemy are imported in the functions that use them: every command
+# imports this module (HalfMadeStoreError), and they cost seconds of start-up.
+
 log = logging.getLogger(__name__)
 
 SQLITE_PREFIX = "sqlite:///"

