@@ -48,7 +48,7 @@ class S3Server(LoopbackServer):
         return {**CREDENTIALS, "MLFLOW_S3_ENDPOINT_URL": self.endpoint, "AWS_ENDPOINT_URL_S3": self.endpoint}
 
     def bucket(self, name: str) -> str:
-        import boto3
+        import boto3  # a test extra (with moto), needed only here
 
         client = boto3.client("s3", endpoint_url=self.endpoint, region_name=REGION,
                               aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],

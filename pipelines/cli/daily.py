@@ -9,6 +9,7 @@ from dataclasses import asdict, replace
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.pipelines.cli.backfill import add_range_args, range_partitions, run_daily_range
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config, interleave_setting
@@ -68,9 +69,8 @@ def add_demo_command(commands) -> argparse.ArgumentParser:
 def daily_config(args, data: str, date: str):
     """The DailyConfig the flags describe. It makes WORKDIR and opens its MLflow target
     (a default SQLite store is made complete there), and trains nothing."""
-    # Beam and MLflow: seconds of start-up that the commands which never run a pipeline
-    # (generate, plan, produce, ps, ...) would pay too if they were imported at the top.
-    from picasso.connectors.publishing.contract import MLflowTarget
+    # Beam's runners and MLflow: seconds of start-up that the commands which never run a
+    # pipeline (generate, plan, produce, ps, ...) would pay too if it were imported at the top.
     from picasso.pipelines.runs.daily import DailyConfig
 
     workdir = storage.make_folder(args.workdir)
