@@ -15,17 +15,8 @@ import heapq
 import numpy as np
 import pyarrow as pa
 
-from picasso.join_rules import (
-    CORRECTION_COLUMN,
-    DELAY_COLUMN,
-    KEY_COLUMN,
-    Impressions,
-    JoinCounts,
-    JoinOutput,
-    JoinPolicy,
-    Labels,
-    OrphanLabel,
-)
+from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, Impressions, JoinCounts, JoinOutput,
+                                JoinPolicy, Labels, OrphanLabel)
 from picasso.sample_join import sample_schema
 
 

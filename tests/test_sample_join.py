@@ -5,15 +5,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.join_rules import (
-    CORRECTION_COLUMN,
-    DELAY_COLUMN,
-    Impressions,
-    JoinPolicy,
-    Labels,
-    event_watermark,
-    join_keys,
-)
+from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, Impressions, JoinPolicy, Labels, event_watermark,
+                                join_keys)
 from picasso.sample_join import JoinState
 from picasso.sample_join_reference import DictJoin
 

@@ -324,7 +324,7 @@ class StreamRunner:
             failures_in_row = 0
             tracker.reset()
             backoff.reset()
-            self.publisher.unpublished = True
+            self.publisher.cycle_trained()
             summary.cycles += 1
             summary.messages += report.messages
             summary.samples += report.samples

@@ -31,6 +31,10 @@ class StreamPublisher:
         self.recorded_versions: set[str] | None = None  # in stream-versions.jsonl (see _flush)
         self.last_publish = time.monotonic()
 
+    def cycle_trained(self) -> None:
+        """A cycle's checkpoint exists that no version holds yet."""
+        self.unpublished = True
+
     def maybe_publish(self, model, force: bool = False) -> None:
         config = self.config
         due = time.monotonic() - self.last_publish >= config.publish_every_s
