@@ -82,10 +82,16 @@ def test_sigkilled_joined_stream_ends_with_the_uninterrupted_model_and_samples(k
     killed_dir, log = tmp_path / "killed", tmp_path / "killed.log"
     command = _command(spec_path, kafka_bootstrap, topics, killed_dir)
     killed_at = set()  # the cycle counts in the log when kills landed
-    for start in range(1, KILLS + 1):
+    # Cycles each run waits for before its kill. A kill after the first waits for at least
+    # one, so that kills land after two cycle counts at least: four draws of 0 would kill
+    # every run in its start-up.
+    waits = [rng.randint(0, 2) for _ in range(KILLS)]
+    if not any(waits[1:]):
+        waits[rng.randrange(1, KILLS)] = rng.randint(1, 2)
+    for wait in waits:
         with open(log, "ab") as out:
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        if _wait_for_cycles(log, _cycles(log) + rng.randint(0, 2), process):
+        if _wait_for_cycles(log, _cycles(log) + wait, process):
             time.sleep(rng.uniform(0, KILL_WITHIN_S))
         if process.poll() is None:
             process.send_signal(signal.SIGKILL)
