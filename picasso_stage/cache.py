@@ -120,7 +120,9 @@ class TieredTable:
             grown = []
             for t in self.fast:
                 bigger = torch.empty((size, *t.shape[1:]), dtype=t.dtype, device=t.device)
-                bigger[: self.capacity] = t[: self.capacity]
+                # The staged rows too: a scoring batch may grow the area while a training
+                # batch's rows sit in it, installed and waiting to compute.
+                bigger[: t.shape[0]] = t
                 grown.append(bigger)
             self.fast = grown
 
@@ -143,6 +145,7 @@ class TieredTable:
 
 
 _ALL = torch.zeros(0, dtype=torch.int64)  # copy_rows: every row in order
+_NONE = torch.zeros(0, dtype=torch.int64)  # no rows in flight
 
 
 def _memory_mapped(tensor: torch.Tensor, path: Path) -> torch.Tensor:
@@ -226,18 +229,28 @@ class HotCache:
         return PreparedBatch(local, groups, self.epoch)
 
     def install(self, prepared: PreparedBatch, training: bool = True) -> None:
+        """Load the batch's staged rows. A scoring batch (`training` False) stages its rows
+        after the last training batch's and points its ids there, so that scoring between
+        two training steps (a stream's prequential score, or while an interleaved step is
+        installed and waiting to compute) never changes what a training step reads or
+        writes back."""
         if prepared.epoch != self.epoch:
             raise RuntimeError("batch was prepared before the last cache refresh; prepare it again")
+        shifted = {}
         for name, group in prepared.groups.items():
             directory = self.directories[name]
-            staging = directory.capacity + torch.arange(group.miss_rows.numel())
+            after = 0 if training else self._in_flight.get(name, _NONE).numel()
+            staging = directory.capacity + after + torch.arange(group.miss_rows.numel())
             for table, staged in zip(self.tables[name], group.staged):
-                table.ensure_staging(group.miss_rows.numel())
+                table.ensure_staging(after + group.miss_rows.numel())
                 table.load(staging, staged)
                 if group.reread.numel():
                     table.load(staging[group.reread], table.gather(group.miss_rows[group.reread]))
-            self._in_flight[name] = group.miss_rows
+            if after:
+                ids = prepared.tensors.ids[name]
+                shifted[name] = torch.where(ids >= directory.capacity, ids + after, ids)
             if training:
+                self._in_flight[name] = group.miss_rows
                 self.dirty[name][group.hit_slots] = True
                 self.stats.lookups += group.lookups
                 self.stats.hits += group.hits
@@ -246,6 +259,8 @@ class HotCache:
                 self._count_moved(name, 2 * group.miss_rows.numel())
         if training:
             self.stats.steps += 1
+        if shifted:
+            prepared.tensors = replace(prepared.tensors, ids={**prepared.tensors.ids, **shifted})
 
     def commit(self, prepared: PreparedBatch) -> None:
         """Write the batch's staged rows back to the big tier."""

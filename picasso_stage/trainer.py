@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -330,8 +330,13 @@ class Trainer:
         self.dense_optimizer.zero_grad(set_to_none=True)
         self.largest_batch = max(self.largest_batch, batch.num_samples)
         loss_batch = self.config.loss_batch_size or self.largest_batch
-        # Also steps the embedding tables.
-        loss_sum = self.model.backward(tensors, self.model.lookup(tensors), loss_batch)
+        # Training mode before the lookup, whatever a caller did before (a predict, an
+        # evaluate): in eval mode the lookup takes the path that steps no row, and only the
+        # dense part would learn.
+        self.model.train()
+        # Also steps the embedding tables (with autograd on, even inside a caller's no_grad).
+        with torch.enable_grad():
+            loss_sum = self.model.backward(tensors, self.model.lookup(tensors), loss_batch)
         self.dense_optimizer.step()
         self.stage_seconds["compute"] += time.perf_counter() - start
         if step.cached is not None:
@@ -395,13 +400,16 @@ class Trainer:
 
     @torch.no_grad()
     def predict(self, batch: PackedBatch) -> np.ndarray:
-        self.model.eval()
-        tensors = self.model.resolve(batch.to_torch())[0]
-        if self.cache is not None and batch.num_samples:
-            prepared = self.cache.prepare(tensors, observe=False)
-            self.cache.install(prepared, training=False)
-            tensors = prepared.tensors
-        return torch.sigmoid(self.model(tensors.to(self.device))).cpu().numpy()
+        """Click probabilities of the batch's samples. Changes nothing a training step reads:
+        the model is left in the mode it was found in, no dynamic key is admitted, and the
+        cache stages the batch's rows apart from a training batch's (HotCache.install)."""
+        with evaluating(self.model):
+            tensors = self.model.resolve(batch.to_torch())[0]
+            if self.cache is not None and batch.num_samples:
+                prepared = self.cache.prepare(tensors, observe=False)
+                self.cache.install(prepared, training=False)
+                tensors = prepared.tensors
+            return torch.sigmoid(self.model(tensors.to(self.device))).cpu().numpy()
 
     def evaluate(self, batches: Iterable[PackedBatch]) -> EvalMetrics:
         labels, scores = [], []
@@ -488,6 +496,17 @@ class _Step:
     resets: dict[str, RowResets]  # the rows new keys took (dynamic_rows)
     tensors: TorchBatch | None = None  # on the device; ids are fast-tier indices with a cache
     cached: PreparedBatch | None = None
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module):
+    """The model in eval mode within, and back in the mode it was found in after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)
 
 
 def evaluation_metrics(labels: np.ndarray, scores: np.ndarray) -> EvalMetrics:
