@@ -333,3 +333,23 @@ def test_the_model_state_dict_is_current_without_the_trainer(batches):
     other.step = cached.step
     for batch in batches[10:12]:
         assert torch.allclose(torch.from_numpy(other.predict(batch)), torch.from_numpy(cached.predict(batch)))
+
+
+def test_scoring_while_an_interleaved_step_waits_changes_no_training(batches):
+    """Between two pushes of Trainer.pipeline() a step is installed (its missed rows staged
+    in the fast tier) and waits to compute. Scoring another batch then stages that batch's
+    rows after it, so the step reads and writes back its own rows: training with scoring
+    in between is training without it."""
+    config = replace(CONFIG, cache=SMALL_CACHE, interleave=True)
+    plain, scored = Trainer(SPEC, config), Trainer(SPEC, config)
+    for trainer, score in ((plain, False), (scored, True)):
+        with trainer.pipeline() as steps:
+            for i, batch in enumerate(batches):
+                steps.push(batch)
+                if score:  # a batch of other rows than the waiting step's
+                    trainer.predict(batches[len(batches) - 1 - i])
+            steps.drain()
+    assert_close_to(plain, scored, tolerance=0.0)
+    # Scoring counted no lookup and moved nothing of training's.
+    assert scored.cache.stats.lookups == plain.cache.stats.lookups
+    assert scored.cache.stats.rows_moved == plain.cache.stats.rows_moved

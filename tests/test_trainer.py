@@ -346,3 +346,49 @@ def test_training_on_planted_data_learns():
     assert after.auc > before.auc + 0.08
     assert after.logloss < before.logloss
     assert abs(after.mean_prediction - after.mean_label) < 0.05
+
+
+# -- training mode: a step never depends on what the caller did before -------------------------
+
+
+def _tables_and_slots(trainer: Trainer) -> dict[str, torch.Tensor]:
+    """Every embedding buffer of the model (tables and their optimizer slots), copied."""
+    return {name: value.clone() for name, value in trainer.model.state_dict().items()
+            if name.split(".")[0] in trainer.model.lookups}
+
+
+@pytest.mark.parametrize("before_each_step", ["predict", "evaluate", "eval_mode", "no_grad"])
+def test_a_step_after_scoring_steps_the_same_rows_as_a_step_alone(before_each_step):
+    """A stream scores each batch before it trains on it: predict once left the model in eval
+    mode, and the next step's lookup took the path that steps no row, so only the dense part
+    learned. Whatever the caller did before, a step is the same step."""
+    batches = planted_batches(SPEC, rows=6 * 128, batch_size=128)[0]
+    alone, after_scoring = Trainer(SPEC, CONFIG), Trainer(SPEC, CONFIG)
+    initial = _tables_and_slots(alone)
+    for batch in batches:
+        alone.train_step(batch)
+        if before_each_step == "predict":
+            after_scoring.predict(batch)
+        elif before_each_step == "evaluate":
+            after_scoring.evaluate([batch])
+        elif before_each_step == "eval_mode":
+            after_scoring.model.eval()
+        if before_each_step == "no_grad":
+            with torch.no_grad():
+                after_scoring.train_step(batch)
+        else:
+            after_scoring.train_step(batch)
+    assert_trainers_equal(alone, after_scoring)
+    stepped = _tables_and_slots(after_scoring)
+    assert all(not torch.equal(initial[name], stepped[name]) for name in initial), \
+        [name for name in initial if torch.equal(initial[name], stepped[name])]
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_predict_and_evaluate_leave_the_mode_they_found(mode):
+    trainer = Trainer(SPEC, CONFIG)
+    batch = planted_batches(SPEC, rows=64, batch_size=64)[0][0]
+    trainer.model.train(mode == "train")
+    trainer.predict(batch)
+    trainer.evaluate([batch])
+    assert all(module.training == (mode == "train") for module in trainer.model.modules())
