@@ -40,6 +40,15 @@ def partition_name(date: dt.date, hour: int | None = None) -> str:
     return date.isoformat() if hour is None else f"{date.isoformat()}T{hour:02d}"
 
 
+def next_partition(name: str) -> str:
+    """The partition right after `name` in time: the next day, or the next hour."""
+    date, hour = parse_partition(name)
+    if hour is None:
+        return partition_name(date + dt.timedelta(days=1))
+    moment = dt.datetime.combine(date, dt.time(hour)) + dt.timedelta(hours=1)
+    return partition_name(moment.date(), moment.hour)
+
+
 def partition_path(name: str) -> str:
     """The partition's folder, relative to the data root."""
     date, hour = parse_partition(name)

@@ -3,7 +3,7 @@
 import pytest
 
 from picasso.connectors.day_files import list_day_files, partition_dir
-from picasso.connectors.partitions import partition_path, partition_range, with_hours
+from picasso.connectors.partitions import next_partition, partition_path, partition_range, with_hours
 
 
 def test_a_range_of_days_includes_both_ends_across_a_month():
@@ -59,3 +59,9 @@ def test_a_date_of_hourly_folders_names_them(tmp_path):
     (tmp_path / "date=2026-11-01" / "hour=23").mkdir()
     with pytest.raises(FileNotFoundError, match=r"hourly partitions \(hour=00 .. hour=23\).*--hours 0..23"):
         list_day_files(tmp_path, "2026-11-01")
+
+
+def test_the_next_partition_is_the_next_day_or_hour():
+    assert next_partition("2026-11-30") == "2026-12-01"
+    assert next_partition("2026-11-01T05") == "2026-11-01T06"
+    assert next_partition("2026-12-31T23") == "2027-01-01T00"

@@ -4,6 +4,12 @@ Every version gets the alias `candidate`. It is promoted to `champion` when its 
 least the champion's AUC minus epsilon (a small epsilon lets a fresher model through
 when it is as good as the old one up to noise). A version that is not promoted says why
 in its `picasso.promotion_reason` tag.
+
+AUCs are compared only when both were measured the same way (a holdout slice of the
+training partition, a later partition, or a stream's progressive validation): a model
+scores lower on the future than on a slice of its own period, so a version scored on the
+next partition would lose to a champion scored on a holdout for no fault of its own. When
+the ways differ, the newer version is promoted, as when the champion has no AUC at all.
 """
 
 from __future__ import annotations
@@ -41,8 +47,16 @@ class Promotion:
     reason: str
 
 
+def evaluation_kind(evaluation: str) -> str:
+    """The way an AUC was measured, without the partition: "day=2026-11-02" -> "day"."""
+    return evaluation.partition("=")[0]
+
+
 def decide_promotion(auc: float, champion_auc: float | None, champion_version: str | None,
-                     policy: PublishPolicy) -> Promotion:
+                     policy: PublishPolicy, evaluation: str | None = None,
+                     champion_evaluation: str | None = None) -> Promotion:
+    """evaluation, champion_evaluation: how each AUC was measured (the picasso.evaluation
+    tag); None for a version that does not say, whose AUC is compared as it is."""
     if not policy.auto_promote:
         return Promotion(False, "auto-promotion is off")
     if auc is None or not math.isfinite(auc):
@@ -51,6 +65,9 @@ def decide_promotion(auc: float, champion_auc: float | None, champion_version: s
         return Promotion(True, "no champion yet")
     if champion_auc is None or not math.isfinite(champion_auc):
         return Promotion(True, f"champion version {champion_version} has no AUC")
+    if evaluation and champion_evaluation and evaluation_kind(evaluation) != evaluation_kind(champion_evaluation):
+        return Promotion(True, f"champion v{champion_version} was scored on {champion_evaluation} and this version "
+                               f"on {evaluation}: AUCs measured differently are not compared, the newer is promoted")
     bar = champion_auc - policy.promote_epsilon
     if auc >= bar:
         return Promotion(True, f"auc {auc:.5f} >= champion v{champion_version} auc {champion_auc:.5f} "

@@ -215,7 +215,9 @@ class _Publication:
         else:
             champion_auc = float(champion.tags.get(tags.AUC, "nan")) if champion else None
             decision = decide_promotion(float(self.request.metrics.get("auc", math.nan)), champion_auc,
-                                        str(champion.version) if champion else None, self.policy)
+                                        str(champion.version) if champion else None, self.policy,
+                                        self.request.tags.get(tags.EVALUATION),
+                                        champion.tags.get(tags.EVALUATION) if champion else None)
             promoted, reason = decision.promote, decision.reason
             if promoted:
                 client.set_registered_model_alias(name, CHAMPION, number)

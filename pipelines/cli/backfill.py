@@ -2,8 +2,9 @@
 
 `--dates START..END` (days, or hours: 2026-11-01T00..2026-11-01T23), or `--date D`
 with `--hours H..H`, runs pipelines/runs/backfill.py's run_range: one process, one line of
-progress per partition (done out of total, rows/s, AUC, version, time left), and a table
-at the end with a row per partition.
+progress per partition (done out of total, rows/s, AUC and what it was scored on, version,
+time left), and a table at the end with a row per partition. `--eval-next` scores each
+partition on the next one (test-then-train) instead of a holdout slice of its own.
 """
 
 from __future__ import annotations
@@ -41,14 +42,25 @@ def add_range_args(daily: argparse.ArgumentParser) -> None:
     daily.add_argument("--publish-every", type=int, default=1, metavar="N",
                        help="in a range, make a version every N partitions and at the last; the others are "
                             "checkpointed and evaluated (default: every partition)")
+    daily.add_argument("--eval-next", action="store_true",
+                       help="in a range, train on all of each partition and score its version on the next one "
+                            "(the last on the partition after the range, which must have files) instead of a "
+                            "holdout slice")
 
 
 def range_partitions(args) -> list[str] | None:
     """The partitions the flags name, or None for a single partition (run as before)."""
+    if args.eval_next and args.eval_date:
+        raise ValueError("--eval-next and --eval-date: give one (--eval-next scores each partition of a range on "
+                         "the next; --eval-date scores one partition on the day given)")
     if args.dates is None and args.hours is None:
-        if args.publish_every != 1 or args.missing != "fail":
-            raise ValueError("--publish-every and --missing are for a range (--dates, or --hours)")
+        if args.publish_every != 1 or args.missing != "fail" or args.eval_next:
+            raise ValueError("--publish-every, --missing and --eval-next are for a range (--dates, or --hours); "
+                             "to score one partition on the next, give --eval-date NEXT")
         return None
+    if args.eval_date:
+        raise ValueError("--eval-date is for one partition: a range scores each partition on the next with "
+                         "--eval-next")
     partitions = partition_range(args.dates or args.date)
     if args.hours is not None:
         partitions = with_hours(partitions, args.hours)
@@ -72,7 +84,7 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> Co
 
         try:
             results = run_range(replace(config, date=partitions[0]), partitions, args.publish_every, on_partition,
-                                missing=args.missing)
+                                missing=args.missing, eval_next=args.eval_next)
         except RangeStopped as stopped:
             return CommandResult({"error": str(stopped), "failed": stopped.partition,
                                   "partitions": [asdict(r) for r in stopped.results]}, stopped=str(stopped))
@@ -81,6 +93,7 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> Co
                           "trained": sum(not r.skipped for r in results), "skipped": sum(r.skipped for r in results),
                           "versions": [r.version for r in results if r.version is not None],
                           "finished_at": finished_at, "missing": sorted(set(partitions) - {r.date for r in results}),
+                          "eval_next": args.eval_next,
                           "tracking_uri": config.mlflow.tracking_uri},
                          pending=any(r.status == "pending" for r in results))
 
@@ -92,15 +105,16 @@ def progress_line(p: RangeProgress) -> str:
     version = f"version {r.version}" if r.version else r.status
     left = "" if p.eta_s is None or p.done == p.total else f"; about {p.eta_s:.0f} s left"
     pace = f" at {p.rows_per_s:,.0f} rows/s" if p.rows_per_s else ""
-    return f"[{p.done}/{p.total}] {r.date}: {what}{pace}, AUC {r.auc:.4f}, {version}{left}"
+    return f"[{p.done}/{p.total}] {r.date}: {what}{pace}, AUC {r.auc:.4f} on {r.scored_on}, {version}{left}"
 
 
 def summary_table(results) -> Table:
-    table = Table(title=f"daily: {len(results)} partition(s)")
-    for name in ("partition", "rows", "AUC", "log loss", "version", ""):
-        table.add_column(name, justify="left" if name in ("partition", "") else "right")
+    # Narrow, so that an hourly row and its "scored on" fit in 80 columns (a log file's width).
+    table = Table(title=f"daily: {len(results)} partition(s)", show_edge=False, collapse_padding=True)
+    for name in ("partition", "rows", "scored on", "AUC", "log loss", "version", ""):
+        table.add_column(name, justify="left" if name in ("partition", "scored on", "") else "right", no_wrap=bool(name))
     for r in results:
         note = "done before" if r.skipped else ("champion" if r.champion else "")
-        table.add_row(r.date, f"{r.samples + r.holdout_samples:,}", f"{r.auc:.4f}", f"{r.logloss:.4f}",
-                      r.version or r.status, note)
+        own = r.samples + (r.holdout_samples if r.scored_on == "holdout" else 0)  # the partition's rows, not the next's
+        table.add_row(r.date, f"{own:,}", r.scored_on, f"{r.auc:.4f}", f"{r.logloss:.4f}", r.version or r.status, note)
     return table

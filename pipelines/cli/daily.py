@@ -51,7 +51,8 @@ def add_daily_command(commands) -> argparse.ArgumentParser:
     daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD[/hour=HH] partitions")
     add_range_args(daily)
     daily.add_argument("--eval-date", default=None,
-                       help="evaluate on this day (e.g. the next one) instead of a holdout slice of --date")
+                       help="evaluate on this day (e.g. the next one) instead of a holdout slice of --date "
+                            "(a range: --eval-next)")
     _add_daily_args(daily)
     daily.set_defaults(run=reported(_daily_command))
     return daily

@@ -7,6 +7,14 @@ runs them in order: each partition is a daily run (pipelines/runs/daily.py), war
 the one before, and ends as its own checkpoint and result file; every `publish_every`
 partitions, and at the last, it becomes its own model version too.
 
+With eval_next (test-then-train), each partition trains on all its rows and its version is
+scored on the whole of the next partition with files (the single-date run's eval_date),
+before that one trains. The last partition is scored on the partition right after the
+range, the next day or hour; without files there, the range is refused before anything
+trains, rather than scoring its last version another way: a scheduler then sees the
+refusal and retries once that partition has landed, and every version of the range is
+scored alike (a holdout score would stay in the record of a partition done).
+
 Partitions are done once, as daily runs are: a re-run of the range skips the partitions
 with a result and resumes at the first without. A partition that fails stops the range
 there: the partitions before it keep their results, the last of them is published if it
@@ -20,8 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from picasso import storage
 from picasso.connectors.day_files import list_day_files
-from picasso.connectors.partitions import MISSING_POLICIES
+from picasso.connectors.partitions import MISSING_POLICIES, next_partition
 from picasso.pipelines.runs.daily import CHECKPOINTED, DailyConfig, DailyResult, publish_checkpointed, run_daily
 
 log = logging.getLogger(__name__)
@@ -51,13 +60,15 @@ class RangeStopped(Exception):
 
 def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: int = 1,
               on_partition: Callable[[RangeProgress], None] = lambda progress: None,
-              missing: str = "fail") -> list[DailyResult]:
+              missing: str = "fail", eval_next: bool = False) -> list[DailyResult]:
     """Daily runs of `partitions`, in order, in this process; template is every run's
     config but for its date (and its warm start after the first run: the partition before).
 
     missing: what a partition without files does: "fail" stops the range there, as any
     failure does; "skip" passes over it with a warning (real data has days without
-    events), and it has no result."""
+    events), and it has no result.
+    eval_next: score each partition's version on the next partition (see the module's
+    docstring) instead of a holdout slice of its own."""
     if not partitions:
         raise ValueError("the range holds no partition")
     if missing not in MISSING_POLICIES:
@@ -65,17 +76,21 @@ def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: i
     if publish_every < 1:
         raise ValueError(f"publish every N partitions needs N >= 1, got {publish_every}")
     if template.eval_date is not None:
-        raise ValueError("a range evaluates each partition on its holdout slice; an evaluation day is for one date")
+        raise ValueError("an evaluation day is for one partition: a range scores each partition on the next with "
+                         "eval_next (--eval-next), or on a holdout slice of its own")
     if len(set(partitions)) != len(partitions) or list(partitions) != sorted(partitions):
         raise ValueError("a range's partitions are distinct and in time order")
+    absent = {p for p in partitions if missing == "skip" and not _has_files(template.data_root, p)}
+    scored_on = _next_partitions(template, [p for p in partitions if p not in absent],
+                                 after=next_partition(partitions[-1])) if eval_next else {}
     started, trained_seconds, trained, rows = time.perf_counter(), 0.0, 0, 0
     results: list[DailyResult] = []
     for i, partition in enumerate(partitions):
         publish = i == len(partitions) - 1 or (i + 1) % publish_every == 0
-        config = replace(template, date=partition, publish=publish)
+        config = replace(template, date=partition, publish=publish, eval_date=scored_on.get(partition))
         if results:
             config = replace(config, warm_start="latest")  # the partition before, whatever the first started from
-        if missing == "skip" and not _has_files(template.data_root, partition):
+        if partition in absent:
             log.warning("%s: no partition there, skipped (--missing skip)", partition)
             continue
         began = time.perf_counter()
@@ -95,6 +110,21 @@ def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: i
             rows_per_s=rows / trained_seconds if trained_seconds else 0.0,
             eta_s=trained_seconds / trained * left if trained else None))
     return _publish_the_last(template, results)
+
+
+def _next_partitions(template: DailyConfig, partitions: list[str], after: str) -> dict[str, str]:
+    """Each partition (those with files) -> the partition its version is scored on: the
+    next of them, and for the last `after`, the one right after the range, which must have
+    files unless the last is done already (a rerun then trains nothing and needs none)."""
+    if not partitions:
+        return {}
+    last = partitions[-1]
+    last_done = storage.exists(replace(template, date=last).record_path) and not template.force
+    if not last_done and not _has_files(template.data_root, after):
+        raise FileNotFoundError(
+            f"scoring each partition on the next (--eval-next) scores the last, {last}, on {after}, which has no "
+            f"files under {template.data_root}: run the range once {after} is there, or end it a partition earlier")
+    return dict(zip(partitions, [*partitions[1:], after]))
 
 
 def _has_files(root: str, partition: str) -> bool:

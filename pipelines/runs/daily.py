@@ -37,6 +37,7 @@ from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.day_files import ReadDayFiles, list_day_files
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.partitions import parse_partition
+from picasso.connectors.publishing.registry_tags import EVALUATION
 from picasso.connectors.publishing.champion import champion_checkpoint
 from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget, PublishOutcome, PublishRequest
 from picasso.connectors.publishing.outbox import PublishOutbox
@@ -90,6 +91,11 @@ class DailyConfig:
             raise ValueError("nothing to evaluate on: give a holdout fraction above 0 or an evaluation day")
 
     @property
+    def evaluation(self) -> str:
+        """How the version is scored, as its record, params and tags say: holdout | day=PARTITION."""
+        return f"day={self.eval_date}" if self.eval_date else "holdout"
+
+    @property
     def folders(self) -> Workdir:
         return Workdir(self.workdir)
 
@@ -120,7 +126,7 @@ class DailyResult:
     train_loss: float
     champion: bool = False  # the version became (or already was) the champion
     promotion_reason: str = ""
-    evaluation: str = "holdout"  # holdout | day=YYYY-MM-DD
+    evaluation: str = "holdout"  # holdout | day=PARTITION (DailyConfig.evaluation)
     warm_start_from: str | None = None  # the checkpoint training started from
     skipped: bool = False  # the date was done already; nothing was trained
     delta_base: str | None = None  # the version this one's delta artifact applies to
@@ -129,6 +135,11 @@ class DailyResult:
     error: str | None = None  # why a pending publish is pending
     auc_ceiling: float | None = None  # the planted model's own AUC, for generated data
     counters: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def scored_on(self) -> str:
+        """The partition the version was scored on, or "holdout" (a slice of its own)."""
+        return self.evaluation.partition("=")[2] or self.evaluation
 
 
 # What the run's record holds of its result: all but what the driver adds after the run.
@@ -152,7 +163,7 @@ def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_
         },
         params={"date": config.date, "evaluation": config.evaluation, "warm_start": config.warm_start},
         run_name=f"daily-{config.date}",
-        tags={"picasso.date": config.date, "picasso.evaluation": config.evaluation,
+        tags={"picasso.date": config.date, EVALUATION: config.evaluation,
               "picasso.train_samples": str(checkpoint.stats.samples), "picasso.eval_samples": str(metrics.samples),
               "picasso.total_samples": str(checkpoint.stats.samples + metrics.samples)},
     )
@@ -259,8 +270,7 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
         | "PackHoldout" >> PackFeatures(spec)
         | "Evaluate" >> EvaluateCheckpoint(spec, config.train, checkpoint)
     )
-    facts = _RunFacts(config.date, f"day={config.eval_date}" if config.eval_date else "holdout", config.warm_start,
-                      warm_start_from)
+    facts = _RunFacts(config.date, config.evaluation, config.warm_start, warm_start_from)
     requests = metrics | "PublishRequest" >> beam.Map(
         lambda m, ckpt: _publish_request(m, ckpt, facts), ckpt=beam.pvalue.AsSingleton(checkpoint)
     )
