@@ -176,10 +176,22 @@ def orphan_dead_letter(orphan: OrphanLabel, join: JoinSpec, label_field: str) ->
     topic, partition = source.rsplit("/", 1)
     keys = dict(zip(join.key, key_text.split("|"))) if len(join.key) > 1 else {join.key[0]: key_text}
     value = json.dumps({**keys, join.time_field: orphan.time_ms, label_field: orphan.value}).encode()
-    reason = (f"orphan label: no impression with {', '.join(f'{k}={v}' for k, v in keys.items())} arrived within "
-              f"{join.orphan_grace_ms / 1000:g} s of the label's time")
     return MessageDeadLetter(topic=topic, partition=int(partition), offset=int(offset), key=None, value=value,
-                             timestamp_ms=orphan.time_ms, reason=reason)
+                             timestamp_ms=orphan.time_ms, reason=orphan_reason(orphan, join, keys))
+
+
+def orphan_reason(orphan: OrphanLabel, join: JoinSpec, keys: dict[str, str]) -> str:
+    """Why a label found no impression: the impression came and was forgotten at the
+    horizon (the join knows its time), or none is known."""
+    named = ", ".join(f"{k}={v}" for k, v in keys.items())
+    policy = join.policy()
+    if orphan.forgotten_impression_ms is not None:
+        late_s = (orphan.time_ms - orphan.forgotten_impression_ms) / 1000
+        return (f"orphan label: the impression with {named} was forgotten at the join's horizon, "
+                f"{policy.keep_ms / 1000:g} s after its time (W {policy.wait_ms / 1000:g} s + horizon "
+                f"{(policy.keep_ms - policy.wait_ms) / 1000:g} s); the label came {late_s:g} s after the impression")
+    return (f"orphan label: no impression with {named} arrived within {join.orphan_grace_ms / 1000:g} s of the "
+            f"label's time, nor in the {policy.recall_ms / 1000:g} s before it")
 
 
 def _items(values, n: int) -> list:

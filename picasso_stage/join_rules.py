@@ -1,10 +1,22 @@
 """The sample join's rules and contract types (the policy itself: sample_join's docstring).
 
 The decisions are pure functions over numpy arrays (decide_labels, timed_out, forgettable,
-orphaned), so that both hosts of the join take them from one place: JoinState
-(sample_join.py, for the bounded-cycle stream) and JoinLabels (Beam's keyed state on a
-streaming runner, pipelines/transforms/join_labels.py). join_keys and event_watermark are
-how either host keys events and moves event time.
+orphaned, settle_waiting, recalled, unrecalled), so that both hosts of the join take them
+from one place: JoinState (sample_join.py, for the bounded-cycle stream) and JoinLabels
+(Beam's keyed state on a streaming runner, pipelines/transforms/join_labels.py).
+join_keys and event_watermark are how either host keys events and moves event time.
+
+Every verdict on a label is a function of event times: of the label's and its
+impression's, never of how far the watermark happened to trail when the label came. A
+host only has to hold the impression's record when a label needs it, and it does as long
+as no event arrives behind the watermark: the watermark passes a record's deadline (its
+timeout, its horizon) only after every label whose verdict the deadline could change has
+arrived. So the same events, cut into calls (or cycles, or bundles) in any way, and
+polled in any order that keeps each partition's, give the same samples, late labels,
+duplicates and orphans. Two things are left to arrival order: which of two labels of one
+key comes first (keep a key's labels on one partition), and a label more than
+orphan_grace before its impression (it joins if the impression comes before the
+watermark passes the label's time + orphan_grace, and is an orphan otherwise).
 """
 
 from __future__ import annotations
@@ -53,8 +65,15 @@ class JoinPolicy:
 
     @property
     def keep_ms(self) -> int:
-        """How long past its time an impression is remembered."""
+        """How long past its time an impression is remembered: a label later than this
+        after its impression never joins it (beyond_horizon)."""
         return self.wait_ms + (self.wait_ms if self.horizon_ms is None else self.horizon_ms)
+
+    @property
+    def recall_ms(self) -> int:
+        """How late after its impression an orphan label is still told that its impression
+        came and was forgotten (recalled): the forgotten keys are kept one keep_ms more."""
+        return 2 * self.keep_ms
 
 
 @dataclass
@@ -111,7 +130,7 @@ class JoinCounts:
     explicit_negatives: int = 0  # of the negatives: decided by a label with value 0
     late_labels: int = 0
     corrections: int = 0  # extra positives `correct` emitted
-    orphan_labels: int = 0  # dead-lettered: no impression within the grace
+    orphan_labels: int = 0  # dead-lettered: no impression within the grace, or beyond its horizon
     forgotten: int = 0  # impressions past their horizon
 
     def add(self, other: "JoinCounts") -> None:
@@ -125,6 +144,9 @@ class OrphanLabel:
     time_ms: int
     value: int
     ref: object
+    # The time of its impression, when that came but was forgotten at the horizon (or the
+    # label was beyond it); None when no impression is known (see recalled).
+    forgotten_impression_ms: int | None = None
 
 
 @dataclass
@@ -140,22 +162,32 @@ class LabelDecision:
     """What one label does to the record of its impression (masks over the labels)."""
 
     positive: np.ndarray  # within W: a positive, now
-    explicit_negative: np.ndarray  # value 0: a negative, now
+    explicit_negative: np.ndarray  # value 0 within W: a negative, now
     beyond: np.ndarray  # value 1, more than W after the impression: late once it times out
     late: np.ndarray  # value 1 for an impression emitted as a negative
+    beyond_horizon: np.ndarray  # past keep_ms: as if the impression were forgotten (it waits, an orphan)
     duplicate: np.ndarray  # anything else: the impression was decided by an earlier label
 
 
 def decide_labels(states: np.ndarray, delays: np.ndarray, values: np.ndarray, policy: JoinPolicy) -> LabelDecision:
     """The policy's verdict on labels whose impressions are known: `states` are those
     records' states, `delays` label time - impression time. Both hosts take their
-    decisions here."""
-    fresh = states == PENDING
+    decisions here.
+
+    Two verdicts are made by event time where the record's state would depend on when the
+    watermark passed a deadline. A label beyond the horizon never joins, though the record
+    may not be forgotten yet: whether it is depends on how far the watermark trails the
+    label. A label of value 0 more than W after its impression decides nothing (a
+    duplicate): it says what the timeout says, and before the timeout it would otherwise
+    be an explicit negative, after it a duplicate."""
+    gone = beyond_horizon(delays, policy)
+    fresh = (states == PENDING) & ~gone
     clicked = values == 1
     in_window = delays <= policy.wait_ms
-    late = (states == NEGATIVE) & clicked
-    return LabelDecision(positive=fresh & clicked & in_window, explicit_negative=fresh & ~clicked,
-                         beyond=fresh & clicked & ~in_window, late=late, duplicate=~(fresh | late))
+    late = (states == NEGATIVE) & clicked & ~gone
+    return LabelDecision(positive=fresh & clicked & in_window, explicit_negative=fresh & ~clicked & in_window,
+                         beyond=fresh & clicked & ~in_window, late=late, beyond_horizon=gone,
+                         duplicate=~(fresh & (clicked | in_window) | late | gone))
 
 
 def timed_out(times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndarray:
@@ -171,6 +203,49 @@ def forgettable(times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.nda
 def orphaned(label_times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndarray:
     """Which labels waiting for their impression have waited long enough."""
     return label_times + policy.orphan_grace_ms < watermark
+
+
+def settle_waiting(times: np.ndarray, watermark: int, policy: JoinPolicy) -> tuple[np.ndarray, np.ndarray]:
+    """One key's labels waiting for its impression (their times, in arrival order) as the
+    watermark passes: (orphans, duplicates), masks; the rest go on waiting.
+
+    The first one still waiting is an orphan once its grace is over, and the labels after
+    it within its grace are its duplicates; then the next one left is judged the same way.
+    Every label waits, not only the first of its key: a later one is a duplicate only if
+    the impression would make it one, and that is known only when the impression comes
+    (a label beyond its horizon is not a duplicate of an earlier one that joined)."""
+    orphans, duplicates = np.zeros(len(times), bool), np.zeros(len(times), bool)
+    left = np.ones(len(times), bool)
+    while left.any():
+        head = int(np.flatnonzero(left)[0])
+        if not orphaned(times[head:head + 1], watermark, policy)[0]:
+            break
+        orphans[head], left[head] = True, False
+        echoes = left & (times <= times[head] + policy.orphan_grace_ms)
+        duplicates |= echoes
+        left &= ~echoes
+    return orphans, duplicates
+
+
+def beyond_horizon(delays: np.ndarray, policy: JoinPolicy) -> np.ndarray:
+    """Which labels, of these delays after their impressions, come too late to join them."""
+    return delays > policy.keep_ms
+
+
+def recalled(delays: np.ndarray, policy: JoinPolicy) -> np.ndarray:
+    """Which orphan labels, of these delays after an impression of their key that came,
+    are told that it was forgotten. A label notes its key's impression when it begins to
+    wait: the held one, or a forgotten one whose key is kept (until unrecalled). For these
+    delays the key is still kept then, however far the watermark trails (unless the label
+    itself comes behind the watermark); past them a host may or may not still have it, so
+    they are not told, and every host says the same."""
+    return delays <= policy.recall_ms
+
+
+def unrecalled(times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndarray:
+    """Which forgotten impressions of these times no orphan label can be told about any
+    more: a label recalled for them has been dead-lettered by now."""
+    return times + policy.recall_ms + policy.orphan_grace_ms < watermark
 
 
 def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:

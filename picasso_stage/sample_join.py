@@ -7,25 +7,32 @@ events into labelled samples, by this policy (JoinPolicy):
 
 - An impression waits W (`wait_ms`) in event time for its label. A label event with value
   1 and a time at most W after the impression's makes it a positive, emitted at once; a
-  label with value 0 (an explicit negative) makes it a negative at once. When the
-  watermark passes the impression's time + W with no label, it is a negative.
-- The first label of an impression decides it. Later labels for it, and impressions whose
-  key was seen before, are duplicates: counted, and nothing else.
+  label with value 0 (an explicit negative) and a time at most W after it makes it a
+  negative at once. When the watermark passes the impression's time + W with no label,
+  it is a negative (with no label delay, whether a later label had come already or not).
+- The first label of an impression decides it. Later labels for it within its horizon,
+  and impressions whose key was seen before, are duplicates: counted, and nothing else.
 - A label that comes after its impression was emitted as a negative, or that is more than
   W after it, is late. `drop` counts it. `correct` emits the impression once more as a
   positive with `join_correction` = 1, so that the loss can weight it (see
   picasso.delayed_feedback). An emitted impression is remembered, to recognise its late
   and duplicate labels, until the watermark passes its time + W + `horizon_ms`; then it is
-  forgotten.
-- A label whose impression is not (or no longer) known waits `orphan_grace_ms` past its
-  own time for the impression to arrive; after that it is an orphan, and leaves as a dead
-  letter (JoinOutput.orphans).
+  forgotten. A label more than W + `horizon_ms` after its impression is beyond the
+  horizon: it never joins, whether or not the record is forgotten yet (join_rules).
+- A label whose impression is not (or no longer) known, or is beyond the horizon, waits
+  `orphan_grace_ms` past its own time for the impression to arrive; after that it is an
+  orphan, and leaves as a dead letter (JoinOutput.orphans), told the time of its
+  impression when that came and was forgotten (picasso.forgotten_keys keeps the keys).
+  The labels of a key that wait after it, within its grace, are its duplicates
+  (join_rules.settle_waiting).
 
-The watermark is the hosts' business (event_watermark below, for the bounded-cycle
-stream; Beam's own on a streaming runner): it only moves forward here. Everything a call
-emits depends on the state and its arguments only, never on a clock or on I/O, so two
-hosts fed the same events and watermarks emit the same samples. The state is updated in
-place: at a million pending impressions a copy per call would cost more than the join.
+The watermark is the hosts' business (join_rules.event_watermark: the bounded-cycle
+stream's CycleClock; Beam's own on a streaming runner): it only moves forward here.
+Everything a call emits depends on the state and its arguments only, never on a clock or
+on I/O, so two hosts fed the same events and watermarks emit the same samples; and every
+verdict is one of event times, so the same events cut into other calls give them too
+(join_rules' docstring says when). The state is updated in place: at a million pending
+impressions a copy per call would cost more than the join.
 
 Keys are 64-bit hashes of the join-key fields (join_keys), and the state is numpy
 arrays: a key, a time and a state per record, the feature rows one after another
@@ -49,9 +56,10 @@ import numpy as np
 import pyarrow as pa
 
 from picasso.feature_rows import MERGE_ROWS, FeatureRows
+from picasso.forgotten_keys import NOT_FOUND, ForgottenKeys
 from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, FORGOTTEN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
                                 POSITIVE, SETTLED, Impressions, JoinCounts, JoinOutput, JoinPolicy, Labels, OrphanLabel,
-                                decide_labels, forgettable, orphaned, timed_out)
+                                decide_labels, forgettable, orphaned, recalled, settle_waiting, timed_out, unrecalled)
 
 BLOCK = 4096  # slots per block: expiry scans only blocks whose oldest pending record is due
 _NEVER = np.iinfo(np.int64).max
@@ -81,8 +89,10 @@ class JoinState:
         self._block_due = np.zeros(0, np.int64)  # per block: the earliest time of a waiting record
         self._block_keep = np.zeros(0, np.int64)  # per block: the earliest time of a live record
         self._live = 0
-        # Labels waiting for their impression: key -> (time, value, ref), first one only.
-        self._orphans: dict[int, tuple[int, int, object]] = {}
+        # Labels waiting for their impression, by key, in arrival order: (time, value, ref, the
+        # time of an impression of the key when the label began to wait, held or forgotten, or None).
+        self._orphans: dict[int, list[tuple[int, int, object, int | None]]] = {}
+        self._forgotten = ForgottenKeys()  # the keys and times of forgotten impressions, for a while
 
     # -- what is held ------------------------------------------------------------------
 
@@ -99,14 +109,14 @@ class JoinState:
 
     @property
     def waiting_labels(self) -> int:
-        return len(self._orphans)
+        return sum(map(len, self._orphans.values()))
 
     def nbytes(self) -> int:
-        """Bytes the records hold: features, arrays and the key index (an estimate of the
-        dict's share: its table and its two int objects per entry)."""
+        """Bytes the records hold: features, arrays, the key index (an estimate of the
+        dict's share: its table and its two int objects per entry) and the forgotten keys."""
         arrays = sum(a.nbytes for a in (self.keys, self.times, self.states, self.label_times))
         index = len(self._index) * (36 + 28) + _dict_table_bytes(len(self._index))
-        return self.rows.nbytes + arrays + index
+        return self.rows.nbytes + arrays + index + self._forgotten.nbytes
 
     # -- the join ----------------------------------------------------------------------
 
@@ -144,9 +154,10 @@ class JoinState:
         self._append(keys[new], impressions.times[new], rows)
         if not self._orphans:
             return None
-        waiting = [(k, self._orphans.pop(k)) for k in keys[new].tolist() if k in self._orphans]
+        waiting = [(k, label) for k in keys[new].tolist() if k in self._orphans for label in self._orphans.pop(k)]
         if not waiting:
             return None
+        # Joined anew, or back to waiting (beyond the horizon of the impression that came).
         return Labels(keys=[k for k, _ in waiting], times=[w[0] for _, w in waiting],
                       values=[w[1] for _, w in waiting], refs=[w[2] for _, w in waiting])
 
@@ -154,7 +165,7 @@ class JoinState:
         slots = self._lookup(labels.keys)
         unknown = np.flatnonzero(slots < 0)
         if len(unknown):
-            self._wait_for_impressions(labels, unknown, out.counts)
+            self._wait_for_impressions(labels, unknown)
         known = np.flatnonzero(slots >= 0)
         if not len(known):
             return
@@ -166,14 +177,18 @@ class JoinState:
         rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
         for k in range(int(rank.max()) + 1):
             chosen = np.sort(order[rank == k])  # arrival order within the round
-            self._label_step(slots[chosen], labels.times[chosen], labels.values[chosen], out)
+            self._label_step(labels, chosen, slots[chosen], out)
 
-    def _label_step(self, slots: np.ndarray, times: np.ndarray, values: np.ndarray, out: "_Emitted") -> None:
+    def _label_step(self, labels: Labels, chosen: np.ndarray, slots: np.ndarray, out: "_Emitted") -> None:
+        """Labels `chosen` of `labels`, each of another record (`slots`)."""
+        times, values = labels.times[chosen], labels.values[chosen]
         delays = times - self.times[slots]
         decision = decide_labels(self.states[slots], delays, values, self.policy)
+        if decision.beyond_horizon.any():  # as if their impressions were forgotten already
+            self._wait_for_impressions(labels, chosen[decision.beyond_horizon])
         out.counts.duplicate_labels += int(np.count_nonzero(decision.duplicate))
         out.delays.append(delays[decision.positive | decision.beyond | decision.late])
-        takes = ~decision.duplicate
+        takes = ~(decision.duplicate | decision.beyond_horizon)
         self.label_times[slots[takes]] = times[takes]
         self.states[slots[decision.positive]] = POSITIVE
         self.states[slots[decision.beyond]] = PENDING_LATE
@@ -185,9 +200,9 @@ class JoinState:
         # Decided records still count in their blocks' earliest due time until the next
         # scan of the block: a scan too many, never one too few.
 
-    def _emit_negatives(self, slots: np.ndarray, out: "_Emitted") -> None:
+    def _emit_negatives(self, slots: np.ndarray, out: "_Emitted", by_watermark: bool = False) -> None:
         self.states[slots] = NEGATIVE
-        out.emit(self, slots, label=0)
+        out.emit(self, slots, label=0, by_watermark=by_watermark)
         if self.policy.late_labels == "drop":  # no correction will need the features
             self._release(slots)
 
@@ -199,14 +214,15 @@ class JoinState:
             out.emit(self, slots, label=1, correction=True)
         self._release(slots)
 
-    def _wait_for_impressions(self, labels: Labels, unknown: np.ndarray, counts: JoinCounts) -> None:
-        orphans = self._orphans
-        for i in unknown.tolist():
-            key = int(labels.keys[i])
-            if key in orphans:
-                counts.duplicate_labels += 1
-            else:
-                orphans[key] = (int(labels.times[i]), int(labels.values[i]), labels.refs[i] if labels.refs else None)
+    def _wait_for_impressions(self, labels: Labels, unknown: np.ndarray) -> None:
+        """Labels whose impression is not known, or beyond the horizon. Each notes the time of
+        the key's impression it can still be told about now: by the time it is an orphan the
+        forgotten keys may have let it go."""
+        known = self._impression_times(labels.keys[unknown])
+        for i, impression_ms in zip(unknown.tolist(), known.tolist()):
+            self._orphans.setdefault(int(labels.keys[i]), []).append(
+                (int(labels.times[i]), int(labels.values[i]), labels.refs[i] if labels.refs else None,
+                 None if impression_ms == NOT_FOUND else impression_ms))
 
     def _expire(self, out: "_Emitted") -> None:
         watermark, policy = self.watermark, self.policy
@@ -224,11 +240,20 @@ class JoinState:
         # blocks than one that never stopped).
         slots = np.concatenate(due_slots) if due_slots else np.zeros(0, np.int64)
         late = slots[self.states[slots] == PENDING_LATE]
-        self._emit_negatives(slots, out)
+        self._emit_negatives(slots, out, by_watermark=True)
         self._late(late, out)
         self._forget(out.counts)
         self._dead_letter_orphans(out)
+        # After the orphans: one this watermark dead-letters may still need its impression's time.
+        self._forgotten.forget_before(self._recall_since())
         self._compact()
+
+    def _recall_since(self) -> int:
+        """The oldest forgotten impression's time an orphan may still be told about
+        (join_rules.unrecalled)."""
+        if self.watermark is None:  # nothing was forgotten yet
+            return -_NEVER
+        return self.watermark - self.policy.recall_ms - self.policy.orphan_grace_ms
 
     def _forget(self, counts: JoinCounts) -> None:
         watermark, keep = self.watermark, self.policy.keep_ms
@@ -241,6 +266,7 @@ class JoinState:
                 slots = lo + np.flatnonzero(gone)
                 for key in self.keys[slots].tolist():
                     del self._index[key]
+                self._forgotten.add(self.keys[slots], self.times[slots])
                 self._release(slots)
                 self.states[slots] = FORGOTTEN
                 self._live -= len(slots)
@@ -252,12 +278,32 @@ class JoinState:
         if not self._orphans:
             return
         keys = list(self._orphans)
-        times = np.array([self._orphans[key][0] for key in keys], dtype=np.int64)
-        expired = [keys[i] for i in np.flatnonzero(orphaned(times, self.watermark, self.policy)).tolist()]
-        for key in sorted(expired, key=lambda k: (self._orphans[k][0], k)):
-            time, value, ref = self._orphans.pop(key)
-            out.orphans.append(OrphanLabel(key, time, value, ref))
-        out.counts.orphan_labels += len(expired)
+        heads = np.array([self._orphans[key][0][0] for key in keys], dtype=np.int64)
+        orphans = []
+        for key in (keys[i] for i in np.flatnonzero(orphaned(heads, self.watermark, self.policy)).tolist()):
+            queue = self._orphans.pop(key)
+            gone, echoes = settle_waiting(np.array([label[0] for label in queue], np.int64), self.watermark,
+                                          self.policy)
+            for time, value, ref, impression_ms in (queue[i] for i in np.flatnonzero(gone).tolist()):
+                told = impression_ms is not None and bool(recalled(np.array([time - impression_ms]), self.policy)[0])
+                orphans.append(OrphanLabel(key, time, value, ref, impression_ms if told else None))
+            out.counts.duplicate_labels += int(np.count_nonzero(echoes))
+            left = [label for label, stays in zip(queue, ~(gone | echoes)) if stays]
+            if left:
+                self._orphans[key] = left
+        out.orphans += sorted(orphans, key=lambda o: (o.time_ms, o.key))
+        out.counts.orphan_labels += len(orphans)
+
+    def _impression_times(self, keys: np.ndarray) -> np.ndarray:
+        """The time of each key's impression, held, or forgotten and not yet unrecalled;
+        NOT_FOUND for neither. A held one is the newer: a key forgotten and impressed again."""
+        slots = self._lookup(keys)
+        held = slots >= 0
+        times = self._forgotten.impression_times(keys)
+        if self.watermark is not None:  # the runs drop their keys late: judge each time here
+            times[(times != NOT_FOUND) & unrecalled(times, self.watermark, self.policy)] = NOT_FOUND
+        times[held] = self.times[slots[held]]
+        return times
 
     # -- storage of the records ---------------------------------------------------------
 
@@ -335,13 +381,18 @@ class JoinState:
         slots = np.flatnonzero(self.states[:self._size] != FORGOTTEN)
         with_rows = self.rows.row_of[slots] >= 0
         features = self.rows.take(slots[with_rows])
-        records = pa.table({"key": self.keys[slots], "time": self.times[slots], "state": self.states[slots],
-                            "label_time": self.label_times[slots], "has_row": with_rows})
+        # The forgotten keys still recalled follow the records, as FORGOTTEN ones without a row.
+        gone_keys, gone_times = self._forgotten.entries(since=self._recall_since())
+        n = len(gone_keys)
+        records = pa.table({"key": np.r_[self.keys[slots], gone_keys], "time": np.r_[self.times[slots], gone_times],
+                            "state": np.r_[self.states[slots], np.full(n, FORGOTTEN, np.int8)],
+                            "label_time": np.r_[self.label_times[slots], np.full(n, -1, np.int64)],
+                            "has_row": np.r_[with_rows, np.zeros(n, bool)]})
         rest = {
             "policy": asdict(self.policy),
             "watermark": self.watermark,
             "counts": asdict(self.counts),
-            "waiting_labels": [[str(key), time, value, ref] for key, (time, value, ref) in self._orphans.items()],
+            "waiting_labels": [[str(key), *label] for key, queue in self._orphans.items() for label in queue],
         }
         return {"join-records.arrow": _ipc(records), "join-features.arrow": _ipc(features.combine_chunks()),
                 "join-state.json": json.dumps(rest, sort_keys=True).encode()}
@@ -355,16 +406,23 @@ class JoinState:
         rest = json.loads(files["join-state.json"])
         records = _read_ipc(files["join-records.arrow"])
         features = _read_ipc(files["join-features.arrow"]).select(schema.names).cast(schema)
-        has_row = records.column("has_row").to_numpy(zero_copy_only=False)
-        state._append(records.column("key").to_numpy(), records.column("time").to_numpy(), None)
-        n = records.num_rows
-        state.states[:n] = records.column("state").to_numpy()
-        state.label_times[:n] = records.column("label_time").to_numpy()
+        states = records.column("state").to_numpy()
+        gone = states == FORGOTTEN
+        keys, times = records.column("key").to_numpy(), records.column("time").to_numpy()
+        state._forgotten.add(keys[gone], times[gone])
+        held = ~gone
+        has_row = records.column("has_row").to_numpy(zero_copy_only=False)[held]
+        state._append(keys[held], times[held], None)
+        n = int(np.count_nonzero(held))
+        state.states[:n] = states[held]
+        state.label_times[:n] = records.column("label_time").to_numpy()[held]
         state.rows.add(np.flatnonzero(has_row), features)
         state._reblock()
         state.watermark = rest["watermark"]
         state.counts = JoinCounts(**rest["counts"])
-        state._orphans = {int(key): (time, value, ref) for key, time, value, ref in rest["waiting_labels"]}
+        for key, time, value, ref, *impression_ms in rest["waiting_labels"]:
+            # A checkpoint from before forgotten impressions were recalled has no impression times.
+            state._orphans.setdefault(int(key), []).append((time, value, ref, (impression_ms or [None])[0]))
         return state
 
 
@@ -389,8 +447,11 @@ class _Emitted:
         self.delays: list[np.ndarray] = []
         self.orphans: list[OrphanLabel] = []
 
-    def emit(self, state: JoinState, slots: np.ndarray, label: int, correction: bool = False) -> None:
-        """Emit the records of slots, in slot (arrival) order."""
+    def emit(self, state: JoinState, slots: np.ndarray, label: int, correction: bool = False,
+             by_watermark: bool = False) -> None:
+        """Emit the records of slots, in slot (arrival) order. A negative the watermark
+        decided (`by_watermark`) carries no label delay, even where a label beyond W came
+        before the timeout: after it, the same label would find the negative emitted."""
         if not len(slots):
             return
         slots = np.sort(slots)
@@ -404,7 +465,8 @@ class _Emitted:
         n = len(slots)
         rows = rows.set_column(rows.schema.get_field_index("label"), "label",
                                pa.array(np.full(n, label, dtype=np.float32)))
-        delay = np.where(state.label_times[slots] >= 0, state.label_times[slots] - state.times[slots], -1)
+        delay = np.where((state.label_times[slots] >= 0) & (not by_watermark),
+                         state.label_times[slots] - state.times[slots], -1)
         rows = rows.append_column(CORRECTION_COLUMN, pa.array(np.full(n, int(correction), dtype=np.int8)))
         rows = rows.append_column(DELAY_COLUMN, pa.array(delay.astype(np.int64)))
         self.parts.append(rows.append_column(KEY_COLUMN, pa.array(state.keys[slots], pa.uint64())))

@@ -35,8 +35,18 @@ class DictJoin:
         self.records: dict[int, _Record] = {}
         self.due: list[tuple[int, int]] = []  # heap of (time + W, key): the timeouts
         self.expiry: list[tuple[int, int]] = []  # heap of (time + keep, key): when to forget
-        self.orphans: dict[int, tuple[int, int, object]] = {}
+        self.orphans: dict[int, list[tuple]] = {}  # key -> [(time, value, ref, impression time)], in arrival order
+        self.forgotten: dict[int, int] = {}  # key -> the newest time of a forgotten impression of it
+        self.unrecall: list[tuple[int, int, int]] = []  # heap of (time + recall + grace, key, time)
         self.counts = JoinCounts()
+
+    @property
+    def pending(self) -> int:
+        return sum(record.state in ("pending", "pending-late") for record in self.records.values())
+
+    @property
+    def waiting_labels(self) -> int:
+        return sum(map(len, self.orphans.values()))
 
     def advance(self, impressions: Impressions | None, labels: Labels | None, watermark: int | None) -> JoinOutput:
         self._samples: list[dict] = []
@@ -44,7 +54,7 @@ class DictJoin:
         self._orphans_out: list[OrphanLabel] = []
         self._counts = JoinCounts()
         waiting = []
-        if impressions is not None:
+        if impressions is not None:  # waiting labels of new impressions join them, or wait on
             rows = impressions.rows.to_pylist()
             for key, time, row in zip(impressions.keys.tolist(), impressions.times.tolist(), rows):
                 if key in self.records:
@@ -55,8 +65,8 @@ class DictJoin:
                 heapq.heappush(self.due, (time + self.policy.wait_ms, key))
                 heapq.heappush(self.expiry, (time + self.policy.keep_ms, key))
                 if key in self.orphans:
-                    waiting.append((key, *self.orphans.pop(key)))
-        for key, time, value, ref in waiting:
+                    waiting += [(key, *label) for label in self.orphans.pop(key)]
+        for key, time, value, ref, _ in waiting:
             self._label(key, time, value, ref)
         if labels is not None:
             refs = labels.refs or [None] * len(labels)
@@ -72,15 +82,15 @@ class DictJoin:
 
     def _label(self, key: int, time: int, value: int, ref) -> None:
         record = self.records.get(key)
-        if record is None:
-            if key in self.orphans:
-                self._counts.duplicate_labels += 1
-            else:
-                self.orphans[key] = (time, value, ref)
+        if record is None or time - record.time > self.policy.keep_ms:  # unknown, or beyond the horizon
+            impression = record.time if record else self.forgotten.get(key)
+            self.orphans.setdefault(key, []).append((time, value, ref, impression))
             return
-        if record.state == "pending":
+        delay = time - record.time
+        if record.state == "pending" and value == 0 and delay > self.policy.wait_ms:
+            self._counts.duplicate_labels += 1  # says what the timeout will
+        elif record.state == "pending":
             record.label_time = time
-            delay = time - record.time
             if value == 0:
                 self._counts.explicit_negatives += 1
                 self._negative(record)
@@ -125,14 +135,35 @@ class DictJoin:
             record = self.records[heapq.heappop(self.due)[1]]
             if record.state in ("pending", "pending-late"):
                 late = record.state == "pending-late"
+                label_time, record.label_time = record.label_time, None  # a timeout's negative has no label
                 self._negative(record)
+                record.label_time = label_time
                 if late:
                     self._late(record)
         while self.expiry and self.expiry[0][0] < watermark:
-            del self.records[heapq.heappop(self.expiry)[1]]
+            record = self.records.pop(heapq.heappop(self.expiry)[1])
             self._counts.forgotten += 1
+            self.forgotten[record.key] = max(record.time, self.forgotten.get(record.key, record.time))
+            heapq.heappush(self.unrecall, (record.time + policy.recall_ms + policy.orphan_grace_ms, record.key,
+                                           record.time))
         limit = watermark - policy.orphan_grace_ms
-        for key in sorted((k for k, v in self.orphans.items() if v[0] < limit), key=lambda k: (self.orphans[k][0], k)):
-            time, value, ref = self.orphans.pop(key)
-            self._orphans_out.append(OrphanLabel(key, time, value, ref))
-            self._counts.orphan_labels += 1
+        orphans = []
+        for key in [k for k, queue in self.orphans.items() if queue[0][0] < limit]:
+            queue = self.orphans.pop(key)
+            # The first label still waiting is an orphan once its grace is over; the ones
+            # after it within its grace are its duplicates; then the next one left.
+            while queue and queue[0][0] < limit:
+                (time, value, ref, impression), *queue = queue
+                told = impression is not None and time - impression <= policy.recall_ms
+                orphans.append(OrphanLabel(key, time, value, ref, impression if told else None))
+                echoes = [label for label in queue if label[0] <= time + policy.orphan_grace_ms]
+                self._counts.duplicate_labels += len(echoes)
+                queue = [label for label in queue if label[0] > time + policy.orphan_grace_ms]
+            if queue:
+                self.orphans[key] = queue
+        self._orphans_out += sorted(orphans, key=lambda o: (o.time_ms, o.key))
+        self._counts.orphan_labels += len(orphans)
+        while self.unrecall and self.unrecall[0][0] < watermark:
+            _, key, time = heapq.heappop(self.unrecall)
+            if self.forgotten.get(key) == time:
+                del self.forgotten[key]

@@ -119,6 +119,19 @@ def test_labels_keep_where_they_came_from_for_their_dead_letter(decoders):
     assert "orphan label" in letter.reason and "request_id=r0" in letter.reason
 
 
+def test_an_orphan_says_whether_its_impression_was_forgotten_or_never_came(decoders):
+    decoded = decode_poll(decoders.labels, "json", poll("labs", encoded([label(0)])))
+    events = labels_of(decoded.table, "labs/0")
+    join = JoinSpec(wait_ms=1_800_000, horizon_ms=3_600_000)
+    key, ref = int(events.keys[0]), events.refs[0]
+    never = orphan_dead_letter(OrphanLabel(key, NOW, 1, ref), join, SPEC.label).reason
+    assert never == ("orphan label: no impression with request_id=r0 arrived within 60 s of the label's time, "
+                     "nor in the 10800 s before it")
+    forgotten = orphan_dead_letter(OrphanLabel(key, NOW, 1, ref, NOW - 7_200_000), join, SPEC.label).reason
+    assert forgotten == ("orphan label: the impression with request_id=r0 was forgotten at the join's horizon, "
+                         "5400 s after its time (W 1800 s + horizon 3600 s); the label came 7200 s after the impression")
+
+
 def test_tsv_cannot_carry_join_events(decoders):
     with pytest.raises(ValueError, match="json or arrow"):
         decode_poll(decoders.labels, "tsv", poll("labs", [b"1\t2"]))

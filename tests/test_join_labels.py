@@ -132,6 +132,25 @@ def test_a_story_with_every_kind_of_event(late):
     assert counts.corrections == (counts.late_labels if late == "correct" else 0)
 
 
+@pytest.mark.parametrize("late", ["drop", "correct"])
+def test_labels_beyond_the_horizon_and_orphans_told_of_forgotten_impressions(late):
+    policy = JoinPolicy(wait_ms=10, late_labels=late, horizon_ms=10, orphan_grace_ms=5)  # keep 20, recall 40
+    counts = run_both(policy, [
+        Step(impressions([1, 2, 3], [0, 0, 1]), labels([5, 5, 5], [2, 3, 40]), watermark=1),  # 5's come before 5
+        # 5's first label joins it, its second is a duplicate, the one at 40 (beyond 5's horizon) waits on.
+        Step(impressions([5], [4]), None, watermark=4),
+        # 1's click is beyond its horizon (1 is still held), 7 never comes, and 3's explicit
+        # negative beyond W decides nothing (3 times out at this watermark).
+        Step(None, labels([1, 7, 3], [25, 25, 12], np.array([1, 1, 0], np.int8)), watermark=12),
+        Step(watermark=31),  # every impression forgotten; 1's and 7's labels are orphans, 1's told of 1
+        # 2's click after 2 was forgotten: told; 3's more than 2 (W + horizon) after 3: not told.
+        Step(None, labels([2, 3], [30, 42]), watermark=47),
+        Step(watermark=THE_END),
+    ])
+    assert (counts.positives, counts.negatives, counts.explicit_negatives, counts.late_labels) == (1, 3, 0, 0)
+    assert (counts.duplicate_labels, counts.orphan_labels, counts.forgotten) == (2, 5, 4)
+
+
 class _TimerAt10ms(beam.DoFn):
     """Arms an event-time timer at 10 ms on "arm"; answers each later element with
     whether it has fired."""

@@ -102,15 +102,16 @@ def test_a_checkpointed_state_goes_on_as_if_never_saved():
 
 
 def test_the_policy_by_hand():
-    policy = JoinPolicy(wait_ms=10, late_labels="correct", horizon_ms=10, orphan_grace_ms=5)
+    policy = JoinPolicy(wait_ms=10, late_labels="correct", horizon_ms=20, orphan_grace_ms=5)
     state = JoinState(policy, SCHEMA)
     # 1 is clicked in time; 2's click is 29 ms late; 3 comes twice; 9's label has no impression yet.
     out = state.advance(impressions([1, 2, 3, 3], [0, 1, 2, 2]), labels([1, 9], [5, 6]), watermark=3)
     assert canonical(out.samples) == [(1.0, 1.0, 0, 5, (1, 1))]
     assert out.counts.duplicate_impressions == 1 and state.pending == 2 and state.waiting_labels == 1
-    # The watermark passes 2's time + W: a negative, then at once its correction.
+    # The watermark passes 2's time + W: a negative (with no label: it timed out), then at
+    # once its correction.
     out = state.advance(None, labels([2], [30]), watermark=12)
-    assert canonical(out.samples) == [(2.0, 0.0, 0, 29, (2, 2)), (2.0, 1.0, 1, 29, (2, 2))]
+    assert canonical(out.samples) == [(2.0, 0.0, 0, -1, (2, 2)), (2.0, 1.0, 1, 29, (2, 2))]
     assert [o.ref for o in out.orphans] == ["label-9-6"]  # waited past 6 + 5 for its impression
     out = state.advance(None, None, watermark=13)  # 3 times out: a negative with no label
     assert canonical(out.samples) == [(3.0, 0.0, 0, -1, (3, 3))]
@@ -121,10 +122,51 @@ def test_the_policy_by_hand():
     assert state.remembered == 0 and state.counts.forgotten == 3
 
 
+def test_an_orphan_is_told_whether_its_impression_came_and_was_forgotten():
+    policy = JoinPolicy(wait_ms=10, late_labels="correct", horizon_ms=10, orphan_grace_ms=5)  # keep 20, recall 40
+    state = JoinState(policy, SCHEMA)
+    state.advance(impressions([1, 2, 3], [0, 0, 0]), None, watermark=11)  # three negatives
+    # 1's click is 25 ms late: beyond the horizon, though 1 is still held (the watermark
+    # trails at 11); 7's click has no impression at all.
+    out = state.advance(None, labels([1, 7], [25, 25]), watermark=12)
+    assert out.samples.num_rows == 0 and state.waiting_labels == 2 and state.remembered == 3
+    out = state.advance(None, None, watermark=31)  # 1, 2 and 3 forgotten; both labels' grace over
+    assert [(o.key, o.forgotten_impression_ms) for o in out.orphans] == [(1, 0), (7, None)]
+    # 2's click comes after 2 was forgotten: told so; 3's, past twice the horizon: not told.
+    out = state.advance(None, labels([2, 3], [30, 41]), watermark=47)
+    assert [(o.key, o.forgotten_impression_ms) for o in out.orphans] == [(2, 0), (3, None)]
+    assert state.counts.orphan_labels == 4 and state.counts.late_labels == 0
+
+
+def test_every_label_of_a_key_waits_and_those_within_the_first_ones_grace_are_its_duplicates():
+    policy = JoinPolicy(wait_ms=10, late_labels="correct", horizon_ms=10, orphan_grace_ms=5)
+    state = JoinState(policy, SCHEMA)
+    # 5's labels all come before 5: at 2, at 3 (a duplicate of it) and at 40 (beyond the
+    # horizon of an impression at 4, and so no duplicate of the one that joins).
+    state.advance(None, labels([5, 5, 5], [2, 3, 40]), watermark=None)
+    assert state.waiting_labels == 3
+    out = state.advance(impressions([5], [4]), None, watermark=4)
+    assert canonical(out.samples) == [(5.0, 1.0, 0, -2, (5, 0))] and out.counts.duplicate_labels == 1
+    out = state.advance(None, None, watermark=46)
+    assert [(o.key, o.time_ms, o.forgotten_impression_ms) for o in out.orphans] == [(5, 40, 4)]
+    # A key never impressed: its first label is the orphan, the next within its grace a duplicate.
+    out = state.advance(None, labels([8, 8, 8], [50, 53, 60]), watermark=47)
+    out = state.advance(None, None, watermark=70)
+    assert [o.time_ms for o in out.orphans] == [50, 60] and out.counts.duplicate_labels == 1
+
+
+def test_an_explicit_negative_beyond_w_decides_nothing():
+    state = JoinState(JoinPolicy(wait_ms=10, late_labels="correct"), SCHEMA)
+    out = state.advance(impressions([1], [0]), labels([1, 1], [12, 15], np.array([0, 1], np.int8)), watermark=5)
+    assert out.samples.num_rows == 0 and out.counts.duplicate_labels == 1 and out.counts.explicit_negatives == 0
+    out = state.advance(None, None, watermark=11)  # the timeout's negative, then the click at 15 is late
+    assert canonical(out.samples) == [(1.0, 0.0, 0, -1, (1, 1)), (1.0, 1.0, 1, 15, (1, 1))]
+
+
 def test_drop_counts_late_labels_and_emits_nothing_for_them():
     state = JoinState(JoinPolicy(wait_ms=10, late_labels="drop"), SCHEMA)
     state.advance(impressions([1], [0]), None, watermark=11)
-    out = state.advance(None, labels([1, 1], [20, 21]), watermark=12)
+    out = state.advance(None, labels([1, 1], [15, 16]), watermark=12)
     assert out.samples.num_rows == 0 and out.counts.late_labels == 1 and out.counts.duplicate_labels == 1
 
 

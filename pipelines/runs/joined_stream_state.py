@@ -9,12 +9,8 @@ to the weights, the optimizer, the positions and the ledger, and committed with 
 cycle that fails or is killed leaves no trace, and its re-run from the checkpoint
 re-joins the very same samples and trains the very same batches.
 
-The watermark of the bounded cycles is event time: the oldest newest-event-time of the
-partitions this cycle reads, less the allowed lateness (join_rules.event_watermark). A
-partition that is caught up, and so has nothing to read this cycle, does not hold it
-back: an idle label partition must not leave every impression pending for ever. One that
-has messages to read but whose first event this process has not yet seen holds it
-at "no watermark" until it has.
+The watermark of the bounded cycles is event time: the oldest newest event time of the
+partitions, less the allowed lateness (CycleClock).
 """
 
 from __future__ import annotations
@@ -62,6 +58,45 @@ class JoinedTopics:
 
 
 @dataclass
+class CycleClock:
+    """Event time for the join of a stream's bounded cycles: each partition's newest event
+    time, and the watermark they give.
+
+    The watermark is the oldest newest time of every partition seen so far, less the
+    allowed lateness (join_rules.event_watermark); None while a partition this cycle reads
+    has shown no event yet (its first ones may be older than the others').
+
+    A partition with nothing to read this cycle holds it back too. Leaving such a one out
+    would let the others move the watermark past events it has yet to deliver, and which
+    partitions have nothing to read depends on when a cycle begins: the same events, cut
+    into other cycles, would be joined otherwise (a label read after the watermark passed
+    its impression's timeout is late, not a positive; one read after its horizon, an
+    orphan). The price: a partition that stops receiving events stops the join's clock
+    until it receives one again. A partition counts from its first event on, so that an
+    empty one stops nothing; its first events must then not be older than the watermark
+    the others have made (see the README's join section)."""
+
+    allowed_lateness_ms: int
+    newest: dict[str, int] = field(default_factory=dict)
+    reading: set[str] = field(default_factory=set)
+
+    def begin_cycle(self, reading: set[str]) -> None:
+        """The partitions this cycle reads (those with messages to read)."""
+        self.reading = set(reading)
+
+    def observe(self, source: str, times: np.ndarray) -> None:
+        """The event times of one poll of `source`."""
+        if len(times):
+            newest = int(times.max())
+            self.newest[source] = max(self.newest.get(source, newest), newest)
+
+    def watermark(self) -> int | None:
+        if any(source not in self.newest for source in self.reading):
+            return None
+        return event_watermark(self.newest, self.allowed_lateness_ms)
+
+
+@dataclass
 class JoinedCycle:
     """What one cycle's join did: for its report and the published version's metrics."""
 
@@ -82,8 +117,7 @@ class JoinedStreamModel(StreamModel):
         self.decoders = decoders
         self.join = join
         self.ready = ready
-        self.newest = newest
-        self.active: set[str] = set()
+        self.clock = CycleClock(topics.join.allowed_lateness_ms, newest)
         self.cycle = JoinedCycle()
         self.window = JoinedCycle()  # the cycles since the last published version
         self.series: dict[str, list] = {}  # join.cycle.<count> -> [[cycle, its value], ...]
@@ -110,15 +144,10 @@ class JoinedStreamModel(StreamModel):
 
     # -- a cycle -----------------------------------------------------------------------
 
-    def begin_cycle(self, active: set[str]) -> None:
-        """The partitions this cycle reads (the others are caught up: see the docstring)."""
-        self.active = set(active)
+    def begin_cycle(self, reading: set[str]) -> None:
+        """The partitions this cycle reads (those with messages to read)."""
+        self.clock.begin_cycle(reading)
         self.cycle = JoinedCycle()
-
-    def watermark(self) -> int | None:
-        if not self.active or any(source not in self.newest for source in self.active):
-            return None
-        return event_watermark({s: self.newest[s] for s in self.active}, self.topics.join.allowed_lateness_ms)
 
     def take(self, chunk) -> tuple[list[pa.Table], list[OrphanLabel]]:
         """Join one decoded poll (a join_cycle.JoinEventChunk): the full training batches it
@@ -127,11 +156,10 @@ class JoinedStreamModel(StreamModel):
         span = chunk.span
         self.ledger.check(span, self.trainer.positions.get(span.source))
         events = chunk.events
-        if events is not None and len(events):
-            newest = int(events.times.max())
-            self.newest[span.source] = max(self.newest.get(span.source, newest), newest)
+        if events is not None:
+            self.clock.observe(span.source, events.times)
         is_labels = chunk.topic == self.topics.labels
-        out = self.join.advance(None if is_labels else events, events if is_labels else None, self.watermark())
+        out = self.join.advance(None if is_labels else events, events if is_labels else None, self.clock.watermark())
         self.trainer.positions[span.source] = span.next_position
         self.ledger.record(span, out.samples.num_rows)
         self.cycle.counts.add(out.counts)
@@ -186,7 +214,7 @@ class JoinedStreamModel(StreamModel):
 
     def extra_files(self) -> dict[str, bytes]:
         return {**self.join.to_files(), READY_FILE: self.ready.to_bytes(),
-                PARTITIONS_FILE: json.dumps({"newest_ms": self.newest}, sort_keys=True).encode()}
+                PARTITIONS_FILE: json.dumps({"newest_ms": self.clock.newest}, sort_keys=True).encode()}
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 The join's policy is picasso.sample_join's (see its docstring); this is its host for
 streaming runners. The bounded-cycle stream holds every pending impression in one
 JoinState; a streaming runner instead shards the join by key, so each key's impression,
-its verdict and a label waiting for it live in that key's state, and event-time timers
+its verdict and the labels waiting for it live in that key's state, and event-time timers
 stand for the watermark passing the impression's timeout, its forget time and a waiting
 label's grace. The verdicts come from join_rules.decide_labels and the times from its
-predicates (timed_out, forgettable, orphaned), so both hosts emit the same samples for
-the same events and watermarks.
+predicates (timed_out, forgettable, settle_waiting, recalled, unrecalled), so both hosts
+emit the same samples and orphans for the same events and watermarks. A forgotten impression
+leaves its time in the key's state, until no orphan label can be told about it any more.
 
     joined = {IMPRESSIONS: impression_chunks, LABELS: label_chunks} | JoinLabels(policy, schema)
     joined[SAMPLES]  # pa.Table chunks in sample_schema(schema)
@@ -25,13 +26,13 @@ keyed state, so any streaming runner can run, restart and rebalance it.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass, fields, replace
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam import typehints
-from apache_beam.coders import BytesCoder, FastPrimitivesCoder, TupleCoder, VarIntCoder
+from apache_beam.coders import BytesCoder, FastPrimitivesCoder, ListCoder, TupleCoder, VarIntCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
@@ -40,7 +41,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
                                 POSITIVE, SETTLED, Impressions, JoinCounts, JoinPolicy, Labels, OrphanLabel,
-                                decide_labels, forgettable, orphaned, timed_out)
+                                decide_labels, forgettable, recalled, settle_waiting, timed_out, unrecalled)
 from picasso.sample_join import sample_schema
 
 IMPRESSIONS, LABELS = "impressions", "labels"  # the input's keys
@@ -94,11 +95,13 @@ class _Record:
 
 @dataclass
 class _WaitingLabel:
-    """A label whose impression is not known (yet): the first one only, as in the core."""
+    """A label whose impression is not known (yet), or is beyond its horizon; a key keeps
+    every one, in arrival order, as the core does."""
 
     time_ms: int
     value: int
     ref: bytes  # encoded
+    impression_ms: int | None  # of the key's impression when it began to wait, held or forgotten
 
 
 def _release(record: _Record) -> None:
@@ -108,7 +111,7 @@ def _release(record: _Record) -> None:
 
 
 _RECORD_CODER = TupleCoder([VarIntCoder(), VarIntCoder(), VarIntCoder(), BytesCoder()])
-_WAITING_CODER = TupleCoder([VarIntCoder(), VarIntCoder(), BytesCoder()])
+_WAITING_CODER = ListCoder(TupleCoder([VarIntCoder(), VarIntCoder(), BytesCoder(), FastPrimitivesCoder()]))
 
 
 def _impression_events(chunk: Impressions, names: list[str]):
@@ -139,10 +142,11 @@ class _KeyJoin:
     """One key's join over its state and timers, for one callback: the core's steps for a
     single record. What it emits gathers in `out`."""
 
-    def __init__(self, policy: JoinPolicy, counts: _Counts, key: int, record_state, waiting_state, timeout, forget,
-                 orphan):
+    def __init__(self, policy: JoinPolicy, counts: _Counts, key: int, record_state, waiting_state, forgotten_state,
+                 timeout, forget, orphan):
         self.policy, self.counts, self.key = policy, counts, key
-        self.record_state, self.waiting_state = record_state, waiting_state
+        self.record_state, self.waiting_state, self.forgotten_state = record_state, waiting_state, forgotten_state
+        # The forget timer also drops a forgotten impression's time, once no record holds the key.
         self.timeout, self.forget, self.orphan = timeout, forget, orphan
         self.out: list = []
 
@@ -153,6 +157,18 @@ class _KeyJoin:
     def write(self, record: _Record) -> None:
         self.record_state.write(astuple(record))
 
+    def waiting(self) -> list[_WaitingLabel]:
+        return [_WaitingLabel(*label) for label in self.waiting_state.read() or []]
+
+    def wait(self, labels: list[_WaitingLabel]) -> None:
+        """The key's waiting labels are these now: the orphan timer watches the first."""
+        if labels:
+            self.waiting_state.write([astuple(label) for label in labels])
+            self.orphan.set(_beam_time(_first_ms_past(labels[0].time_ms, self.policy.orphan_grace_ms)))
+        else:
+            self.waiting_state.clear()
+            self.orphan.clear()
+
     # -- events ------------------------------------------------------------------------
 
     def take_impression(self, time_ms: int, row: bytes) -> None:
@@ -162,32 +178,31 @@ class _KeyJoin:
         self.counts.inc("impressions")
         record = _Record(time_ms, PENDING, -1, row)
         self.timeout.set(_beam_time(_first_ms_past(time_ms, self.policy.wait_ms)))
-        held = self.waiting_state.read()
-        if held is not None:  # a label came first: it joins now
-            waiting = _WaitingLabel(*held)
-            self.waiting_state.clear()
-            self.orphan.clear()
-            self._decide(record, waiting.time_ms, waiting.value)
+        waiting = self.waiting()
+        if waiting:  # labels came first: they join now, in order, but those beyond the horizon
+            self.wait([replace(label, impression_ms=time_ms) for label in waiting
+                       if not self._decide(record, label.time_ms, label.value)])
         self.write(record)
 
     def take_label(self, time_ms: int, value: int, ref: bytes) -> None:
         self.counts.inc("labels")
         record = self.record()
-        if record is not None:
-            self._decide(record, time_ms, value)
+        if record is not None and self._decide(record, time_ms, value):
             self.write(record)
-        elif self.waiting_state.read() is not None:
-            self.counts.inc("duplicate_labels")
-        else:
-            self.waiting_state.write(astuple(_WaitingLabel(time_ms, value, ref)))
-            self.orphan.set(_beam_time(_first_ms_past(time_ms, self.policy.orphan_grace_ms)))
+            return
+        impression_ms = record.time_ms if record is not None else self.forgotten_state.read()
+        self.wait(self.waiting() + [_WaitingLabel(time_ms, value, ref, impression_ms)])
 
-    def _decide(self, record: _Record, time_ms: int, value: int) -> None:
+    def _decide(self, record: _Record, time_ms: int, value: int) -> bool:
+        """The label's verdict on the record; False, and nothing done, for a label beyond
+        the horizon (it waits, as if the record were forgotten)."""
         decision = decide_labels(np.array([record.state], np.int8), np.array([time_ms - record.time_ms], np.int64),
                                  np.array([value], np.int8), self.policy)
+        if decision.beyond_horizon[0]:
+            return False
         if decision.duplicate[0]:
             self.counts.inc("duplicate_labels")
-            return
+            return True
         record.label_time_ms = time_ms
         if decision.positive[0]:
             record.state = POSITIVE
@@ -202,6 +217,7 @@ class _KeyJoin:
             record.state = PENDING_LATE  # a negative at its timeout, and late at once
         else:
             self._late(record)
+        return True
 
     # -- the watermark (timers) ---------------------------------------------------------
 
@@ -213,7 +229,7 @@ class _KeyJoin:
             self.timeout.set(_beam_time(at_ms + 1))  # never, while the predicates are strict
             return
         clicked_beyond = record.state == PENDING_LATE
-        self._negative(record)
+        self._negative(record, by_watermark=True)
         if clicked_beyond:
             self._late(record)
         self._decided(record)
@@ -221,26 +237,46 @@ class _KeyJoin:
 
     def forget_impression(self, at_ms: int) -> None:
         record = self.record()
-        if record is None or record.state <= PENDING_LATE:
+        if record is None:
+            self._drop_forgotten(at_ms)
+            return
+        if record.state <= PENDING_LATE:
             return
         if not forgettable(np.array([record.time_ms]), at_ms, self.policy)[0]:
             self.forget.set(_beam_time(at_ms + 1))
             return
         self.record_state.clear()
         self.counts.inc("forgotten")
+        forgotten = self.forgotten_state.read()  # the newest, as the core's ForgottenKeys answers
+        self.forgotten_state.write(record.time_ms if forgotten is None else max(forgotten, record.time_ms))
+        self._drop_forgotten(at_ms)
 
-    def dead_letter_label(self, at_ms: int) -> None:
-        held = self.waiting_state.read()
-        if held is None:
+    def _drop_forgotten(self, at_ms: int) -> None:
+        """Drop the forgotten impression's time once unrecalled; until then keep the forget
+        timer on it. (A label that waits has noted the time already.)"""
+        forgotten = self.forgotten_state.read()
+        if forgotten is None:
             return
-        waiting = _WaitingLabel(*held)
-        if not orphaned(np.array([waiting.time_ms]), at_ms, self.policy)[0]:
-            self.orphan.set(_beam_time(at_ms + 1))
+        if unrecalled(np.array([forgotten]), at_ms, self.policy)[0]:
+            self.forgotten_state.clear()
+        else:
+            self.forget.set(_beam_time(_first_ms_past(forgotten, self.policy.recall_ms + self.policy.orphan_grace_ms)))
+
+    def dead_letter_labels(self, at_ms: int) -> None:
+        waiting = self.waiting()
+        if not waiting:
             return
-        self.waiting_state.clear()
-        self.counts.inc("orphan_labels")
-        self.out.append(beam.pvalue.TaggedOutput(
-            ORPHANS, OrphanLabel(self.key % _UINT64, waiting.time_ms, waiting.value, _VALUES.decode(waiting.ref))))
+        gone, echoes = settle_waiting(np.array([label.time_ms for label in waiting], np.int64), at_ms, self.policy)
+        for label in (waiting[i] for i in np.flatnonzero(gone).tolist()):
+            self.counts.inc("orphan_labels")
+            told = label.impression_ms is not None and recalled(
+                np.array([label.time_ms - label.impression_ms]), self.policy)[0]
+            self.out.append(beam.pvalue.TaggedOutput(ORPHANS, OrphanLabel(
+                self.key % _UINT64, label.time_ms, label.value, _VALUES.decode(label.ref),
+                label.impression_ms if told else None)))
+        for _ in range(int(np.count_nonzero(echoes))):
+            self.counts.inc("duplicate_labels")
+        self.wait([label for label, stays in zip(waiting, ~(gone | echoes)) if stays])
 
     # -- the steps the core takes -------------------------------------------------------
 
@@ -249,9 +285,9 @@ class _KeyJoin:
         self.timeout.clear()
         self.forget.set(_beam_time(_first_ms_past(record.time_ms, self.policy.keep_ms)))
 
-    def _negative(self, record: _Record) -> None:
+    def _negative(self, record: _Record, by_watermark: bool = False) -> None:
         record.state = NEGATIVE
-        self._emit(record, label=0)
+        self._emit(record, label=0, by_watermark=by_watermark)
         if self.policy.late_labels == "drop":  # no correction will need the features
             _release(record)
 
@@ -263,18 +299,21 @@ class _KeyJoin:
             self._emit(record, label=1, correction=True)
         _release(record)
 
-    def _emit(self, record: _Record, label: int, correction: bool = False) -> None:
+    def _emit(self, record: _Record, label: int, correction: bool = False, by_watermark: bool = False) -> None:
+        """A sample of the record; one the watermark decided (`by_watermark`) has no label
+        delay, as in the core."""
         self.counts.inc("corrections" if correction else "positives" if label else "negatives")
-        delay = record.label_time_ms - record.time_ms if record.label_time_ms >= 0 else -1
+        delay = record.label_time_ms - record.time_ms if record.label_time_ms >= 0 and not by_watermark else -1
         self.out.append((record.row, label, int(correction), delay, self.key))
 
 
 class _JoinDoFn(beam.DoFn):
-    """The join, keyed: each key's record (or waiting label) in its state, and a timer
-    for each time the watermark decides something about it."""
+    """The join, keyed: each key's record (or waiting label, or a forgotten impression's
+    time) in its state, and a timer for each time the watermark decides something about it."""
 
     RECORD = ReadModifyWriteStateSpec("impression", _RECORD_CODER)
     WAITING = ReadModifyWriteStateSpec("waiting_label", _WAITING_CODER)
+    FORGOTTEN = ReadModifyWriteStateSpec("forgotten_impression_ms", VarIntCoder())
     TIMEOUT = TimerSpec("timeout", TimeDomain.WATERMARK)
     FORGET = TimerSpec("forget", TimeDomain.WATERMARK)
     ORPHAN = TimerSpec("orphan", TimeDomain.WATERMARK)
@@ -285,14 +324,14 @@ class _JoinDoFn(beam.DoFn):
     def setup(self):
         self.counts = _Counts()
 
-    def _key_join(self, key, record, waiting, timeout, forget, orphan) -> _KeyJoin:
-        return _KeyJoin(self.policy, self.counts, key, record, waiting, timeout, forget, orphan)
+    def _key_join(self, key, record, waiting, forgotten, timeout, forget, orphan) -> _KeyJoin:
+        return _KeyJoin(self.policy, self.counts, key, record, waiting, forgotten, timeout, forget, orphan)
 
     def process(self, element, record=beam.DoFn.StateParam(RECORD), waiting=beam.DoFn.StateParam(WAITING),
-                timeout=beam.DoFn.TimerParam(TIMEOUT), forget=beam.DoFn.TimerParam(FORGET),
-                orphan=beam.DoFn.TimerParam(ORPHAN)):
+                forgotten=beam.DoFn.StateParam(FORGOTTEN), timeout=beam.DoFn.TimerParam(TIMEOUT),
+                forget=beam.DoFn.TimerParam(FORGET), orphan=beam.DoFn.TimerParam(ORPHAN)):
         key, (kind, time_ms, value, payload) = element
-        join = self._key_join(key, record, waiting, timeout, forget, orphan)
+        join = self._key_join(key, record, waiting, forgotten, timeout, forget, orphan)
         if kind == _IMPRESSION:
             join.take_impression(time_ms, payload)
         else:
@@ -301,27 +340,29 @@ class _JoinDoFn(beam.DoFn):
 
     @on_timer(TIMEOUT)
     def on_timeout(self, key=beam.DoFn.KeyParam, fired=beam.DoFn.TimestampParam, record=beam.DoFn.StateParam(RECORD),
-                   waiting=beam.DoFn.StateParam(WAITING), timeout=beam.DoFn.TimerParam(TIMEOUT),
-                   forget=beam.DoFn.TimerParam(FORGET), orphan=beam.DoFn.TimerParam(ORPHAN)):
-        join = self._key_join(key, record, waiting, timeout, forget, orphan)
+                   waiting=beam.DoFn.StateParam(WAITING), forgotten=beam.DoFn.StateParam(FORGOTTEN),
+                   timeout=beam.DoFn.TimerParam(TIMEOUT), forget=beam.DoFn.TimerParam(FORGET),
+                   orphan=beam.DoFn.TimerParam(ORPHAN)):
+        join = self._key_join(key, record, waiting, forgotten, timeout, forget, orphan)
         join.time_out(_ms(fired))
         return join.out
 
     @on_timer(FORGET)
     def on_forget(self, key=beam.DoFn.KeyParam, fired=beam.DoFn.TimestampParam, record=beam.DoFn.StateParam(RECORD),
-                  waiting=beam.DoFn.StateParam(WAITING), timeout=beam.DoFn.TimerParam(TIMEOUT),
-                  forget=beam.DoFn.TimerParam(FORGET), orphan=beam.DoFn.TimerParam(ORPHAN)):
-        join = self._key_join(key, record, waiting, timeout, forget, orphan)
+                  waiting=beam.DoFn.StateParam(WAITING), forgotten=beam.DoFn.StateParam(FORGOTTEN),
+                  timeout=beam.DoFn.TimerParam(TIMEOUT), forget=beam.DoFn.TimerParam(FORGET),
+                  orphan=beam.DoFn.TimerParam(ORPHAN)):
+        join = self._key_join(key, record, waiting, forgotten, timeout, forget, orphan)
         join.forget_impression(_ms(fired))
         return join.out
 
     @on_timer(ORPHAN)
-    def on_orphan(self, key=beam.DoFn.KeyParam, fired=beam.DoFn.TimestampParam,
-                  record=beam.DoFn.StateParam(RECORD), waiting=beam.DoFn.StateParam(WAITING),
+    def on_orphan(self, key=beam.DoFn.KeyParam, fired=beam.DoFn.TimestampParam, record=beam.DoFn.StateParam(RECORD),
+                  waiting=beam.DoFn.StateParam(WAITING), forgotten=beam.DoFn.StateParam(FORGOTTEN),
                   timeout=beam.DoFn.TimerParam(TIMEOUT), forget=beam.DoFn.TimerParam(FORGET),
                   orphan=beam.DoFn.TimerParam(ORPHAN)):
-        join = self._key_join(key, record, waiting, timeout, forget, orphan)
-        join.dead_letter_label(_ms(fired))
+        join = self._key_join(key, record, waiting, forgotten, timeout, forget, orphan)
+        join.dead_letter_labels(_ms(fired))
         return join.out
 
 
