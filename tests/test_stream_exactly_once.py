@@ -466,6 +466,13 @@ def _assert_one_version_per_checkpoint(tracking_uri: str, workdir: Path, last_ch
         f"{sorted((v.tags[tags.CHECKPOINT_ID], v.version) for v in versions)}; {why}"
     assert all(tags.PROMOTION in v.tags for v in versions), why
     assert str(last_checkpoint) in checkpoints, why
+    # Each version's metrics cover every sample trained since the version before, however
+    # many processes died in between (the window is in the checkpoints).
+    client = MlflowClient(tracking_uri)
+    covered = sorted((m["samples"], m["window_samples"]) for m in (client.get_run(v.run_id).data.metrics
+                                                                    for v in versions))
+    assert all(window == samples - before for (samples, window), (before, _) in zip(covered, [(0, 0)] + covered)), \
+        f"(samples, window_samples) by version: {covered}; {why}"
     lines = (workdir / "runs" / "stream-versions.jsonl").read_text().splitlines()
     recorded = Counter((r["version"], r["checkpoint"]) for r in map(json.loads, lines))
     registered = Counter((str(v.version), v.tags[tags.CHECKPOINT_PATH]) for v in versions)

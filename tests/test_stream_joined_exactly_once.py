@@ -1,6 +1,9 @@
 """Exactly-once, joined: `picasso stream --impressions --labels` killed with SIGKILL at
 random points and restarted each time ends with the model, the join and the samples of a
-run that was never interrupted."""
+run that was never interrupted, and publishes the version it would have published: each
+run publishes once, when it ends (the interval is never due), so the killed ones never do,
+and the last one's version covers every cycle of every run (to the default store,
+sqlite:///WORKDIR/mlflow.db)."""
 
 from __future__ import annotations
 
@@ -27,8 +30,8 @@ KILLS = 4
 KILL_WITHIN_S = 1.0
 HANG_S = 240.0  # hang guards only
 JOIN_ARGS = ("--label-wait", "1m", "--late-labels", "correct", "--deterministic", "--until-caught-up",
-             "--batch-messages", "20", "--max-cycle-messages", "60", "--publish-every", "0", "--hidden", "16,8",
-             "--device", "cpu", "--json")
+             "--batch-messages", "20", "--max-cycle-messages", "60", "--publish-every", "3600", "--hidden", "16,8",
+             "--device", "cpu", "--model-name", "joined-exactly-once", "--json")
 CYCLE_LINE = re.compile(r"cycle \d+: ")
 JOIN_FILES = ("join-records.arrow", "join-features.arrow", "join-state.json", "join-ready.arrow")
 
@@ -113,3 +116,19 @@ def test_sigkilled_joined_stream_ends_with_the_uninterrupted_model_and_samples(k
     assert counts["impressions"] == len(delays) and counts["duplicate_impressions"] == 0
     assert counts["positives"] == int(np.count_nonzero((delays >= 0) & (delays <= 60_000)))
     assert counts["corrections"] == counts["late_labels"] > 0 and join["watermark"] is not None
+
+    # The one version each made: the same metrics, the join's counts and the prequential
+    # window over every sample included (the bytes the join holds are the process's own).
+    versions = [_version_metrics(log), _version_metrics(tmp_path / "reference.log")]
+    assert versions[0] == versions[1] and versions[0]["window_samples"] == versions[0]["samples"] > 0
+    assert versions[0]["join.positives"] == counts["positives"] and versions[0]["join.impressions"] == len(delays)
+
+
+def _version_metrics(log) -> dict[str, float]:
+    """The metrics of the only version of the stream whose --json summary ends the log."""
+    from mlflow.tracking import MlflowClient
+
+    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    client = MlflowClient(summary["tracking_uri"])
+    [version] = client.search_model_versions("name='joined-exactly-once'")
+    return {name: value for name, value in client.get_run(version.run_id).data.metrics.items() if "bytes" not in name}

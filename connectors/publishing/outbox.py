@@ -84,6 +84,11 @@ class PublishOutbox:
         storage.delete(storage.join(entry, _REQUEST))
         storage.delete_tree(entry)
 
+    def holds(self, checkpoint_path: str) -> bool:
+        """Whether the checkpoint was queued here: pending, or published since."""
+        return (any(self._request(entry).checkpoint_path == checkpoint_path for entry in self.pending())
+                or self.published(checkpoint_path) is not None)
+
     def published(self, checkpoint_path: str) -> dict | None:
         """The record of the checkpoint's publish, if it was published through this outbox."""
         if not storage.exists(self.log_path):

@@ -27,12 +27,13 @@ from picasso.connectors.join_events import JoinDecoders
 from picasso.connectors.metric_plots import label_delay_svg
 from picasso.delayed_feedback import late_share
 from picasso.join_spec import JoinSpec
-from picasso.pipelines.runs.stream_state import Ledger, StreamModel
+from picasso.pipelines.runs.stream_state import StreamModel
+from picasso.pipelines.runs.stream_window import JOIN_FILE, JoinWindow
 from picasso.sample_buffer import SampleBuffer
 from picasso.join_rules import JoinCounts, OrphanLabel, event_watermark
 from picasso.sample_join import JoinState, sample_schema
 from picasso.spec import FeatureSpec
-from picasso.trainer import TrainConfig, Trainer
+from picasso.trainer import TrainConfig
 
 READY_FILE = "join-ready.arrow"  # samples emitted, not yet trained
 PARTITIONS_FILE = "join-partitions.json"  # each partition's newest event time
@@ -102,7 +103,6 @@ class JoinedCycle:
 
     counts: JoinCounts = field(default_factory=JoinCounts)
     delays_ms: list = field(default_factory=list)  # arrays of matched labels' delays
-    orphans: int = 0
 
 
 class JoinedStreamModel(StreamModel):
@@ -110,17 +110,16 @@ class JoinedStreamModel(StreamModel):
     training batches it completes (picasso.sample_buffer: batch_rows samples each, mixed);
     `score_and_train` trains them."""
 
-    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: str | None, topics: JoinedTopics,
-                 decoders: JoinDecoders, join: JoinState, ready: SampleBuffer, newest: dict[str, int]):
-        super().__init__(trainer, ledger, checkpoint)
+    def __init__(self, base: StreamModel, topics: JoinedTopics, decoders: JoinDecoders, join: JoinState,
+                 ready: SampleBuffer, newest: dict[str, int], join_window: JoinWindow | None = None):
+        super().__init__(base.trainer, base.ledger, base.checkpoint, base.window)
         self.topics = topics
         self.decoders = decoders
         self.join = join
         self.ready = ready
         self.clock = CycleClock(topics.join.allowed_lateness_ms, newest)
         self.cycle = JoinedCycle()
-        self.window = JoinedCycle()  # the cycles since the last published version
-        self.series: dict[str, list] = {}  # join.cycle.<count> -> [[cycle, its value], ...]
+        self.join_window = join_window or JoinWindow()  # the cycles since the last published version
 
     @classmethod
     def load_joined(cls, spec: FeatureSpec, config: TrainConfig, root: str, topics: JoinedTopics,
@@ -130,17 +129,20 @@ class JoinedStreamModel(StreamModel):
         schema = decoders.feature_schema
         policy = topics.join.policy()
         files = {name: read_checkpoint_file(base.checkpoint, name) for name in JoinState.FILES} if base.checkpoint else {}
+        window = None
         if files and all(files.values()):
             join = JoinState.from_files(files, schema, policy)
             ready = SampleBuffer.from_bytes(read_checkpoint_file(base.checkpoint, READY_FILE), sample_schema(schema),
                                             batch_rows)
             newest = json.loads(read_checkpoint_file(base.checkpoint, PARTITIONS_FILE))["newest_ms"]
+            saved = read_checkpoint_file(base.checkpoint, JOIN_FILE)
+            window = JoinWindow.from_bytes(saved) if saved else None
         elif base.checkpoint and base.ledger.partitions:
             raise ValueError(f"{base.checkpoint} was written by a stream without a join: its impressions "
                              "and labels were never joined (use a new --workdir)")
         else:
             join, ready, newest = JoinState(policy, schema), SampleBuffer(sample_schema(schema), batch_rows), {}
-        return cls(base.trainer, base.ledger, base.checkpoint, topics, decoders, join, ready, newest)
+        return cls(base, topics, decoders, join, ready, newest, window)
 
     # -- a cycle -----------------------------------------------------------------------
 
@@ -164,7 +166,6 @@ class JoinedStreamModel(StreamModel):
         self.ledger.record(span, out.samples.num_rows)
         self.cycle.counts.add(out.counts)
         self.cycle.delays_ms.append(out.delays_ms)
-        self.cycle.orphans += len(out.orphans)
         self.ready.add(out.samples)
         return self.ready.batches(), out.orphans
 
@@ -184,20 +185,14 @@ class JoinedStreamModel(StreamModel):
                 "waiting_labels": self.join.waiting_labels, "ready_samples": self.ready.num_rows}
 
     def end_cycle(self) -> None:
-        # Logged with the cycle's number as its step: several cycles may end at one
-        # training step (the first ones fill the sample buffer), and MLflow keeps one
-        # point per metric and step.
-        cycle = self.ledger.cycles
-        for name, value in {**asdict(self.cycle.counts), **self.held()}.items():
-            self.series.setdefault(f"join.cycle.{name}", []).append([cycle, value])
-        self.window.counts.add(self.cycle.counts)
-        self.window.delays_ms += self.cycle.delays_ms
+        if self.keeps_window:
+            self.join_window.add_cycle(self.ledger.cycles, self.cycle.counts, self.cycle.delays_ms, self.held())
 
     def publish_extras(self) -> tuple[dict[str, float], dict[str, list], dict[str, str]]:
         """The join since the last version: its counts, what it holds, the label delays'
         quantiles and their plot against W."""
-        window, join = self.window, self.topics.join
-        delays = np.concatenate(window.delays_ms) if window.delays_ms else np.zeros(0, np.int64)
+        window, join = self.join_window, self.topics.join
+        delays = window.delays()
         held = self.held()
         metrics = {f"join.{name}": float(value) for name, value in {**asdict(window.counts), **held}.items()}
         metrics["join.pending_bytes_per_impression"] = held["pending_bytes"] / max(held["pending"], 1)
@@ -207,13 +202,17 @@ class JoinedStreamModel(StreamModel):
             for q in (50, 90, 99):
                 metrics[f"join.label_delay_p{q}_s"] = float(np.percentile(delays, q)) / 1000
         plots = {"label_delays.svg": label_delay_svg(delays.tolist(), join.wait_ms)}
-        series, self.series, self.window = self.series, {}, JoinedCycle()
-        return metrics, series, plots
+        return metrics, window.series, plots
+
+    def reset_window(self) -> None:
+        super().reset_window()
+        self.join_window = JoinWindow()
 
     # -- checkpoints -------------------------------------------------------------------
 
     def extra_files(self) -> dict[str, bytes]:
-        return {**self.join.to_files(), READY_FILE: self.ready.to_bytes(),
+        window = {JOIN_FILE: self.join_window.to_bytes()} if self.keeps_window else {}
+        return {**super().extra_files(), **window, **self.join.to_files(), READY_FILE: self.ready.to_bytes(),
                 PARTITIONS_FILE: json.dumps({"newest_ms": self.clock.newest}, sort_keys=True).encode()}
 
 

@@ -168,6 +168,7 @@ class StreamRunner:
         if self.model is None:
             self.key = uuid.uuid4().hex
             self.model = self.shared.acquire(self.load, tag=self.key)  # this strong ref keeps it alive
+            self.publisher.adopt(self.model)  # before any cycle adds to its window
         return self.model
 
     # -- one cycle ---------------------------------------------------------------------

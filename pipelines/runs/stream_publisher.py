@@ -35,10 +35,28 @@ class StreamPublisher:
         """A cycle's checkpoint exists that no version holds yet."""
         self.unpublished = True
 
+    @property
+    def publishes(self) -> bool:
+        return self.config.mlflow is not None and self.config.publish_every_s > 0
+
+    def adopt(self, model) -> None:
+        """A model just loaded from its checkpoint, with the window that checkpoint kept
+        (stream_window.py). If the checkpoint was queued as a version already (a process
+        died after that publish, before its next checkpoint), the version holds the window
+        and the next one starts afresh. If not, the checkpoint is one no version holds
+        yet, and the next publish makes one even if nothing more is trained. A stream that
+        never publishes keeps no window at all."""
+        if not self.publishes:
+            model.drop_window()
+        elif model.checkpoint is not None:
+            if PublishOutbox(self.config.folders.publish).holds(str(model.checkpoint)):
+                model.reset_window()
+            else:
+                self.unpublished = True
+
     def maybe_publish(self, model, force: bool = False) -> None:
-        config = self.config
-        due = time.monotonic() - self.last_publish >= config.publish_every_s
-        if config.mlflow is None or not (due or force) or config.publish_every_s <= 0:
+        due = time.monotonic() - self.last_publish >= self.config.publish_every_s
+        if not self.publishes or not (due or force):
             return
         try:
             if not self.unpublished:
@@ -58,7 +76,7 @@ class StreamPublisher:
         config = self.config
         if config.mlflow is None or model.checkpoint is None:
             return None
-        window = model.window_metrics()
+        window = model.window_metrics()  # the same window as in model.checkpoint: nothing trained since
         mean_label = window["mean_label"]
         calibration = window["mean_prediction"] / mean_label if mean_label else float("nan")
         extra_metrics, series, plots = model.publish_extras()
@@ -75,6 +93,7 @@ class StreamPublisher:
         )
         outbox = PublishOutbox(config.folders.publish)
         outbox.add(request)
+        model.reset_window()  # now that a version holds it, as adopt would find after a restart
         joined = {"watermark_ms": model.join.watermark, "wait_ms": config.joined.join.wait_ms} if config.joined else {}
         outcomes = self._flush(outbox, newest={request.checkpoint_path: {
             "newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles, **joined,

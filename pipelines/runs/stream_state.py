@@ -14,14 +14,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 
+from picasso.pipelines.runs.stream_window import SCORED_FILE, ScoredWindow
 from picasso.pipelines.transforms.message_spans import MessageSpan, PackedMessages
 from picasso import storage
 from picasso.batch import PackedBatch
-from picasso.checkpoint import prune_checkpoints
+from picasso.checkpoint import prune_checkpoints, read_checkpoint_file
 from picasso.spec import FeatureSpec
-from picasso.trainer import StepResult, TrainConfig, Trainer, evaluation_metrics
+from picasso.trainer import StepResult, TrainConfig, Trainer
 
 
 class SpanMismatch(RuntimeError):
@@ -83,28 +83,38 @@ class StreamModel:
     """A Trainer and its ledger, trained one PackedMessages at a time.
 
     Each batch is scored before it is trained on (prequential evaluation): the scores
-    since the last publish give the metrics of the next model version.
+    since the last publish (the window, kept in the checkpoint: stream_window.py) give the
+    metrics of the next model version.
     """
 
-    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: str | None):
+    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: str | None, window: ScoredWindow | None = None):
         self.trainer = trainer
         self.ledger = ledger
         self.checkpoint = checkpoint
-        self.labels: list[np.ndarray] = []
-        self.scores: list[np.ndarray] = []
-        self.loss_sum = 0.0
+        self.window = window or ScoredWindow()
+        self.keeps_window = True  # False: nothing will publish the window (StreamPublisher.adopt)
 
     def end_cycle(self) -> None:
         """A cycle of this model succeeded (before its checkpoint)."""
 
     def publish_extras(self) -> tuple[dict[str, float], dict[str, list], dict[str, str]]:
         """Metrics, per-step series and plots of a subclass for the next published
-        version, since the last call."""
+        version: those of its window."""
         return {}, {}, {}
 
+    def reset_window(self) -> None:
+        """A version now holds the window (its publish is queued): the next starts afresh."""
+        self.window = ScoredWindow()
+
+    def drop_window(self) -> None:
+        """Keep no window: this stream never publishes, and a window would only grow."""
+        self.keeps_window = False
+        self.reset_window()
+
     def extra_files(self) -> dict[str, bytes]:
-        """State of a subclass, committed in the same checkpoint as the model."""
-        return {}
+        """State committed in the same checkpoint as the model: the window (a subclass
+        adds its own)."""
+        return {SCORED_FILE: self.window.to_bytes()} if self.keeps_window else {}
 
     @classmethod
     def load(cls, spec: FeatureSpec, config: TrainConfig, root: str | Path) -> "StreamModel":
@@ -112,7 +122,8 @@ class StreamModel:
         path = trainer.warm_start(root)
         metrics = json.loads(storage.read_text(storage.join(path, "metrics.json"))) if path else {}
         ledger = Ledger.from_dict(metrics.get("ledger", {}))
-        return cls(trainer, ledger, path)
+        window = read_checkpoint_file(path, SCORED_FILE) if path else None
+        return cls(trainer, ledger, path, ScoredWindow.from_bytes(window) if window else None)
 
     def train(self, packed: PackedMessages) -> StepResult:
         span, batch = packed.span, packed.batch
@@ -124,20 +135,16 @@ class StreamModel:
     def score_and_train(self, batch: PackedBatch) -> StepResult:
         """Score the batch (for the window's metrics), then train on it."""
         if batch.num_samples:
-            self.labels.append(batch.data.column("label").to_numpy())
-            self.scores.append(self.trainer.predict(batch))
+            # Scored whether or not the window is kept: a step must not depend on it.
+            scores = self.trainer.predict(batch)
+            if self.keeps_window:
+                self.window.add(batch.data.column("label").to_numpy(), scores)
         loss_sum = self.trainer.train_step(batch)
-        self.loss_sum += loss_sum
         return StepResult(self.trainer.step, batch.num_samples, loss_sum, batch.positions)
 
     def window_metrics(self) -> dict[str, float]:
-        """Prequential metrics since the last call; the window then starts afresh."""
-        labels = np.concatenate(self.labels) if self.labels else np.zeros(0)
-        scores = np.concatenate(self.scores) if self.scores else np.zeros(0)
-        metrics = evaluation_metrics(labels, scores)
-        self.labels, self.scores = [], []
-        return {"auc": metrics.auc, "logloss": metrics.logloss, "window_samples": metrics.samples,
-                "mean_prediction": metrics.mean_prediction, "mean_label": metrics.mean_label}
+        """Prequential metrics of the window: since the last publish."""
+        return self.window.metrics()
 
     def save(self, root: str | Path, keep: int = 3) -> str:
         """Checkpoint model, optimizer, positions and ledger at once; keep the newest `keep`.
