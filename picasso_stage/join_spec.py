@@ -12,6 +12,7 @@ A spec file may carry, next to its fields, a `join:` section (every key optional
       orphan_grace: 1m         # how long a label waits for its impression
       allowed_lateness: 0s     # the watermark trails the partitions' newest time by this
       max_future: 1h           # an event time this far past its message's time is refused
+      idle_after: 5m           # a partition with nothing to read this long stops holding the watermark (0s: never)
 
 The FeatureSpec does not hold it: a model, its checkpoints and serving depend only on the
 fields, so the join's settings can change without a new model. The section is validated
@@ -28,7 +29,8 @@ from picasso.durations import parse_duration_ms
 from picasso.join_rules import LATE_LABEL_POLICIES, JoinPolicy
 
 _DURATIONS = {"wait": "wait_ms", "horizon": "horizon_ms", "orphan_grace": "orphan_grace_ms",
-              "allowed_lateness": "allowed_lateness_ms", "max_future": "max_future_ms"}
+              "allowed_lateness": "allowed_lateness_ms", "max_future": "max_future_ms",
+              "idle_after": "idle_after_ms"}
 _KEYS = {"key", "time", "label", "late_labels", *_DURATIONS}
 
 
@@ -43,6 +45,10 @@ class JoinSpec:
     orphan_grace_ms: int = 60_000
     allowed_lateness_ms: int = 0
     max_future_ms: int = 3_600_000
+    # Wall-clock time with nothing to read after which a partition stops holding the
+    # bounded cycles' watermark (pipelines.runs.joined_stream_state.CycleClock), so that one
+    # that stops receiving events does not stop the join; 0: never.
+    idle_after_ms: int = 5 * 60_000
 
     def policy(self) -> JoinPolicy:
         return JoinPolicy(wait_ms=self.wait_ms, late_labels=self.late_labels, horizon_ms=self.horizon_ms,

@@ -150,3 +150,37 @@ def test_a_label_beyond_the_horizon_is_an_orphan_however_far_the_watermark_trail
     assert outcomes[0] == outcomes[1] == run(schedule(parts, seed=7), JoinState(POLICY, SCHEMA))
     beyond = [o for o in outcomes[0]["orphans"] if o[4] is not None and o[1] - o[4] > POLICY.keep_ms]
     assert beyond  # there were such labels, and each is an orphan told of its impression
+
+
+class _Clock:
+    """A wall clock the test moves by hand (seconds)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize("idle_after_ms", [0, 60_000])
+def test_a_partition_idle_past_idle_after_stops_holding_the_watermark(idle_after_ms):
+    """A partition that stops receiving events would stop the join's clock for good (no
+    impression would time out): after idle_after of wall-clock time with nothing to read it
+    holds the watermark no longer, and holds it again once it has messages; 0 never lets go."""
+    clock = _Clock()
+    cycles = CycleClock(LATENESS_MS, idle_after_ms=idle_after_ms, wall_clock=clock)
+    cycles.begin_cycle({"imp/0", "imp/1"})
+    cycles.observe("imp/0", np.array([1_000]))
+    cycles.observe("imp/1", np.array([5_000]))
+    assert cycles.watermark() == 1_000 - LATENESS_MS
+    clock.now = 59.0  # imp/0 has had nothing to read for 59 s: it still holds
+    cycles.begin_cycle({"imp/1"})
+    cycles.observe("imp/1", np.array([9_000]))
+    assert cycles.watermark() == 1_000 - LATENESS_MS
+    clock.now = 61.0  # past idle_after
+    cycles.begin_cycle({"imp/1"})
+    cycles.observe("imp/1", np.array([12_000]))
+    assert cycles.watermark() == (12_000 if idle_after_ms else 1_000) - LATENESS_MS
+    cycles.begin_cycle({"imp/0", "imp/1"})  # it has messages again: it holds again
+    cycles.observe("imp/0", np.array([11_000]))
+    assert cycles.watermark() == 11_000 - LATENESS_MS

@@ -16,6 +16,8 @@ partitions, less the allowed lateness (CycleClock).
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -72,18 +74,33 @@ class CycleClock:
     partitions have nothing to read depends on when a cycle begins: the same events, cut
     into other cycles, would be joined otherwise (a label read after the watermark passed
     its impression's timeout is late, not a positive; one read after its horizon, an
-    orphan). The price: a partition that stops receiving events stops the join's clock
-    until it receives one again. A partition counts from its first event on, so that an
-    empty one stops nothing; its first events must then not be older than the watermark
-    the others have made (see the README's join section)."""
+    orphan). A partition counts from its first event on, so that an empty one stops
+    nothing; its first events must then not be older than the watermark the others have
+    made (see the README's join section).
+
+    But a partition that stops receiving events would stop the join's clock for good: no
+    impression would time out into a negative, and pending ones would pile up. So one
+    with nothing to read for `idle_after_ms` of wall-clock time (the spec's
+    `join.idle_after`) is idle and holds the watermark no longer, until it has messages
+    again (Flink's source idleness). The join is then only as deterministic as the
+    partitions are live; 0 never counts a partition idle."""
 
     allowed_lateness_ms: int
     newest: dict[str, int] = field(default_factory=dict)
     reading: set[str] = field(default_factory=set)
+    idle_after_ms: int = 0
+    wall_clock: Callable[[], float] = time.monotonic  # seconds
+    # Per partition, the wall-clock time it last had messages to read (or this process first
+    # saw it: a restart counts its idleness afresh).
+    last_read: dict[str, float] = field(default_factory=dict)
 
     def begin_cycle(self, reading: set[str]) -> None:
         """The partitions this cycle reads (those with messages to read)."""
         self.reading = set(reading)
+        now = self.wall_clock()
+        self.last_read.update(dict.fromkeys(self.reading, now))
+        for source in self.newest:
+            self.last_read.setdefault(source, now)
 
     def observe(self, source: str, times: np.ndarray) -> None:
         """The event times of one poll of `source`."""
@@ -94,7 +111,17 @@ class CycleClock:
     def watermark(self) -> int | None:
         if any(source not in self.newest for source in self.reading):
             return None
-        return event_watermark(self.newest, self.allowed_lateness_ms)
+        return event_watermark(self.holding(), self.allowed_lateness_ms)
+
+    def holding(self) -> dict[str, int]:
+        """The newest event times of the partitions that hold the watermark: every one seen,
+        less the idle ones (all of them, should every one be idle)."""
+        if not self.idle_after_ms:
+            return self.newest
+        now = self.wall_clock()
+        live = {source: newest for source, newest in self.newest.items()
+                if source in self.reading or (now - self.last_read.get(source, now)) * 1000 < self.idle_after_ms}
+        return live or self.newest
 
 
 @dataclass
@@ -117,7 +144,7 @@ class JoinedStreamModel(StreamModel):
         self.decoders = decoders
         self.join = join
         self.ready = ready
-        self.clock = CycleClock(topics.join.allowed_lateness_ms, newest)
+        self.clock = CycleClock(topics.join.allowed_lateness_ms, newest, idle_after_ms=topics.join.idle_after_ms)
         self.cycle = JoinedCycle()
         self.join_window = join_window or JoinWindow()  # the cycles since the last published version
 
