@@ -13,33 +13,56 @@ the wall clock, and the stream joins them with W = --label-wait. A version then 
 final label for every impression older than its join's watermark less W, so its age is
 measured from there, in event time; the join's W is in it by design, and what is reported
 against the targets is the age beyond W, in wall-clock seconds (event time / speedup).
+
+Age says nothing of whether a version learned from the events it holds, so beside each
+version's age is its prequential AUC (each batch scored before it was trained on, over
+the batches since the version before), and the final version is set against a daily run
+(pipelines.runs.daily, what `picasso daily` runs) on the very events the stream read, in
+the same order and with the same batch size. In the joined case those are the
+impressions with their planted labels, the last of which the stream still holds (waiting
+W for their label, or in its sample buffer). Both models are scored on the same held-out
+rows, HELD_OUT_ROWS drawn from another stream of the planted model, whose true
+probabilities give the ceiling. stream_auc_vs_daily is the stream's AUC less the daily
+run's (the target: at least -0.01).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+from mlflow.tracking import MlflowClient
 
-from benchmarks.harness import parse_args, report
+from benchmarks.harness import parse_args, print_table, report
 from benchmarks.kafka_bench import kafka_broker
+from benchmarks.movielens import evaluate_days, restored
 from picasso import storage
 from picasso.builtin_specs import criteo_spec
+from picasso.checkpoint import latest_checkpoint
+from picasso.connectors.day_files import partition_dir, write_part
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.decoding.message_formats import encode_json
 from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.durations import parse_duration_ms
 from picasso.join_spec import JoinSpec
+from picasso.metrics import auc
+from picasso.pipelines.runs.daily import DailyConfig, run_daily
+from picasso.pipelines.runs.generate import dates_from
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.runs.produce import EventTimePacer
 from picasso.pipelines.runs.stream import StreamConfig, StreamRunner
 from picasso.synthetic import PlantedModel
-from picasso.synthetic_events import EventStreamConfig, make_event_stream
+from picasso.synthetic_events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig
+
+HELD_OUT_ROWS = 20_000
+HELD_OUT_STREAM = 8  # the streams replay stream 7 of the planted model
 
 
 def produce_at_rate(connection: KafkaConnection, topic: str, values: list[bytes], rate: float, stop: threading.Event):
@@ -103,14 +126,20 @@ def joined_freshness(args) -> None:
         summary = StreamRunner(config).run()
         stop.set()
         producer.join()
-        versions = [json.loads(line) for line in storage.read_text(config.folders.stream_versions).splitlines()]
+        versions = [v for v in read_versions(config) if v.get("watermark_ms") is not None]
+        aucs = logged_aucs(target, versions)
+        # The daily run gets the impressions the stream read, with their planted labels.
+        read = summary.ledger["partitions"][f"{imps}/0"]["next_position"]
+        labelled = stream.impressions.drop([REQUEST_ID, EVENT_TIME]).append_column(spec.label,
+                                                                                   stream.truth.column(spec.label))
+        versus = versus_daily(spec, labelled.slice(0, read), versions[-1]["checkpoint"], workdir, target,
+                              config.batch_messages)
     first_ms = events[0][0]
 
     def event_time_at(wall_ms: int) -> float:
         return first_ms + (wall_ms / 1000 - started[0]) * args.speedup * 1000
 
-    beyond = np.array([(event_time_at(v["published_ms"]) - v["watermark_ms"]) / args.speedup / 1000
-                       for v in versions if v.get("watermark_ms") is not None])
+    beyond = np.array([(event_time_at(v["published_ms"]) - v["watermark_ms"]) / args.speedup / 1000 for v in versions])
     interval = args.publish_every
     p50, p99 = float(np.percentile(beyond, 50)), float(np.percentile(beyond, 99))
     metrics = {
@@ -122,14 +151,75 @@ def joined_freshness(args) -> None:
     }
     ratios = {"p50_target_over_measured": (1.5 * interval + 5) / p50, "p99_target_over_measured": 3 * interval / p99}
     rows_out = [["p50", p50, 1.5 * interval + 5], ["p99", p99, 3 * interval]]
+    report_learning(versions, beyond, aucs, versus, "age beyond the label wait (wall s)", metrics, ratios)
     report("freshness (joined)", ["percentile", "age beyond the label wait (wall s)", "target (s)"], rows_out, ratios,
            metrics, args.json)
 
 
+def read_versions(config: StreamConfig) -> list[dict]:
+    """The stream's version log, one entry per version in order."""
+    return [json.loads(line) for line in storage.read_text(config.folders.stream_versions).splitlines()]
+
+
+def version_metrics(tracking_uri: str, model_name: str, version: str) -> dict[str, float]:
+    """The metrics a published version's run logged."""
+    client = MlflowClient(tracking_uri)
+    return client.get_run(client.get_model_version(model_name, version).run_id).data.metrics
+
+
+def logged_aucs(target: MLflowTarget, versions: list[dict]) -> list[tuple[float | None, int]]:
+    """Each version's prequential AUC and the samples it was taken over (the batches since
+    the version before, each scored before it was trained on)."""
+    logged = [version_metrics(target.tracking_uri, target.model_name, v["version"]) for v in versions]
+    # None where nothing was scored (a joined stream's first version, its buffer filling):
+    # JSON has no NaN.
+    return [(m["auc"] if math.isfinite(m.get("auc", math.nan)) else None, int(m.get("window_samples", 0)))
+            for m in logged]
+
+
+def report_learning(versions: list[dict], ages: np.ndarray, aucs: list[tuple[float | None, int]], versus: dict,
+                    age_title: str, metrics: dict, ratios: dict) -> None:
+    """Each version's age beside its AUC (a table), and the final version against daily
+    (into metrics and ratios: stream_auc_vs_daily, higher is better)."""
+    detail = [{"version": v["version"], "age_s": float(age), "prequential_auc": auc_, "window_samples": window}
+              for v, age, (auc_, window) in zip(versions, ages, aucs)]
+    print_table("each version: its age and what it had learned", ["version", age_title, "prequential AUC",
+                                                                  "samples scored"],
+                [[d["version"], d["age_s"], "-" if d["prequential_auc"] is None else f"{d['prequential_auc']:.4f}",
+                  f"{d['window_samples']:,}"] for d in detail],
+                caption=f"final version on {versus['held_out_rows']:,} held-out rows: AUC "
+                        f"{versus['stream']['auc']:.4f}, daily on the same events {versus['daily']['auc']:.4f}, "
+                        f"ceiling {versus['ceiling_auc']:.4f}")
+    metrics.update(version_detail=detail, versus_daily=versus, stream_auc_vs_daily=versus["stream_auc_vs_daily"])
+    ratios["stream_auc_vs_daily"] = versus["stream_auc_vs_daily"]
+
+
+def versus_daily(spec, trained: pa.Table, stream_checkpoint: str, workdir: Path, target: MLflowTarget,
+                 batch_size: int) -> dict:
+    """The stream's final model against a daily run on `trained` (the events it read,
+    labelled, in its order), both scored on the same held-out rows of another stream."""
+    train_day, held_day = dates_from("2026-11-01", 2)
+    data = workdir / "daily-data"
+    held_out, probabilities = PlantedModel(spec).sample(HELD_OUT_ROWS, stream=HELD_OUT_STREAM)
+    for date, table in ((train_day, trained), (held_day, held_out)):
+        write_part(table, Path(partition_dir(data, date)) / "part-00000.parquet")
+    daily_dir = workdir / "daily"
+    # The whole day trains (the held-out day evaluates), one chunk of batch_size a step, as
+    # the stream's batches of batch_messages; no version: only its checkpoint is scored.
+    run_daily(DailyConfig(data_root=str(data), date=train_day, workdir=str(daily_dir), spec=spec, mlflow=target,
+                          train=TrainConfig(device="cpu"), batch_size=batch_size, eval_date=held_day, publish=False))
+    scores = {}
+    for name, checkpoint in (("stream", stream_checkpoint), ("daily", latest_checkpoint(daily_dir / "checkpoints"))):
+        trainer = restored(spec, checkpoint)
+        scores[name] = {"auc": evaluate_days(trainer, data, [held_day]).auc, "samples_trained": trainer.samples,
+                        "steps": trainer.step}
+    return {**scores, "held_out_rows": HELD_OUT_ROWS,
+            "ceiling_auc": auc(held_out.column(spec.label).to_numpy(), probabilities),
+            "stream_auc_vs_daily": scores["stream"]["auc"] - scores["daily"]["auc"]}
+
+
 def _local_target(workdir: Path) -> MLflowTarget:
     target = MLflowTarget(f"sqlite:///{workdir / 'mlflow.db'}", artifact_location=(workdir / "art").as_uri())
-    from mlflow.tracking import MlflowClient
-
     MlflowClient(target.tracking_uri).search_experiments()  # create the store before the clock starts
     return target
 
@@ -166,9 +256,13 @@ def main() -> None:
         summary = StreamRunner(config).run()
         stop.set()
         producer.join()
-        versions = [json.loads(line) for line in storage.read_text(config.folders.stream_versions).splitlines()]
+        versions = [v for v in read_versions(config) if v["newest_event_ms"]]
+        aucs = logged_aucs(target, versions)
+        trained = summary.ledger["partitions"][f"{topic}/0"]["next_position"]  # the first events, in order
+        versus = versus_daily(spec, table.slice(0, trained), versions[-1]["checkpoint"], workdir, target,
+                              config.batch_messages)
 
-    ages = np.array([(v["published_ms"] - v["newest_event_ms"]) / 1000 for v in versions if v["newest_event_ms"]])
+    ages = np.array([(v["published_ms"] - v["newest_event_ms"]) / 1000 for v in versions])
     interval = args.publish_every
     p50, p99 = float(np.percentile(ages, 50)), float(np.percentile(ages, 99))
     gaps = np.diff([v["published_ms"] / 1000 for v in versions])
@@ -180,6 +274,7 @@ def main() -> None:
     }
     ratios = {"p50_target_over_measured": (1.5 * interval + 5) / p50, "p99_target_over_measured": 3 * interval / p99}
     rows = [["p50", p50, 1.5 * interval + 5], ["p99", p99, 3 * interval]]
+    report_learning(versions, ages, aucs, versus, "age of newest trained event (s)", metrics, ratios)
     report("freshness", ["percentile", "age of newest trained event (s)", "target (s)"], rows, ratios, metrics,
            args.json)
 

@@ -2,13 +2,15 @@
 
 A report is a table on stdout and, with --json, one JSON object as the last line:
 {"benchmark": ..., "ratios": {...}, "metrics": {...}}. Ratios are oriented so that higher
-means picasso is better.
+means picasso is better. Every report names the CPU it was measured on (metrics["cpu"]):
+the machines differ, and a figure means little without it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -49,6 +51,25 @@ def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> fl
     return statistics.median(times)
 
 
+def cpu_description() -> str:
+    """The CPU's model name, the cores this process may use, and the bf16 units some
+    figures depend on (read at run time: it changes from one machine to the next)."""
+    name, flags = "unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name == "unknown CPU":
+                    name = value.strip()
+                elif key.strip() == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:  # not Linux
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    units = [unit for unit in ("avx512_bf16", "amx_bf16") if unit in flags]
+    return f"{name}, {cores} cores" + (f" ({', '.join(units)})" if units else "")
+
+
 def print_table(name: str, columns: list[str], rows: list[list], caption: str | None = None) -> Console:
     # Piped to a file, rich would squeeze a wide table into 80 columns and cut its cells.
     console = Console(width=None if sys.stdout.isatty() else 160)
@@ -66,5 +87,7 @@ def report(name: str, columns: list[str], rows: list[list], ratios: dict[str, fl
     console = print_table(name, columns, rows, caption)
     for key, value in ratios.items():
         console.print(f"{key}: {value:.4g}")  # AUC deltas are thousandths
+    cpu = cpu_description()
+    console.print(f"measured on: {cpu}")
     if as_json:
-        print(json.dumps({"benchmark": name, "ratios": ratios, "metrics": metrics}))
+        print(json.dumps({"benchmark": name, "ratios": ratios, "metrics": {**metrics, "cpu": cpu}}))

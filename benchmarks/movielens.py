@@ -36,6 +36,9 @@ the split, the baseline's tuning, picasso's day-by-day run and the CLI check. It
 are in the README ("On real data").
 
     python -m benchmarks.movielens [--wheel PATH] [--seeds 3] [--check-cli N] [--regularisation] [--json]
+
+`--stream` replays the training days through Kafka, `picasso produce` and `picasso stream`
+instead, against `picasso daily --dates` on the same rows (benchmarks/movielens_stream.py).
 """
 
 from __future__ import annotations
@@ -52,8 +55,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import torch
 
 from picasso.batch import pack
+from picasso.checkpoint import latest_checkpoint
 from picasso.connectors.day_files import list_day_files, partition_dir, read_chunks, write_part
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.metrics import auc
@@ -336,32 +341,42 @@ def regularisation_sweep(root, spec, split: Split, seeds: int) -> dict[str, Eval
 # -- the real CLI, to confirm the driver is the product ----------------------------------------
 
 
+def cli_daily(root: str | Path, spec_path: str | Path, dates: list[str], workdir: str | Path,
+              settings: DailySettings = DailySettings()) -> Trainer:
+    """The model `picasso daily --dates FIRST..LAST` makes over `dates` (one process, each
+    day warm-started from the one before; the days between without ratings skipped), one
+    version at the end."""
+    from benchmarks.backfill import picasso  # it imports this module
+
+    picasso("daily", "--spec", str(spec_path), "--data", str(root), "--dates", f"{dates[0]}..{dates[-1]}",
+            "--missing", "skip", "--publish-every", str(len(dates)), "--workdir", str(workdir),
+            "--holdout", str(settings.holdout_fraction), "--batch-size", str(settings.batch_size), "--device", "cpu")
+    return restored(load_spec(spec_path), latest_checkpoint(Path(workdir) / "checkpoints"))
+
+
+def restored(spec: FeatureSpec, checkpoint: str | Path) -> Trainer:
+    """A checkpoint's model, to score (the flags' defaults, as the runs used)."""
+    trainer = Trainer(spec, TrainConfig(device="cpu"))
+    trainer.restore(checkpoint)
+    return trainer
+
+
+def same_weights(a: Trainer, b: Trainer) -> bool:
+    mine, theirs = a.model.state_dict(), b.model.state_dict()
+    return mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
 def cli_check(root: str | Path, spec_path: str | Path, dates: list[str], workdir: str | Path,
               config: TrainConfig = TrainConfig(), settings: DailySettings = DailySettings()) -> dict:
-    """The model `picasso daily` makes over `dates` (one run per date, warm-started) and
-    the one this module's driver makes: their AUCs on the next day, and whether their
-    weights are the same bit for bit."""
-    import torch
-
-    from picasso.pipelines.cli.main import main as picasso_main
-
+    """The model `picasso daily --dates` makes over `dates` and the one this module's
+    driver makes: their AUCs on the next day, and whether their weights are the same bit
+    for bit."""
     eval_date = dates_from(dates[-1], 2)[1]  # the day after
-    for date in dates:
-        code = picasso_main(["daily", "--spec", str(spec_path), "--data", str(root), "--date", date,
-                             "--workdir", str(workdir), "--holdout", str(settings.holdout_fraction),
-                             "--batch-size", str(settings.batch_size), "--device", "cpu", "--json"])
-        if code != 0:
-            raise RuntimeError(f"picasso daily failed on {date}")
-    from picasso.checkpoint import latest_checkpoint
-
-    spec = load_spec(spec_path)
-    restored = Trainer(spec, replace(config, device="cpu"))
-    restored.restore(latest_checkpoint(Path(workdir) / "checkpoints"))
-    ours = train_daily(root, spec, dates, replace(config, device="cpu"), settings)
-    theirs, mine = restored.model.state_dict(), ours.model.state_dict()
+    restored = cli_daily(root, spec_path, dates, workdir, settings)
+    ours = train_daily(root, restored.spec, dates, replace(config, device="cpu"), settings)
     return {"days": len(dates), "eval_date": eval_date, "cli_auc": evaluate_days(restored, root, [eval_date]).auc,
             "driver_auc": evaluate_days(ours, root, [eval_date]).auc, "steps": (restored.step, ours.step),
-            "identical": theirs.keys() == mine.keys() and all(torch.equal(theirs[k], mine[k]) for k in theirs)}
+            "identical": same_weights(restored, ours)}
 
 
 # -- the report ----------------------------------------------------------------------------
@@ -373,19 +388,27 @@ def _row(name: str, m: EvalMetrics) -> list:
 
 def main() -> None:
     from benchmarks.harness import parse_args, print_table, report
+    from benchmarks.movielens_stream import add_stream_args, stream_benchmark  # it imports this module
 
     def extra(parser):
         parser.add_argument("--wheel", default=None, help=f"the recbole wheel (default: ${WHEEL_ENV}, else download)")
         parser.add_argument("--data", default=None, help="where the day partitions go (default: a temporary folder)")
         parser.add_argument("--seeds", type=int, default=3, help="picasso runs, seeds 0..N-1 (the mean is reported)")
         parser.add_argument("--check-cli", type=int, default=0, metavar="N",
-                            help="also run `picasso daily` on the first N days and compare with the driver")
+                            help="also run `picasso daily --dates` over the first N days and compare with the driver")
         parser.add_argument("--regularisation", action="store_true",
                             help="also score each regularisation flag on the validation days (--seeds runs each)")
+        add_stream_args(parser)
 
     args = parse_args(__doc__.splitlines()[0], extra)
     rows = load_rows(find_wheel(args.wheel))
     split = temporal_split(rows)
+    if args.stream:  # benchmarks/movielens_stream.py
+        with tempfile.TemporaryDirectory() as scratch:
+            root = args.data or str(Path(scratch) / "days")
+            write_days(rows, root)
+            stream_benchmark(args, rows, split, root, Path(scratch))
+        return
     spec = load_spec(SPEC_PATH)
     with tempfile.TemporaryDirectory() as scratch:
         root = args.data or str(Path(scratch) / "days")
