@@ -14,12 +14,11 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-
-from picasso.pipelines.runs.stream_window import SCORED_FILE, ScoredWindow
-from picasso.pipelines.transforms.message_spans import MessageSpan, PackedMessages
 from picasso import storage
 from picasso.batch import PackedBatch
 from picasso.checkpoint import prune_checkpoints, read_checkpoint_file
+from picasso.pipelines.runs.stream_window import SCORED_FILE, ScoredWindow
+from picasso.pipelines.transforms.message_spans import MessageSpan, PackedMessages
 from picasso.spec import FeatureSpec
 from picasso.trainer import StepResult, TrainConfig, Trainer
 
