@@ -44,6 +44,13 @@ def _command(spec_path, bootstrap, topics, workdir) -> list[str]:
             "--bootstrap-servers", bootstrap, "--dead-letter-topic", f"{topics[0]}.dead", *JOIN_ARGS]
 
 
+def _default_store_env() -> dict[str, str]:
+    """This process's environment without an MLflow URI, so that each run publishes to its
+    own workdir's default store: an earlier test of the session may have exported the
+    session server's, where the reference and the killed runs would share one model name."""
+    return {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+
+
 def _cycles(log) -> int:
     """Cycles the log reports done (each progress line is `cycle N: ...`)."""
     return len(CYCLE_LINE.findall(log.read_text(errors="replace"))) if log.exists() else 0
@@ -79,7 +86,7 @@ def test_sigkilled_joined_stream_ends_with_the_uninterrupted_model_and_samples(k
     reference_dir = tmp_path / "reference"
     with open(tmp_path / "reference.log", "wb") as out:
         done = subprocess.run(_command(spec_path, kafka_bootstrap, topics, reference_dir), stdout=out,
-                              stderr=subprocess.STDOUT, timeout=HANG_S)
+                              stderr=subprocess.STDOUT, timeout=HANG_S, env=_default_store_env())
     assert done.returncode == 0, (tmp_path / "reference.log").read_text()[-3000:]
 
     killed_dir, log = tmp_path / "killed", tmp_path / "killed.log"
@@ -93,7 +100,7 @@ def test_sigkilled_joined_stream_ends_with_the_uninterrupted_model_and_samples(k
         waits[rng.randrange(1, KILLS)] = rng.randint(1, 2)
     for wait in waits:
         with open(log, "ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=_default_store_env())
         if _wait_for_cycles(log, _cycles(log) + wait, process):
             time.sleep(rng.uniform(0, KILL_WITHIN_S))
         if process.poll() is None:
@@ -101,7 +108,8 @@ def test_sigkilled_joined_stream_ends_with_the_uninterrupted_model_and_samples(k
             killed_at.add(_cycles(log))
         process.wait(timeout=HANG_S)
     with open(log, "ab") as out:
-        last = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_S)
+        last = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_S,
+                              env=_default_store_env())
     assert last.returncode == 0, log.read_text()[-3000:]
     assert len(killed_at) >= 2, f"kills landed after {sorted(killed_at)} cycles only: the test proved little"
 
