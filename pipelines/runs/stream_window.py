@@ -52,7 +52,10 @@ class ScoredWindow:
     def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.labels:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
-        return np.concatenate(self.labels), np.concatenate(self.scores)
+        # Kept as the one array: every checkpoint writes the window, and would otherwise
+        # join the same batches again each cycle until the next publish.
+        self.labels, self.scores = [np.concatenate(self.labels)], [np.concatenate(self.scores)]
+        return self.labels[0], self.scores[0]
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "ScoredWindow":
@@ -82,7 +85,10 @@ class JoinWindow:
         self.delays_ms += delays_ms
 
     def delays(self) -> np.ndarray:
-        return np.concatenate(self.delays_ms) if self.delays_ms else np.zeros(0, np.int64)
+        if not self.delays_ms:
+            return np.zeros(0, np.int64)
+        self.delays_ms = [np.concatenate(self.delays_ms)]  # as ScoredWindow's arrays: joined once
+        return self.delays_ms[0]
 
     def to_bytes(self) -> bytes:
         return _ipc(pa.table({"delay_ms": self.delays().astype(np.int64)}),
