@@ -139,22 +139,24 @@ def test_tsv_cannot_carry_join_events(decoders):
 
 def test_the_join_section_of_a_spec(tmp_path):
     raw = {**SPEC.to_dict(), "join": {"key": ["request_id", "item"], "time": "ts", "label": "clicked",
-                                      "wait": "10m", "late_labels": "correct", "orphan_grace": "30s"}}
+                                      "wait": "10m", "late_labels": "correct", "orphan_grace": "30s",
+                                      "idle_after": "2m"}}
     path = tmp_path / "spec.yaml"
     path.write_text(json.dumps(raw))
     join = load_join_spec(path)
     assert join == JoinSpec(key=("request_id", "item"), time_field="ts", label_field="clicked", wait_ms=600_000,
-                            late_labels="correct", orphan_grace_ms=30_000)
+                            late_labels="correct", orphan_grace_ms=30_000, idle_after_ms=120_000)
     assert join.policy().wait_ms == 600_000 and load_join_spec("criteo") == JoinSpec()
 
 
 def test_a_bad_join_section_names_every_problem():
-    raw = {**SPEC.to_dict(), "join": {"key": [], "wait": "15", "late_labels": "keep", "lag": "1s", "time": 3}}
+    raw = {**SPEC.to_dict(), "join": {"key": [], "wait": "15", "late_labels": "keep", "lag": "1s", "time": 3,
+                                      "idle_after": "soon"}}
     with pytest.raises(SpecError) as err:
         parse_spec(raw)
     text = str(err.value)
     for problem in ("'key' must be a field name", "'wait': duration '15' has no unit", "'late_labels' must be one of",
-                    "unknown key 'lag'", "'time' must be a field name"):
+                    "unknown key 'lag'", "'time' must be a field name", "'idle_after':"):
         assert problem in text, text
 
 
