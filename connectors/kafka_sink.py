@@ -135,13 +135,18 @@ class _Send:
     future: object  # kafka-python's FutureRecordMetadata
 
 
-class _WriteDeadLettersDoFn(beam.DoFn):
+class DeadLetterProducer:
+    """Sends dead letters to the topic and confirms them: what the sink's DoFn does per
+    bundle, and what a decode that must not let a chunk go on before its letters are
+    written does per poll (DecodeMessages with letters_to=)."""
+
     def __init__(self, connection: KafkaConnection, topic: str, delivery_timeout_s: float):
         self.connection = connection
         self.topic = topic
         self.delivery_timeout_s = delivery_timeout_s
+        self.producer = None
 
-    def setup(self):
+    def open(self) -> None:
         delivery_timeout_ms = int(self.delivery_timeout_s * 1000)
         self.producer = self.connection.producer(
             acks="all",
@@ -155,12 +160,10 @@ class _WriteDeadLettersDoFn(beam.DoFn):
             max_block_ms=delivery_timeout_ms,
         )
         self.max_request_size = self.producer.config["max_request_size"]
-
-    def start_bundle(self):
         self.letters = 0
         self.sends: list[_Send] = []
 
-    def process(self, letter: MessageDeadLetter):
+    def send(self, letter: MessageDeadLetter) -> None:
         self.letters += 1
         too_large = self._over_limit(letter)
         if too_large:
@@ -196,7 +199,9 @@ class _WriteDeadLettersDoFn(beam.DoFn):
                 f"({still_too_large}); raise the producer's max_request_size")
         self._send(cut)
 
-    def finish_bundle(self):
+    def confirm(self) -> None:
+        """Wait until the broker has acknowledged every letter sent since the last confirm;
+        raise DeadLettersNotWritten if any failed."""
         failures: list[tuple[MessageDeadLetter, Exception]] = []
         # A letter the broker refuses as too large is sent again cut down, hence the rounds.
         while self.sends:
@@ -206,10 +211,11 @@ class _WriteDeadLettersDoFn(beam.DoFn):
                     self._send_cut(send.letter, f"refused by Kafka: {_describe(error)}")
                 else:
                     failures.append((send.letter, error))
+        letters, self.letters = self.letters, 0
         if failures:
             letter, error = failures[0]
             raise DeadLettersNotWritten(
-                f"{len(failures)} of {self.letters} dead letters were not written to '{self.topic}'; "
+                f"{len(failures)} of {letters} dead letters were not written to '{self.topic}'; "
                 f"the first, {letter.source} offset {letter.offset}: {_describe(error)}")
 
     def _confirm(self, sends: list[_Send]) -> list[tuple[_Send, Exception]]:
@@ -227,13 +233,32 @@ class _WriteDeadLettersDoFn(beam.DoFn):
                 failed.append((send, error))
         return failed
 
-    def teardown(self):
+    def close(self) -> None:
+        if self.producer is None:
+            return
         try:
             self.producer.close(timeout=5)
         except KafkaError as error:
             # close() flushes, which times out with the broker gone: the bundle has failed
             # already, and its error (not this one) says why.
             log.warning("closing the dead-letter producer: %s", _describe(error))
+
+
+class _WriteDeadLettersDoFn(beam.DoFn):
+    def __init__(self, connection: KafkaConnection, topic: str, delivery_timeout_s: float):
+        self.letters = DeadLetterProducer(connection, topic, delivery_timeout_s)
+
+    def setup(self):
+        self.letters.open()
+
+    def process(self, letter: MessageDeadLetter):
+        self.letters.send(letter)
+
+    def finish_bundle(self):
+        self.letters.confirm()
+
+    def teardown(self):
+        self.letters.close()
 
 
 def _describe(error: Exception) -> str:

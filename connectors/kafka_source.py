@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,20 @@ from picasso.connectors.kafka_config import KafkaConnection, latest_offsets, sou
 log = logging.getLogger(__name__)
 
 UNBOUNDED = sys.maxsize
+# Set, every unbounded read in this process ends once it holds nothing read and not yet
+# emitted: what stops an endless job on a local runner (its SIGTERM). A streaming service
+# drains a job its own way, by truncating the reads' restrictions.
+_DRAIN = threading.Event()
+
+
+def drain_unbounded_reads() -> None:
+    _DRAIN.set()
+
+
+def undrain_unbounded_reads() -> None:
+    """Before a new job in this process: its reads run until drained again."""
+    _DRAIN.clear()
+
 # Large fetches: one poll then brings thousands of messages (or many Arrow IPC messages).
 FETCH_SETTINGS = {"fetch_max_bytes": 64 * 1024 * 1024, "max_partition_fetch_bytes": 16 * 1024 * 1024}
 
@@ -177,6 +192,10 @@ class _ReadPartitionDoFn(beam.DoFn):
             if bounded and now - last_progress > self.stall_timeout_s:
                 raise SourceStalled(f"{element.source}: no progress at position {reader.fetched} "
                                     f"(reading up to {reader.stop}) for {self.stall_timeout_s:.0f}s")
+            if not bounded and _DRAIN.is_set() and reader.empty:
+                # Claiming past the end finishes the restriction: the runner resumes nothing.
+                tracker.try_claim(reader.stop)
+                return
             if not bounded and now - started > self.resume_every_s and reader.empty:
                 # Hand the rest back to the runner; it resumes from the next unclaimed offset.
                 tracker.defer_remainder(Duration(seconds=0))

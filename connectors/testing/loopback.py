@@ -3,18 +3,13 @@ process on a fixed loopback port."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from picasso.distributed.transport import free_port  # noqa: F401 - the tests' free port
 
 
 def wait_http(url: str, process: subprocess.Popen | None, timeout: float, what: str = "server") -> None:

@@ -61,6 +61,12 @@ class Contribution:
     # Per source, the batch's [start, end): every shard trains a range at most once
     # (ledger.py). Empty: the batch's sources say no starts, and it is trained as it comes.
     ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Sent to shard 0 only, for the server's prequential evaluation (an endless job's
+    # versions): the batch's labels and the scores the worker gave it before training on
+    # it (test-then-train), and the event time of its newest event. None: not sent.
+    labels: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    event_time_ms: int | None = None
 
     def __post_init__(self):
         if self.samples <= 0:
@@ -84,6 +90,11 @@ class GlobalGradient:
     sparse: dict[str, tuple[torch.Tensor, torch.Tensor]]  # table -> (distinct rows, (k, dim) grads)
     samples: int  # summed over the contributions
     workers: tuple[str, ...]  # who contributed, one entry per contribution
+    # The contributions' labels and scores (those that sent them), in their order, and the
+    # newest event time among them: what this step adds to the server's prequential window.
+    labels: torch.Tensor | None = None
+    scores: torch.Tensor | None = None
+    event_time_ms: int | None = None
 
 
 def aggregate(batch: list[Weighted]) -> GlobalGradient:
@@ -98,7 +109,12 @@ def aggregate(batch: list[Weighted]) -> GlobalGradient:
             dense[name] = dense[name] + scaled if name in dense else scaled
     tables = sorted({table for w in batch for table in w.contribution.sparse})
     sparse = {table: _aggregate_rows([w for w in batch if table in w.contribution.sparse], table) for table in tables}
-    return GlobalGradient(dense, sparse, total, tuple(w.contribution.worker for w in batch))
+    scored = [w.contribution for w in batch if w.contribution.labels is not None]
+    times = [w.contribution.event_time_ms for w in batch if w.contribution.event_time_ms is not None]
+    return GlobalGradient(dense, sparse, total, tuple(w.contribution.worker for w in batch),
+                          torch.cat([c.labels for c in scored]) if scored else None,
+                          torch.cat([c.scores for c in scored]) if scored else None,
+                          max(times, default=None))
 
 
 def _aggregate_rows(batch: list[Weighted], table: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -110,6 +110,10 @@ class TokenControl:
     def workers(self) -> list[str]:
         return sorted(self._last_seen)
 
+    def knows(self, worker: str) -> bool:
+        """Whether this worker has pulled here (it may have been dropped since)."""
+        return worker in self._last_seen or worker in self._dropped
+
     def pull(self, worker: str) -> int:
         if worker in self._dropped:
             raise WorkerDropped(f"worker {worker!r} was dropped; rejoin under a new incarnation")

@@ -118,8 +118,8 @@ def join_job(address: ServerAddress, settings: JoinSettings = JoinSettings(),
             client = CachedPSClient(client, settings.row_cache, seed=settings.seed)
         config = description.config
         model = config.build_model(description.spec, PackingPlan.from_spec(description.spec))
-        joined = Joined(GBAWorker(client, GradientComputer(model), settings.slowdown), description, connections,
-                        address.timeout_s)
+        joined = Joined(GBAWorker(client, GradientComputer(model), settings.slowdown, description.prequential),
+                        description, connections, address.timeout_s)
     except TransportError as err:
         _close(connections)
         raise ParameterServerError(str(err)) from None

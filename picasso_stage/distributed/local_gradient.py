@@ -41,6 +41,7 @@ class LocalGradient:
     dense: dict[str, torch.Tensor]  # parameter name -> gradient of the batch's mean loss
     rows: dict[str, torch.Tensor]  # table key -> the distinct rows the batch touched
     row_grads: dict[str, torch.Tensor]  # table key -> (k, dim) their gradients
+    scores: torch.Tensor | None = None  # the batch's predictions before the update
 
 
 class GradientComputer:
@@ -77,4 +78,5 @@ class GradientComputer:
         loss_sum = self.model.backward(batch, pooled)  # the Trainer's step, the optimizer's update left to the server
         dense_grads = {name: p.grad.detach().clone() for name, p in self.params.items() if p.grad is not None}
         row_grads = {key: t.grad if t.grad is not None else torch.zeros_like(t) for key, t in compact.items()}
-        return LocalGradient(loss_sum, batch.num_samples, dense_grads, rows, row_grads)
+        return LocalGradient(loss_sum, batch.num_samples, dense_grads, rows, row_grads,
+                             self.model.scores_before_update)

@@ -47,7 +47,7 @@ from picasso.distributed.gba import PushOutcome, worker_id
 from picasso.distributed.dynamic_shard import DynamicLayout
 from picasso.dynamic_rows import DynamicStats
 from picasso.distributed.layout import ShardLayout, TableLayout
-from picasso.distributed.shard import Pulled, Shard, ShardSnapshot
+from picasso.distributed.shard import Pulled, Scored, Shard, ShardSnapshot
 from picasso.kernels import SparseOptimizer
 from picasso.spec import DenseField, DynamicTable, FeatureSpec, SparseField
 from picasso.trainer import TrainConfig
@@ -81,6 +81,9 @@ class JobDescription:
     config: TrainConfig
     layout: ShardLayout
     lease_s: float  # a worker silent this long is dropped
+    # Workers send each batch's labels and scores with its push, for the server's
+    # test-then-train evaluation (an endless job publishes versions with it).
+    prequential: bool = False
 
 
 def shard_name(index: int) -> str:
@@ -91,8 +94,11 @@ class ShardService:
     """One shard and, on shard 0, the job's membership: what `serve_shard` serves."""
 
     def __init__(self, shard: Shard, num_workers: int, lease_s: float, join_timeout_s: float,
-                 description: JobDescription | None = None):
+                 description: JobDescription | None = None, endless: bool = False):
+        """endless: the job of an endless stream: workers come and go, and it ends only when
+        released (its owner stops it), never because every worker is done."""
         self.shard = shard
+        self.endless = endless
         self.expected = {f"worker{r}" for r in range(num_workers)}
         self.lease_s, self.join_timeout_s = lease_s, join_timeout_s
         self.description = description
@@ -108,8 +114,10 @@ class ShardService:
     def methods(self) -> dict:
         shard = self.shard
         return {"describe": self.describe, "join": self.join, "start_line": self.start_line, "pull": shard.pull,
-                "resolve": shard.resolve, "push": shard.push, "positions": shard.positions, "forget": shard.drop_worker, "finish": self.finish,
-                "stashed": self.stashed, "snapshot": shard.snapshot, "release": self.stopped.set, "status": self.status}
+                "resolve": shard.resolve, "push": shard.push, "positions": shard.positions,
+                "forget": shard.drop_worker, "finish": self.finish, "stashed": self.stashed, "step": shard.step,
+                "stash_at": shard.stash_at, "snapshot": shard.snapshot, "release": self.stopped.set,
+                "status": self.status}
 
     def status(self) -> dict:
         """Where the job stands, for monitoring: the step, samples trained, who trains."""
@@ -192,20 +200,25 @@ class ShardService:
             # pulled yet keeps its name open, and so does a worker that rejoined.
             dropped = {name for name, (worker, _) in self.joined.items() if worker in self.shard.control.dropped}
             done = self.finished | (dropped - live) | self.lost
-            if self.shard.index == 0 and self.expected <= done:
+            if self.shard.index == 0 and not self.endless and self.expected <= done:
                 self.stopped.set()
 
 
 def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s: float,
                 description: JobDescription | None = None, on_stop=None, on_checkpoint=None,
-                num_shards: int = 1) -> None:
+                num_shards: int = 1, checkpoint_every_s: float | None = None,
+                stop: threading.Event | None = None) -> None:
     """Serve `shard` on address.port + shard.index until the job ends: shard 0 then calls
     on_stop(snapshots of every shard, lost worker names) (to write the checkpoint) and
     releases the other shards. on_checkpoint(snapshots): shard 0, for every step all
-    shards stashed (Shard.checkpoint_every)."""
+    shards stashed (Shard.checkpoint_every, or every checkpoint_every_s seconds of wall
+    clock: the next step every shard reaches after that).
+
+    num_workers=0 serves an endless job: it ends only when `stop` is set (or a caller
+    releases shard 0), whoever has joined or left."""
     kernels.backend_for(torch.device("cpu"))  # load (or build) the kernels before the first push needs them
     # An expected worker that has not joined within a call's timeout is counted as lost.
-    service = ShardService(shard, num_workers, lease_s, address.timeout_s, description)
+    service = ShardService(shard, num_workers, lease_s, address.timeout_s, description, endless=num_workers == 0)
     host = address.host
     # A thread per worker and spares: a pull never waits for a thread while pushes aggregate.
     server = transport.serve(service.methods(), host, address.port + shard.index, address.security,
@@ -217,11 +230,17 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
             if not peer.wait_ready(address.timeout_s):
                 raise ParameterServerError(f"{peer.name} did not come up at {peer.address} within "
                                            f"{address.timeout_s:g} s")
+        clock = WallClockCheckpoints(checkpoint_every_s) if shard.index == 0 and checkpoint_every_s else None
         while not service.stopped.wait(timeout=min(lease_s / 4, 1.0)):
+            if stop is not None and stop.is_set():
+                service.stopped.set()
+                break
             for worker in shard.drop_silent(lease_s):
                 log.warning("shard %d: dropped worker %s (silent for %.1f s)", shard.index, worker, lease_s)
             if shard.index == 0:  # membership is shard 0's: workers join there
                 service.settle()
+            if clock is not None and clock.due():
+                request_stash(shard, peers)
             if shard.index == 0 and on_checkpoint is not None:
                 write_stashed(shard, peers, on_checkpoint)
         log.info("shard %d: stopping at step %d", shard.index, shard.control.step)
@@ -242,6 +261,34 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
         log.info("shard %d: stopped", shard.index)
 
 
+class WallClockCheckpoints:
+    """When shard 0 next asks the shards for a snapshot: every `every_s` seconds."""
+
+    def __init__(self, every_s: float, clock=time.monotonic):
+        self.every_s, self.clock = every_s, clock
+        self.last = clock()
+
+    def due(self) -> bool:
+        if self.clock() - self.last < self.every_s:
+            return False
+        self.last = self.clock()
+        return True
+
+
+def request_stash(shard: Shard, peers: list[transport.Connection]) -> None:
+    """A shard alone stashes a snapshot now. Several are asked to stash one at the next
+    step none of them has reached yet, so that the snapshots are of one step (write_stashed
+    gathers them); a model that does not train meanwhile reaches no new step and writes no
+    checkpoint until it trains again."""
+    if not peers:
+        shard.stash_now()
+        return
+    target = max([shard.step()] + [_ask(peer, "step") for peer in peers]) + 1
+    shard.stash_at(target)
+    for peer in peers:
+        _ask(peer, "stash_at", target)
+
+
 def write_stashed(shard: Shard, peers: list[transport.Connection], on_checkpoint) -> None:
     """Shard 0, during training: on_checkpoint(snapshots) for each step every shard has
     stashed, oldest first. A step some shard has not reached yet is tried again on the
@@ -260,6 +307,6 @@ def _ask(peer: transport.Connection, method: str, *args):
         raise ParameterServerError(str(err)) from None
 
 
-wire.register(Contribution, RowGradient, PushOutcome, Pulled, ShardSnapshot, JobDescription, FeatureSpec, DenseField,
+wire.register(Contribution, RowGradient, PushOutcome, Pulled, ShardSnapshot, Scored, JobDescription, FeatureSpec, DenseField,
               SparseField, DynamicTable, TrainConfig, CacheConfig, ShardLayout, TableLayout, DynamicLayout,
               DynamicStats, SparseOptimizer)

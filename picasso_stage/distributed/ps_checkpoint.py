@@ -31,17 +31,19 @@ from picasso.distributed.dynamic_shard import checkpoint_metrics
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.layout import ShardLayout
 from picasso.distributed.ledger import Ledger
-from picasso.distributed.shard import Shard, ShardSnapshot
+from picasso.distributed.shard import Scored, Shard, ShardSnapshot
 from picasso.trainer import Trainer
 
 
 def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
                 sample_budget: int | None = None, checkpoint_every: int = 0,
-                applied: dict[str, list[list[int]]] | None = None) -> tuple[Shard, ShardLayout]:
+                applied: dict[str, list[list[int]]] | None = None, window: Scored | None = None,
+                newest_event_ms: int | None = None) -> tuple[Shard, ShardLayout]:
     """Shard `index` of a Trainer's model, at the Trainer's step (and, on shard 0, its
     positions); checkpoint_every: stash a snapshot every that many global steps (0: never);
     applied: the source ranges the model holds (the checkpoint's applied.json), which every
-    shard refuses to train again."""
+    shard refuses to train again; window and newest_event_ms (shard 0): the prequential
+    window and the newest event time the checkpoint kept."""
     layout = ShardLayout.from_model(trainer.model, num_shards)
     state = trainer.state()
     part = layout.split(state["model"])[index]
@@ -49,7 +51,8 @@ def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
                   dense_optimizer=state["dense_optimizer"] if index == 0 else None,
                   step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget,
                   positions=dict(trainer.positions) if index == 0 else None, checkpoint_every=checkpoint_every,
-                  ledger=Ledger.from_checkpoint(applied, trainer.positions))
+                  ledger=Ledger.from_checkpoint(applied, trainer.positions),
+                  window=window if index == 0 else None, newest_event_ms=newest_event_ms if index == 0 else None)
     return shard, layout
 
 
@@ -72,12 +75,14 @@ def trainer_state(layout: ShardLayout, snapshots: list[ShardSnapshot], trainer: 
 
 
 def save_ps_checkpoint(root: str | Path, layout: ShardLayout, snapshots: list[ShardSnapshot], trainer: Trainer,
-                       metrics: dict) -> tuple[Path, dict]:
+                       metrics: dict, extra: dict[str, bytes] | None = None) -> tuple[Path, dict]:
     """Write the shards' state as a Trainer checkpoint under root, with shard 0's positions,
-    and its counts (per worker too) among the metrics; returns (its path, the state)."""
+    and its counts (per worker too) and the newest event time trained among the metrics;
+    extra: files committed with it. Returns (its path, the state)."""
     state = trainer_state(layout, snapshots, trainer)
     first = min(snapshots, key=lambda s: s.index)
-    metrics = {"ps": first.counts, "contributed": first.contributed, **metrics}
+    metrics = {"ps": first.counts, "contributed": first.contributed, "newest_event_ms": first.newest_event_ms,
+               **metrics}
     if layout.dynamic:  # the version's own counts, as a Trainer's checkpoint reports them
         metrics.update(checkpoint_metrics(layout.dynamic, [s.dynamic for s in snapshots]))
-    return save_checkpoint(root, state, trainer.spec, first.positions, metrics, first.applied), state
+    return save_checkpoint(root, state, trainer.spec, first.positions, metrics, first.applied, extra), state

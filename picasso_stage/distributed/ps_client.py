@@ -29,6 +29,10 @@ from picasso.distributed.param_server import ParameterServerError, shard_name
 log = logging.getLogger(__name__)
 
 
+class ServerRestarted(ParameterServerError):
+    """A shard restarted from its checkpoint while this worker trained against it."""
+
+
 @dataclass(frozen=True)
 class PulledBatch:
     tokens: tuple[int, ...]  # per shard
@@ -52,13 +56,21 @@ class PSClient:
         self._in_flight: list[list] = [[] for _ in range(layout.num_shards)]
         self.outcomes: list[PushOutcome] = []  # shard 0's answers to this worker's pushes
         self._pushed = 0  # pushes so far: the next push's sequence number
+        self._pulled_from: set[int] = set()  # shards this incarnation has pulled from
 
     def pull(self, rows: dict[str, torch.Tensor]) -> PulledBatch:
         owners = {key: self.layout.owner(r) for key, r in rows.items()}
         # Every shard's part is asked at once: the shards look their rows up in parallel.
-        calls = [self._call(s, "pull", (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0), True)
+        calls = [self._call(s, "pull", (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0,
+                                        s not in self._pulled_from), True)
                  for s in range(self.layout.num_shards)]
         answers = [self._settled(s, "pull", call) for s, call in enumerate(calls)]
+        restarted = [shard_name(s) for s, answer in enumerate(answers) if answer.restarted]
+        if restarted:
+            raise ServerRestarted(f"{', '.join(restarted)} restarted while {self.worker} trained: it resumed from "
+                                  "its checkpoint, behind what this worker has read. Stopping rather than pushing "
+                                  "into it; run the job again and it reads on from the server's positions")
+        self._pulled_from.update(range(self.layout.num_shards))
         dropped = [shard_name(s) for s, answer in enumerate(answers) if answer.dropped]
         if dropped:
             raise WorkerDropped(f"{self.worker} was dropped by {', '.join(dropped)} (silent past its lease?)")
@@ -88,19 +100,25 @@ class PSClient:
         return rows
 
     def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None,
-             ranges: dict[str, tuple[int, int]] | None = None) -> None:
+             ranges: dict[str, tuple[int, int]] | None = None, labels: torch.Tensor | None = None,
+             event_time_ms: int | None = None) -> None:
         """Send every shard its part; returns without waiting for the shards' answers.
         positions: where the batch ends in its sources (shard 0 records them for checkpoints);
-        ranges: the batch's [start, end) per source, which every shard trains at most once."""
+        ranges: the batch's [start, end) per source, which every shard trains at most once;
+        labels (with the gradient's scores) and the batch's newest event time: shard 0's
+        prequential evaluation."""
         self.collect()
         for s in range(self.layout.num_shards):
             sparse = {}
             for key, rows in gradient.rows.items():
                 mine = self.layout.owner(rows) == s
                 sparse[key] = RowGradient(rows[mine], gradient.row_grads[key][mine], pulled.versions[key][mine])
+            scored = s == 0 and labels is not None and gradient.scores is not None
             contribution = Contribution(self.worker, pulled.tokens[s], gradient.samples,
                                         gradient.dense if s == 0 else {}, sparse, (positions or {}) if s == 0 else {},
-                                        sequence=self._pushed, ranges=ranges or {})
+                                        sequence=self._pushed, ranges=ranges or {},
+                                        labels=labels if scored else None, scores=gradient.scores if scored else None,
+                                        event_time_ms=event_time_ms if s == 0 else None)
             while len(self._in_flight[s]) > self.max_in_flight - 1 and self._in_flight[s]:
                 self._settle(s, self._in_flight[s].pop(0))
             future = self._call(s, "push", (contribution,), True)
@@ -119,6 +137,7 @@ class PSClient:
             self._call(s, "forget", (old,), False)
         self.worker = worker_id(name, uuid.uuid4().hex[:8])
         self._pushed = 0
+        self._pulled_from = set()
         log.info("%s rejoined as %s", old, self.worker)
 
     def positions(self) -> dict[str, int]:

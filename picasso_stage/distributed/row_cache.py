@@ -175,8 +175,9 @@ class CachedPSClient:
                         table.pulled_at[admitted] = -1
 
     def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None,
-             ranges: dict[str, tuple[int, int]] | None = None) -> None:
-        self.client.push(pulled, gradient, positions, ranges)
+             ranges: dict[str, tuple[int, int]] | None = None, labels: torch.Tensor | None = None,
+             event_time_ms: int | None = None) -> None:
+        self.client.push(pulled, gradient, positions, ranges, labels, event_time_ms)
 
     def rejoin(self) -> None:
         # Cached rows stay: each carries the version it was pulled at, which the shards judge.

@@ -40,6 +40,9 @@ class Pulled:
     versions: dict[str, torch.Tensor]  # table key -> (k,) how many steps had updated each row
     stop: bool = False  # the job's sample budget is spent: train no further
     dropped: bool = False  # the pulling incarnation was dropped: nothing else is filled in
+    # The shard does not know a worker that has pulled from it before: it restarted (from
+    # its checkpoint) since. Nothing else is filled in.
+    restarted: bool = False
 
 
 @dataclass(frozen=True)
@@ -57,13 +60,29 @@ class ShardSnapshot:
     applied: dict[str, list[list[int]]] = field(default_factory=dict)  # source -> ranges in the model (ledger.py)
     # Per dynamic field, (its counts since the snapshot before, its live rows) on this shard.
     dynamic: dict = field(default_factory=dict)
+    # Shard 0: the prequential window (labels, and the scores given before training) of the
+    # batches trained since the window was last published, and the newest event time trained.
+    window: Scored | None = None
+    newest_event_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Labels and the scores a model gave them before training on them, in training order."""
+
+    labels: torch.Tensor
+    scores: torch.Tensor
+
+    @classmethod
+    def empty(cls) -> "Scored":
+        return cls(torch.zeros(0), torch.zeros(0))
 
 
 class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
                  train: TrainConfig, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
                  sample_budget: int | None = None, positions: dict[str, int] | None = None, checkpoint_every: int = 0,
-                 ledger: Ledger | None = None):
+                 ledger: Ledger | None = None, window: Scored | None = None, newest_event_ms: int | None = None):
         """sample_budget: pulls answer stop once pushes of this many samples have been
         counted, and pushes after that are refused, so a job trains on a set number of
         samples however its workers share them (fast workers take more batches than a
@@ -93,15 +112,25 @@ class Shard:
         # taken under the push lock right after that step: every shard stashes the same step,
         # so shard 0 can write a checkpoint of one step across shards while pushes go on.
         self.checkpoint_every = checkpoint_every
+        self._stash_at: int | None = None  # a step asked for by stash_at (wall-clock checkpoints)
         self._stashed: dict[int, ShardSnapshot] = {}
+        # The prequential window by the step that trained it (see ShardSnapshot.window): a
+        # checkpoint's version forgets what it holds (forget_window), later steps stay.
+        self._window: list[tuple[int, Scored]] = [(self.control.step, window)] if window is not None else []
+        self.newest_event_ms = newest_event_ms
         self._lock = threading.Lock()
         self._arrived: dict[str, float] = {}  # when each worker's latest call came in (before the lock)
 
     # -- what workers call ------------------------------------------------------------------
 
-    def pull(self, worker: str, rows: dict[str, torch.Tensor], dense: bool) -> Pulled:
+    def pull(self, worker: str, rows: dict[str, torch.Tensor], dense: bool, first: bool = True) -> Pulled:
+        """first: the worker's first pull from this shard. A later one from a worker this
+        shard has never heard of means the shard restarted since: the worker's source has
+        read past the checkpoint it resumed from, and its pushes must not come in."""
         self._arrived[worker] = time.monotonic()
         with self._lock:
+            if not first and not self.control.knows(worker):
+                return Pulled(-1, {}, {}, {}, restarted=True)
             try:
                 token = self.control.pull(worker)
             except WorkerDropped:  # an answer, not an error: the worker rejoins (worker.py)
@@ -142,7 +171,7 @@ class Shard:
             outcome, gradient = self.control.push(local_contribution, staleness)
             if gradient is not None:
                 self._apply(gradient)
-                self._stash_if_due()
+                self._stepped(gradient)
             return outcome
 
     def apply(self, gradient: GlobalGradient) -> int:
@@ -157,7 +186,7 @@ class Shard:
             counts["steps"] += 1
             counts["accepted"] += len(gradient.workers)
             counts["accepted_samples"] += gradient.samples
-            self._stash_if_due()
+            self._stepped(gradient)
             return self.control.step
 
     def positions(self) -> dict[str, int]:
@@ -176,6 +205,30 @@ class Shard:
     def drop_silent(self, lease_s: float) -> list[str]:
         with self._lock:
             return self.control.drop_silent(lease_s, dict(self._arrived))
+
+    def step(self) -> int:
+        with self._lock:
+            return self.control.step
+
+    def stash_at(self, step: int) -> bool:
+        """Stash a snapshot when the model reaches `step` (a wall-clock checkpoint: shard 0
+        asks every shard for the same step); False when this shard is past it already."""
+        with self._lock:
+            if self.control.step >= step:
+                return False
+            self._stash_at = step
+            return True
+
+    def stash_now(self) -> None:
+        with self._lock:
+            self._stashed[self.control.step] = self._snapshot()
+
+    def forget_window(self, step: int) -> None:
+        """A version now holds the window up to `step`, the step of the newest snapshot
+        (a snapshot joins the window's entries into one at its step): the next version's
+        window starts after it."""
+        with self._lock:
+            self._window = [(s, scored) for s, scored in self._window if s > step]
 
     def stashed_steps(self) -> list[int]:
         with self._lock:
@@ -210,7 +263,17 @@ class Shard:
             contributed=dict(self.control.contributed),
             applied=self.control.applied().to_json(),
             dynamic=self.maps.take_stats() if self.maps is not None else {},
+            window=self._window_now() if self.index == 0 else None,
+            newest_event_ms=self.newest_event_ms,
         )
+
+    def _window_now(self) -> Scored:
+        """The window as one Scored (kept joined: every snapshot would join it again)."""
+        if len(self._window) > 1:
+            step = self._window[-1][0]
+            self._window = [(step, Scored(torch.cat([w.labels for _, w in self._window]),
+                                          torch.cat([w.scores for _, w in self._window])))]
+        return self._window[0][1] if self._window else Scored.empty()
 
     # -- the optimizer step -------------------------------------------------------------------
 
@@ -236,10 +299,16 @@ class Shard:
             1, table.optimizer, int(self.tensors[table.steps_key]),
         )
 
-    def _stash_if_due(self) -> None:
-        """The caller holds the lock and has just stepped."""
-        if self.checkpoint_every and self.control.step % self.checkpoint_every == 0:
-            self._stashed[self.control.step] = self._snapshot()
+    def _stepped(self, gradient: GlobalGradient) -> None:
+        """The caller holds the lock and has just applied `gradient` as the current step:
+        its scores join the window, and a snapshot is stashed when one is due."""
+        step = self.control.step
+        if gradient.labels is not None:
+            self._window.append((step, Scored(gradient.labels, gradient.scores)))
+        if gradient.event_time_ms is not None:
+            self.newest_event_ms = max(self.newest_event_ms or gradient.event_time_ms, gradient.event_time_ms)
+        if (self.checkpoint_every and step % self.checkpoint_every == 0) or step == self._stash_at:
+            self._stashed[step] = self._snapshot()
 
     def _budget_spent(self) -> bool:
         return self.sample_budget is not None and self.control.counts["accepted_samples"] >= self.sample_budget

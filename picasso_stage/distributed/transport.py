@@ -36,6 +36,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable
 from concurrent import futures
@@ -109,6 +110,13 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (for a server this process is about to start)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def _read(path: str, what: str) -> bytes:

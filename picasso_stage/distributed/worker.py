@@ -70,8 +70,12 @@ class Straggler:
 
 
 class GBAWorker:
-    def __init__(self, client: PSClient, computer: GradientComputer, slowdown: float = 1.0):
+    def __init__(self, client: PSClient, computer: GradientComputer, slowdown: float = 1.0,
+                 prequential: bool = False):
+        """prequential: send each batch's labels and its scores before the update with the
+        push (the job's description asks for them: an endless job's server evaluates)."""
         self.client, self.computer, self.straggler = client, computer, Straggler(slowdown)
+        self.prequential = prequential
 
     def train(self, batches: Iterable[PackedBatch],
               reread: Callable[[dict[str, int]], Iterable[PackedBatch]] | None = None) -> WorkerStats:
@@ -124,7 +128,8 @@ class GBAWorker:
         with self.straggler.working():
             gradient = self.computer.compute(tensors, pulled.dense, rows, pulled.values)
         self.straggler.end_step()
-        self.client.push(pulled, gradient, batch.positions, batch.ranges)
+        self.client.push(pulled, gradient, batch.positions, batch.ranges,
+                         tensors.label if self.prequential else None, batch.event_time_ms)
         stats.batches += 1
         stats.samples += gradient.samples
         stats.loss_sum += gradient.loss_sum

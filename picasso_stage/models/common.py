@@ -75,6 +75,9 @@ class PackedModel(nn.Module):
         their aggregation weighs by samples."""
         self.train()
         logits = self.dense_logits(batch.dense, pooled)
+        # The batch's scores before this update: a GBA worker sends them with its push, for
+        # the server's test-then-train evaluation, at no cost of a second forward pass.
+        self.scores_before_update = torch.sigmoid(logits.detach().float())
         share = 1.0 if loss_batch is None else batch.num_samples / loss_batch
         if batch.late_share is None:
             loss = F.binary_cross_entropy_with_logits(logits, batch.label, reduction="mean")

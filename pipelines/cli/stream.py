@@ -20,6 +20,7 @@ from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.durations import duration_arg
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config
+from picasso.pipelines.cli.endless import add_endless_args, check_endless_args, run_endless_command
 from picasso.pipelines.cli.output import CommandResult, console, reported, summary
 from picasso.pipelines.cli.publish import add_publish_args, publish_policy
 from picasso.pipelines.cli.train_args import add_model_args, model_settings
@@ -105,6 +106,7 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     stream.add_argument("--max-seconds", type=float, default=None, help="0: no limit")
     stream.add_argument("--max-failures", type=int, default=None, help="consecutive failed cycles before exiting")
     add_publish_args(stream)
+    add_endless_args(stream)
     stream.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     stream.set_defaults(run=reported(_stream_command))
     return stream
@@ -137,6 +139,14 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
 
 
 def _stream_command(args) -> CommandResult:
+    if args.endless:
+        check_endless_args(args)
+        topics, _ = _stream_topics(args)
+        output = run_endless_command(args, console, topics, kafka_connection(args), load_spec(args.spec))
+        summary("endless job", {k: v for k, v in output.items() if k not in ("started_at", "positions")})
+        return CommandResult(output)
+    if args.ps:
+        raise ValueError("--ps: only for the endless job (--endless)")
     output = run_stream_command(args, console)
     summary("stream", {k: v for k, v in output.items() if k not in ("ledger", "versions")})
     # pending: a stream that ended with versions in the outbox; stopped: one that gave up

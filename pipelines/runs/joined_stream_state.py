@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -230,6 +230,11 @@ class JoinedStreamModel(StreamModel):
                 metrics[f"join.label_delay_p{q}_s"] = float(np.percentile(delays, q)) / 1000
         plots = {"label_delays.svg": label_delay_svg(delays.tolist(), join.wait_ms)}
         return metrics, window.series, plots
+
+    def version_info(self):
+        info = super().version_info()
+        return replace(info, facts={**info.facts, "watermark_ms": self.join.watermark,
+                                    "wait_ms": self.topics.join.wait_ms})
 
     def reset_window(self) -> None:
         super().reset_window()

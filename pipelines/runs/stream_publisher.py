@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass, field
 
 from picasso import storage
 from picasso.connectors.publishing.contract import PUBLISHED, PublishRequest
@@ -17,6 +18,16 @@ from picasso.connectors.publishing.outbox import PublishOutbox
 from picasso.connectors.publishing.policy import PublishPolicy
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """What a stream's model says of the version made of its checkpoint."""
+
+    mode: str  # the run's `mode` parameter: stream, endless
+    run_name: str
+    facts: dict  # for the stream's version log: the newest event trained, the cycle, ...
+    tags: dict[str, str] = field(default_factory=dict)  # extra version tags (the positions covered)
 
 
 class StreamPublisher:
@@ -80,24 +91,23 @@ class StreamPublisher:
         mean_label = window["mean_label"]
         calibration = window["mean_prediction"] / mean_label if mean_label else float("nan")
         extra_metrics, series, plots = model.publish_extras()
+        version = model.version_info()
         request = PublishRequest(
             checkpoint_path=str(model.checkpoint),
             metrics={**window, "calibration": calibration, "samples": model.trainer.samples,
                      "step": model.trainer.step, **extra_metrics},
             step_metrics=series, plots=plots,
-            params={"mode": "stream", "topics": ",".join(config.topics), "evaluation": "progressive",
+            params={"mode": version.mode, "topics": ",".join(config.topics), "evaluation": "progressive",
                     **(config.joined.params() if config.joined else {})},
-            run_name=f"stream-cycle-{model.ledger.cycles}",
+            run_name=version.run_name,
             tags={"picasso.evaluation": "progressive", "picasso.window_samples": str(window["window_samples"]),
-                  "picasso.total_samples": str(model.trainer.samples)},
+                  "picasso.total_samples": str(model.trainer.samples), **version.tags},
         )
         outbox = PublishOutbox(config.folders.publish)
         outbox.add(request)
         model.reset_window()  # now that a version holds it, as adopt would find after a restart
-        joined = {"watermark_ms": model.join.watermark, "wait_ms": config.joined.join.wait_ms} if config.joined else {}
-        outcomes = self._flush(outbox, newest={request.checkpoint_path: {
-            "newest_event_ms": model.ledger.newest_timestamp_ms, "cycle": model.ledger.cycles, **joined,
-            "samples": model.trainer.samples}})
+        outcomes = self._flush(outbox, newest={request.checkpoint_path: {**version.facts,
+                                                                          "samples": model.trainer.samples}})
         mine = next(o for o in outcomes if o.checkpoint_path == request.checkpoint_path)
         if mine.status != PUBLISHED:
             raise RuntimeError(f"publish pending in {config.folders.publish}: {mine.error}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from picasso import storage
 from picasso.batch import PackedBatch
 from picasso.checkpoint import prune_checkpoints, read_checkpoint_file
+from picasso.pipelines.runs.stream_publisher import VersionInfo
 from picasso.pipelines.runs.stream_window import SCORED_FILE, ScoredWindow
 from picasso.pipelines.transforms.message_spans import MessageSpan, PackedMessages
 from picasso.spec import FeatureSpec
@@ -100,6 +101,11 @@ class StreamModel:
         """Metrics, per-step series and plots of a subclass for the next published
         version: those of its window."""
         return {}, {}, {}
+
+    def version_info(self) -> VersionInfo:
+        """What the version made of the last checkpoint says of this model."""
+        return VersionInfo("stream", f"stream-cycle-{self.ledger.cycles}",
+                           {"newest_event_ms": self.ledger.newest_timestamp_ms, "cycle": self.ledger.cycles})
 
     def reset_window(self) -> None:
         """A version now holds the window (its publish is queued): the next starts afresh."""

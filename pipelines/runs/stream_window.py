@@ -41,15 +41,15 @@ class ScoredWindow:
         self.scores.append(scores)
 
     def metrics(self) -> dict[str, float]:
-        metrics = evaluation_metrics(*self._arrays())
+        metrics = evaluation_metrics(*self.arrays())
         return {"auc": metrics.auc, "logloss": metrics.logloss, "window_samples": metrics.samples,
                 "mean_prediction": metrics.mean_prediction, "mean_label": metrics.mean_label}
 
     def to_bytes(self) -> bytes:
-        labels, scores = self._arrays()
+        labels, scores = self.arrays()
         return _ipc(pa.table({"label": labels, "score": scores}), {})
 
-    def _arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         if not self.labels:
             return np.zeros(0, np.float32), np.zeros(0, np.float32)
         # Kept as the one array: every checkpoint writes the window, and would otherwise

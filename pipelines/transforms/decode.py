@@ -29,6 +29,7 @@ from picasso.connectors.dead_letters import DeadLetter
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.message_formats import FORMATS, decode_messages
 from picasso.connectors.decoding.record_decoder import RecordDecoder
+from picasso.connectors.kafka_sink import DeadLetterProducer
 from picasso.connectors.kafka_source import Messages
 from picasso.hashing import hash_bytes, splitmix64_array
 from picasso.pipelines.transforms.message_spans import DecodedMessageChunk, MessageSpan
@@ -177,9 +178,33 @@ class DecodePollDoFn(DecodeDoFn):
 
 
 class _DecodeMessagesDoFn(DecodePollDoFn, _SpecDecodeDoFn):
-    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions):
+    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions,
+                 letters: DeadLetterProducer | None = None):
         super().__init__(spec, options)
         self.formats = formats
+        self.letters = letters
+
+    def setup(self):
+        super().setup()
+        if self.letters is not None:
+            self.letters.open()
+
+    def teardown(self):
+        if self.letters is not None:
+            self.letters.close()
+
+    def dead_letters(self, letters: Iterable, refused: int | None = None):
+        if self.letters is None:
+            yield from super().dead_letters(letters, refused)
+            return
+        # Written and acknowledged before the poll's chunk is yielded: nothing after this
+        # step (training, the server's positions) can move past a message whose letter is
+        # not in the topic.
+        letters = list(letters)
+        self.dead.inc(len(letters) if refused is None else refused)
+        for letter in letters:
+            self.letters.send(letter)
+        self.letters.confirm()
 
     def decode(self, messages: Messages):
         return decode_messages(self.decoder, self.formats[messages.topic], messages)
@@ -190,10 +215,18 @@ class _DecodeMessagesDoFn(DecodePollDoFn, _SpecDecodeDoFn):
 
 class DecodeMessages(beam.PTransform):
     """Messages in. Main output: DecodedMessageChunks (valid rows + span); tagged output
-    `dead_letters`: one MessageDeadLetter per message with any refused record."""
+    `dead_letters`: one MessageDeadLetter per message with any refused record.
 
-    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions = DecodeOptions()):
+    letters_to (a DeadLetterProducer): write each poll's letters there instead, and have the
+    broker acknowledge them before the poll's chunk goes on (the `dead_letters` output
+    stays empty). An endless job needs that order: its training moves the server's
+    positions as it goes, and a bundle that failed after its training but before its
+    letters were confirmed would lose them for good."""
+
+    def __init__(self, spec: FeatureSpec, formats: dict[str, str], options: DecodeOptions = DecodeOptions(),
+                 letters_to: DeadLetterProducer | None = None):
         super().__init__()
+        self.letters_to = letters_to
         bad = {topic: fmt for topic, fmt in formats.items() if fmt not in FORMATS}
         if bad:
             raise ValueError(f"unknown message format(s) {bad}: expected one of {', '.join(FORMATS)}")
@@ -203,5 +236,5 @@ class DecodeMessages(beam.PTransform):
 
     def expand(self, messages):
         return messages | "Decode" >> beam.ParDo(
-            _DecodeMessagesDoFn(self.spec, self.formats, self.options)
+            _DecodeMessagesDoFn(self.spec, self.formats, self.options, self.letters_to)
         ).with_output_types(DecodedMessageChunk).with_outputs(DEAD_LETTERS, main="chunks")

@@ -145,12 +145,20 @@ class PicassoTrain(beam.PTransform):
 
     handler= (with no other settings) trains with a handler of one's own, such as the
     stream's train_handlers.StreamHandler; shared= is the Shared its engine lives in, for a
-    caller that holds the engine too (the stream keeps its model across cycles)."""
+    caller that holds the engine too (the stream keeps its model across cycles).
+
+    unbounded=True (an endless job's, mode="gba"): the output is each step's TrainStats,
+    never merged: a global combine after an unbounded source would never fire, and would
+    hold a partial result per bundle for as long as the job runs."""
 
     def __init__(self, spec: FeatureSpec | None = None, config: TrainConfig | None = None,
                  checkpoint_dir: str | Path | None = None, start_from: str | None = "latest", mode: str = "local",
-                 ps=None, *, handler: TrainHandler | None = None, shared: Shared | None = None):
+                 ps=None, *, handler: TrainHandler | None = None, shared: Shared | None = None,
+                 unbounded: bool = False):
         super().__init__()
+        if unbounded and (mode != "gba" or handler is not None):
+            raise ValueError("an unbounded PicassoTrain trains against a parameter server: mode='gba' with ps=")
+        self.unbounded = unbounded
         if handler is None:
             handler = _handler_for(spec, config, checkpoint_dir, start_from, mode, ps)
         elif any(setting is not None for setting in (spec, config, checkpoint_dir, ps)) or mode != "local":
@@ -161,12 +169,10 @@ class PicassoTrain(beam.PTransform):
     def expand(self, batches):
         if self.handler.one_trainer:
             return self.handler.finish(self._train_together(batches), self.shared)
-        stats = (
-            batches
-            | "TrainStep" >> beam.ParDo(_TrainDoFn(self.handler, self.shared))
-            | "MergeStats" >> beam.CombineGlobally(_MergeStats())
-        )
-        return self.handler.finish(stats, self.shared)
+        stats = batches | "TrainStep" >> beam.ParDo(_TrainDoFn(self.handler, self.shared))
+        if self.unbounded:
+            return stats
+        return self.handler.finish(stats | "MergeStats" >> beam.CombineGlobally(_MergeStats()), self.shared)
 
     def _train_together(self, batches):
         """Every batch to one trainer, in a fixed order: the batches keyed by their source
@@ -199,8 +205,9 @@ class PicassoTrain(beam.PTransform):
 def _handler_for(spec, config, checkpoint_dir, start_from, mode, ps) -> TrainHandler:
     if mode not in ("local", "gba") or (mode == "gba") != (ps is not None):
         raise ValueError(f"mode must be 'local', or 'gba' with ps= the parameter server's address; got {mode!r}")
-    if spec is None or config is None or (mode == "local" and checkpoint_dir is None):
-        raise ValueError("PicassoTrain needs a spec, a train config and (in local mode) a checkpoint directory")
+    if spec is None or (mode == "local" and (config is None or checkpoint_dir is None)):
+        raise ValueError("PicassoTrain needs a spec and, in local mode, a train config and a checkpoint directory "
+                         "(in gba mode, the model is the server's)")
     if mode == "gba":
         return GBAHandler(ps, spec)
     if start_from == "latest":

@@ -1,0 +1,104 @@
+"""`picasso stream --endless`: the flags of the endless job, what they refuse, and the run.
+
+    picasso stream --endless --topic events --workdir ./stream           # a server of its own
+    picasso stream --endless --topic events --ps ps-host:29500 ...       # a running `picasso ps --endless`
+
+The rest of `picasso stream`'s flags (the topics, the spec, the model, publishing) mean
+what they mean for the cycle stream; those that only bound a cycle stream are refused by
+name (pipelines/runs/endless.py says why the job has no cycles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from picasso import storage
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.distributed.gba import GBAConfig
+from picasso.distributed.staleness import parse_decay
+from picasso.distributed.transport import Security
+from picasso.pipelines.cli.publish import publish_policy
+from picasso.pipelines.cli.train_args import model_settings
+from picasso.pipelines.transforms.gba_train import PSAddress
+from picasso.trainer import TrainConfig
+
+# A cycle stream's bounds: an endless job has no cycles to count, cap or end on.
+BOUNDED_ONLY = {"until_caught_up": "--until-caught-up", "max_cycles": "--max-cycles",
+                "max_cycle_messages": "--max-cycle-messages", "max_seconds": "--max-seconds",
+                "max_failures": "--max-failures"}
+
+
+def add_endless_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "endless job", "one Beam pipeline that a streaming runner keeps running until SIGTERM or SIGINT; the model "
+                       "lives in a parameter server, which checkpoints and publishes on wall-clock time")
+    group.add_argument("--endless", action="store_true", help="run the endless job instead of cycles")
+    group.add_argument("--ps", metavar="HOST:PORT", default=None,
+                       help="train against this running `picasso ps --endless` (default: start one in this process "
+                            "on loopback, stopped on exit)")
+    group.add_argument("--checkpoint-every-s", type=float, default=30.0, metavar="SECONDS",
+                       help="the server's checkpoints, in seconds of wall clock (default 30)")
+    group.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
+                       help="the server drops a worker silent this long (default 30)")
+    group.add_argument("--global-batches", type=int, default=1, metavar="M",
+                       help="local batches per global step (default 1: one worker steps at each push)")
+    group.add_argument("--decay", default="exp", help="staleness decay of GBA (see `picasso ps --decay`)")
+
+
+def check_endless_args(args: argparse.Namespace) -> None:
+    """Refuse, by name, what an endless job cannot do."""
+    given = [flag for name, flag in BOUNDED_ONLY.items() if getattr(args, name)]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only for a stream in cycles; an endless job runs until it is stopped "
+                         "(SIGTERM or SIGINT)")
+    if args.impressions or args.labels:
+        raise ValueError("--endless reads labelled events (--topic) for now; a joined stream (--impressions, "
+                         "--labels) runs in cycles")
+    if str(args.cache_capacity).lower() not in ("off", "10%"):  # 10%: the cycle stream's default
+        raise ValueError("--cache-capacity: an endless job's workers hold no tables (the server does)")
+    if args.checkpoint_every_s <= 0 or args.lease < 10:
+        raise ValueError("--checkpoint-every-s must be positive and --lease at least 10 s")
+
+
+def endless_config(args, topics: dict[str, str], connection, spec):
+    """The EndlessConfig the flags describe (the topics, connection and spec parsed as the
+    cycle stream parses them)."""
+    from picasso.pipelines.runs.endless import EndlessConfig  # Beam and MLflow: for this command only
+    from picasso.pipelines.runs.endless_server import EndlessServerConfig
+
+    server, ps = None, None
+    if args.ps:
+        host, _, port = args.ps.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"--ps {args.ps!r}: expected HOST:PORT")
+        ps = PSAddress(host, int(port), max_in_flight=1, security=Security.from_env())
+    else:
+        workdir = storage.make_folder(args.workdir)
+        target = None
+        if args.publish_every > 0:
+            target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
+        server = EndlessServerConfig(
+            spec=spec, train=TrainConfig(**model_settings(args), device="cpu", seed=0), workdir=workdir,
+            topics=topics, gba=GBAConfig(args.global_batches, parse_decay(args.decay)), lease_s=args.lease,
+            checkpoint_every_s=args.checkpoint_every_s, keep_checkpoints=args.keep_checkpoints, mlflow=target,
+            publish_every_s=args.publish_every, publish_policy=publish_policy(args))
+    return EndlessConfig(connection=connection, topics=topics, spec=spec, server=server, ps=ps,
+                         decode=DecodeOptions(unknown_fields=args.unknown_fields),
+                         dead_letter_topic=args.dead_letter_topic, batch_messages=args.batch_messages,
+                         runner=args.runner, beam_args=args.beam_args, backoff_s=args.backoff,
+                         backoff_max_s=args.backoff_max)
+
+
+def run_endless_command(args, console, topics, connection, spec) -> dict:
+    from picasso.pipelines.runs.endless import run_endless  # Beam and MLflow: for this command only
+
+    logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
+    config = endless_config(args, topics, connection, spec)
+    where = f"the parameter server at {args.ps}" if args.ps else "a parameter server in this process"
+    console.log(f"endless job: {', '.join(f'{t} ({f})' for t, f in topics.items())} from "
+                f"{connection.bootstrap_servers}, training against {where}; SIGTERM or SIGINT stops it")
+    summary = run_endless(config)
+    return {"endless": True, "started_at": summary.started_at, "positions": summary.positions, "step": summary.step,
+            "samples": summary.samples, "checkpoint": summary.checkpoint, "versions": summary.versions}

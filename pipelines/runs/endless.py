@@ -1,0 +1,198 @@
+"""`picasso stream --endless`: one Beam pipeline that a streaming runner keeps running.
+
+    ReadFromKafka.unbounded (from the server's positions)
+      → DecodeMessages (each poll's dead letters written and acknowledged before its chunk goes on)
+      → PackMessages → PicassoTrain(mode="gba", unbounded) → the parameter server
+
+The model lives in the parameter server, not in the runner (DESIGN.md): the runner's
+workers join it, pull, compute and push; each push names the source range it trained, and
+the server applies a range at most once, so a retried bundle or a restarted worker trains
+nothing twice. The server checkpoints on wall-clock time and publishes versions
+(endless_server.py). With no --ps, this process starts one in a thread of its own on
+loopback and stops it on exit, which writes a last checkpoint and publishes it.
+
+A job starts reading each partition at the server's position: what its newest checkpoint
+holds. So a job that was killed is resubmitted as it is: it reads on from there, and the
+ledger refuses whatever the killed job had pushed already.
+
+It runs until SIGTERM or SIGINT, or until it fails. On a local runner a signal drains the
+reads (kafka_source.drain_unbounded_reads): each partition's read ends once it holds
+nothing unsent, the steps in flight finish, the worker leaves the server, and the server
+writes its last checkpoint. A streaming service drains a job its own way (Dataflow's
+drain, Flink's stop-with-savepoint); the server is what keeps the model either way.
+
+What this machine's runners do with such a pipeline (README, runner notes): the
+FnApiRunner with one worker runs it, fused steps getting each bundle as it is read; on it,
+a GroupByKey or timers after the endless source would never fire, so checkpoints,
+versions and commits are all on wall-clock time in the server, none through Beam.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from kafka.errors import KafkaError
+
+from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, ensure_topic
+from picasso.connectors.kafka_sink import DEFAULT_DELIVERY_TIMEOUT_S, DeadLetterProducer
+from picasso.connectors.kafka_source import (PartitionRange, ReadFromKafka, bounded_ranges, drain_unbounded_reads,
+                                             undrain_unbounded_reads)
+from picasso.connectors.retry import Backoff
+from picasso.distributed.param_server import ServerAddress
+from picasso.distributed.transport import Security, free_port
+from picasso.pipelines.runs.endless_server import EndlessServer, EndlessServerConfig
+from picasso.pipelines.transforms.decode import DecodeMessages
+from picasso.pipelines.transforms.gba_train import PSAddress
+from picasso.pipelines.transforms.pack import PackMessages
+from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.spec import FeatureSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EndlessConfig:
+    connection: KafkaConnection
+    topics: dict[str, str]  # topic -> message format (json | arrow | tsv)
+    spec: FeatureSpec
+    # The server this process starts and serves (None: train against `ps`, a server of its own).
+    server: EndlessServerConfig | None
+    ps: PSAddress | None = None  # a running `picasso ps --endless`
+    decode: DecodeOptions = DecodeOptions()
+    dead_letter_topic: str = "picasso.dead-letters"
+    batch_messages: int = 1000  # messages per training batch (an Arrow message holds many rows)
+    runner: str = "FnApiRunner"
+    beam_args: tuple[str, ...] = ()
+    resume_every_s: float = 1.0  # an unbounded read hands its rest back to the runner this often
+    # The broker at start: retried with these delays (doubling) for this many attempts.
+    connect_attempts: int = 10
+    backoff_s: float = 1.0
+    backoff_max_s: float = 30.0
+    delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S  # a dead letter's, before its bundle fails
+
+    def __post_init__(self):
+        if (self.server is None) == (self.ps is None):
+            raise ValueError("an endless job trains against the server it starts (server=) or a running one (ps=)")
+
+    def pipeline_options(self) -> PipelineOptions:
+        return PipelineOptions([f"--runner={self.runner}", *self.beam_args])
+
+
+@dataclass
+class EndlessSummary:
+    started_at: dict[str, int] = field(default_factory=dict)  # the positions the reads began at
+    positions: dict[str, int] = field(default_factory=dict)  # the server's when the job ended
+    step: int = 0
+    samples: int = 0
+    checkpoint: str | None = None
+    versions: list[str] = field(default_factory=list)  # made by this process's server
+
+
+def start_ranges(config: EndlessConfig, positions: dict[str, int], sleep=time.sleep) -> list[PartitionRange]:
+    """Every partition of the topics, unbounded, from the server's positions. A broker that
+    cannot be reached is tried again with a backoff, said once per attempt; a topic that
+    does not exist is bad input (ValueError), not something to wait for."""
+    backoff = Backoff(config.backoff_s, config.backoff_max_s)
+    for attempt in range(1, config.connect_attempts + 1):
+        try:
+            with _client_logs_quiet():  # it logs each reconnection: one line per attempt is ours
+                ranges = bounded_ranges(config.connection, config.topics, positions)
+            return [PartitionRange(r.topic, r.partition, r.start) for r in ranges]
+        except TopicNotFound as err:
+            raise ValueError(f"{err}: create it, or name the topic the events go to") from None
+        except (KafkaError, OSError) as err:
+            if attempt == config.connect_attempts:
+                raise ConnectionError(f"no Kafka broker at {config.connection.bootstrap_servers} after {attempt} "
+                                      f"attempts: {err}") from None
+            delay = backoff.next_delay()
+            log.warning("Kafka at %s cannot be reached (%s); attempt %d of %d, again in %.0f s",
+                        config.connection.bootstrap_servers, type(err).__name__, attempt, config.connect_attempts,
+                        delay)
+            sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def build_pipeline(config: EndlessConfig, ps: PSAddress, ranges: list[PartitionRange]) -> beam.Pipeline:
+    pipeline = beam.Pipeline(options=config.pipeline_options())
+    letters = DeadLetterProducer(config.connection, config.dead_letter_topic, config.delivery_timeout_s)
+    messages = pipeline | "ReadFromKafka" >> ReadFromKafka(config.connection, ranges, max_messages=config.batch_messages,
+                                                           resume_every_s=config.resume_every_s)
+    decoded = messages | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode,
+                                                            letters_to=letters)
+    _ = (
+        decoded.chunks
+        | "PackMessages" >> PackMessages(config.spec)
+        | "Batches" >> beam.Map(lambda packed: packed.batch)
+        | "Train" >> PicassoTrain(config.spec, mode="gba", ps=ps, unbounded=True)
+    )
+    return pipeline
+
+
+def run_endless(config: EndlessConfig) -> EndlessSummary:
+    summary = EndlessSummary()
+    server, ps = None, config.ps
+    if config.server is not None:
+        port = free_port()
+        server = EndlessServer(config.server, ServerAddress("127.0.0.1", port), summary.versions).start()
+        # One push in flight: a worker's pushes then reach the server in order, so the
+        # server's positions are where its applied ranges end, and a resubmitted job's
+        # re-read cuts nothing the ledger holds in part.
+        ps = PSAddress("127.0.0.1", port, max_in_flight=1)
+    try:
+        positions = server.positions() if server is not None else _remote_positions(ps)
+        ranges = start_ranges(config, positions)
+        summary.started_at = {r.source: r.start for r in ranges}
+        ensure_topic(config.connection, config.dead_letter_topic, 1)  # one partition: letters in arrival order
+        log.info("endless job: reading %s from %s",
+                 ", ".join(f"{r.source}@{r.start}" for r in ranges), config.connection.bootstrap_servers)
+        pipeline = build_pipeline(config, ps, ranges)
+        undrain_unbounded_reads()
+        previous = {sig: signal.signal(sig, lambda *_: _drain()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            pipeline.run().wait_until_finish()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        if server is not None:
+            server.stop()  # the last checkpoint, and its version
+    if server is not None:
+        model = server.model
+        summary.positions = server.positions()
+        summary.step, summary.samples, summary.checkpoint = model.trainer.step, model.trainer.samples, model.checkpoint
+    return summary
+
+
+@contextmanager
+def _client_logs_quiet():
+    client = logging.getLogger("kafka")
+    level = client.level
+    client.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        client.setLevel(level)
+
+
+def _drain() -> None:
+    log.info("stopping: the reads end once what they hold is trained")
+    drain_unbounded_reads()
+
+
+def _remote_positions(ps: PSAddress) -> dict[str, int]:
+    address = ServerAddress(ps.host, ps.port, ps.timeout_s, ps.security or Security.from_env())
+    connection = address.connect(0)
+    try:
+        if not connection.wait_ready(address.timeout_s):
+            raise ConnectionError(f"no parameter server at {ps.host}:{ps.port} after {address.timeout_s:g} s "
+                                  "(start `picasso ps --endless` first)")
+        return connection.call("positions")
+    finally:
+        connection.close()
