@@ -3,6 +3,11 @@ conftest.py belongs to someone else)."""
 
 from __future__ import annotations
 
+import site
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import torch
@@ -125,3 +130,19 @@ def planted_batches(spec, rows: int, batch_size: int, stream: int = 0, source: s
         for start in range(0, rows, batch_size)
     ]
     return batches, probabilities
+
+
+def venv_seeing_these_packages(path: Path, env: dict | None = None, timeout: float = 600) -> None:
+    """A virtual environment at `path` (without pip of its own) that sees the packages of the
+    interpreter running the tests, after its own. --system-site-packages alone sees the
+    base interpreter's, which are not these when the tests run inside a venv themselves:
+    a .pth then adds this environment's site-packages as a site directory (so that its own
+    .pth files, an editable install's among them, work there too)."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)],
+                   check=True, timeout=timeout, env=env)
+    if sys.prefix == sys.base_prefix:
+        return
+    (inner,) = Path(path).glob("lib/python*/site-packages")
+    outer = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
+    (inner / "_outer_environment.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in outer))

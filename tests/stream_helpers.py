@@ -3,14 +3,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 from helpers import small_spec
 from kafka_broker import create_topic, produce_values
 
+from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.decoding.message_formats import encode_arrow, encode_json
 from picasso.synthetic import PlantedModel
 
@@ -74,3 +79,41 @@ def _assert_close(a, b, where: str, atol: float) -> None:
         torch.testing.assert_close(a, b, atol=atol, rtol=0, msg=lambda m: f"{where}: {m}")
     else:
         assert a == b, where
+
+
+# -- the endless job ---------------------------------------------------------------------
+
+
+def start_process(command: list[str], log: Path) -> subprocess.Popen:
+    """The command as a process writing to log, with no MLflow URI from the test session's
+    environment: a stream that publishes does so to its work folder's own store."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    with open(log, "ab") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+def wait_for(condition, process: subprocess.Popen, what: str, timeout: float = 600) -> None:
+    """Until condition() holds; fails if the process exits first. The timeout is a bound for
+    a hung process, never a measure of speed."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert process.poll() is None, f"the process exited ({process.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
+        time.sleep(0.5)
+
+
+def stop_when_trained(process: subprocess.Popen, workdir: Path, positions: dict[str, int], log: Path) -> dict:
+    """Once the endless job's newest checkpoint holds `positions` (every message read),
+    stop it as an operator would (SIGTERM); its --json summary."""
+    def trained() -> bool:
+        path = latest_checkpoint(workdir / "checkpoints")
+        return path is not None and load_checkpoint(path).positions == positions
+
+    try:
+        wait_for(trained, process, f"a checkpoint at {positions}")
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=300) == 0, log.read_text()[-4000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    return json.loads(log.read_text().strip().splitlines()[-1])

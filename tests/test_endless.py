@@ -6,9 +6,7 @@ bad messages mixed in; checked from the broker's side and MLflow's."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
 import subprocess
 import threading
 import time
@@ -18,10 +16,10 @@ from pathlib import Path
 import pytest
 from kafka import KafkaProducer
 from kafka_broker import create_topic
-from stream_helpers import json_messages, stream_command, write_spec
+from stream_helpers import json_messages, start_process, stop_when_trained, stream_command, wait_for, write_spec
 from test_stream_exactly_once import _assert_dead_letters, _with_bad_messages
 
-from picasso.checkpoint import latest_checkpoint, load_checkpoint, read_applied
+from picasso.checkpoint import load_checkpoint, read_applied
 from picasso.connectors.publishing import registry_tags as tags
 
 PARTITIONS = 2
@@ -31,38 +29,34 @@ ENDLESS = ("--endless", "--batch-messages", "50", "--checkpoint-every-s", "2", "
 
 
 class SteadyProducer(threading.Thread):
-    """Sends the values at RATE a second, round-robin over the partitions; remembers each
-    message's (topic, partition, offset) and value once the broker acknowledged it."""
+    """Sends the values at RATE a second, round-robin over the partitions, until told to
+    stop (or out of values); remembers the (topic, partition, offset) and value of each
+    message sent, once the broker acknowledged it."""
 
     def __init__(self, bootstrap: str, topic: str, values: list[bytes]):
         super().__init__(daemon=True)
         self.bootstrap, self.topic, self.values = bootstrap, topic, values
         self.produced: dict[tuple[str, int, int], bytes] = {}
-        self.keys: list[tuple[str, int, int]] = []  # each value's (topic, partition, offset)
-        self.done = threading.Event()
+        self.keys: list[tuple[str, int, int]] = []  # the i-th value's (topic, partition, offset)
+        self.stop = threading.Event()
 
     def run(self):
         producer = KafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=5, acks="all")
         started = time.monotonic()
         futures = []
         for i, value in enumerate(self.values):
+            if self.stop.is_set():
+                break
             ahead = started + i / RATE - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
             futures.append((producer.send(self.topic, value=value, partition=i % PARTITIONS), value))
         producer.flush()
         for future, value in futures:
-            meta = future.get(timeout=30)
+            meta = future.get(timeout=60)
             self.keys.append((meta.topic, meta.partition, meta.offset))
             self.produced[self.keys[-1]] = value
         producer.close()
-        self.done.set()
-
-
-def _endless_process(spec: Path, bootstrap: str, topic: str, workdir: Path, log: Path, *extra: str):
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}  # the workdir's own store
-    command = stream_command(spec, bootstrap, topic, workdir, *ENDLESS, *extra)
-    return subprocess.Popen(command, stdout=open(log, "ab"), stderr=subprocess.STDOUT, env=env)
 
 
 def _versions_logged(workdir: Path) -> list[dict]:
@@ -70,57 +64,57 @@ def _versions_logged(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait(condition, process, what: str, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert process.poll() is None, f"the job exited ({process.returncode}) before {what}"
-        assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
-        time.sleep(0.5)
-
-
-def test_an_endless_job_trains_every_good_message_once_and_publishes_as_events_arrive(kafka_bootstrap, tmp_path):
+def test_an_endless_job_killed_twice_trains_every_good_message_once_and_publishes_as_events_arrive(
+        kafka_bootstrap, tmp_path):
+    """The job is SIGKILLed twice at a random moment and resubmitted as it was each time (its
+    parameter server dies with it, and the next one resumes from the newest checkpoint)."""
+    kills = 2
     seed = random.randrange(2**31)
     rng = random.Random(seed)
-    why = f"seed {seed}"
-    good = json_messages(rng.randrange(5000, 6000), stream=rng.randrange(100))
+    # Enough for minutes at RATE: the producer stops once the job is past its kills and
+    # two versions are out.
+    good = json_messages(60_000, stream=rng.randrange(100))
     values, bad_indices = _with_bad_messages(good)
     topic = f"endless-{seed}"
     create_topic(kafka_bootstrap, topic, PARTITIONS)
     spec = write_spec(tmp_path)
     workdir = tmp_path / "work"
     log = tmp_path / "endless.log"
+    command = stream_command(spec, kafka_bootstrap, topic, workdir, *ENDLESS, "--dead-letter-topic", f"{topic}.dead")
     producer = SteadyProducer(kafka_bootstrap, topic, values)
-    process = _endless_process(spec, kafka_bootstrap, topic, workdir, log)
+    producer.start()
+    waits = [round(rng.uniform(1.0, 15.0), 1) for _ in range(kills)]
+    why = f"seed {seed}, kills after {waits} s"
+    for wait in waits:
+        killed = start_process(command, log)
+        time.sleep(wait)
+        killed.kill()
+        assert killed.wait(timeout=60) == -9, f"the job ended by itself before its kill; {why}"
+    process = start_process(command, log)
     try:
-        producer.start()
         # Versions come out while the events still arrive: the job does not wait for an end.
-        _wait(lambda: len(_versions_logged(workdir)) >= 2 or producer.done.is_set(), process, "two versions")
-        assert not producer.done.is_set(), f"two versions only after the last event was sent; {why}"
+        wait_for(lambda: len(_versions_logged(workdir)) >= 2 or not producer.is_alive(), process, "two versions")
+        assert producer.is_alive(), f"the producer ran out of events before two versions; {why}"
+        producer.stop.set()
         producer.join()
-        ends = Counter()
-        for _, partition, offset in producer.produced:
-            ends[f"{topic}/{partition}"] = max(ends[f"{topic}/{partition}"], offset + 1)
-
-        def caught_up() -> bool:
-            path = latest_checkpoint(workdir / "checkpoints")
-            return path is not None and load_checkpoint(path).positions == dict(ends)
-
-        _wait(caught_up, process, "checkpoint of every message")
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=120) == 0, f"{log.read_text()[-3000:]}; {why}"
-    finally:
-        if process.poll() is None:
-            process.kill()
-    summary = json.loads(log.read_text().strip().splitlines()[-1])
+    except BaseException:
+        process.kill()
+        raise
+    sent = len(producer.keys)
+    good_sent = sent - sum(1 for i in bad_indices if i < sent)
+    ends = Counter()
+    for _, partition, offset in producer.keys:
+        ends[f"{topic}/{partition}"] = max(ends[f"{topic}/{partition}"], offset + 1)
+    summary = stop_when_trained(process, workdir, dict(ends), log)
     final = Path(summary["checkpoint"])
     assert summary["positions"] == dict(ends), why
 
     # Every good message trained exactly once: the ledger holds each partition whole, once,
     # and the samples are the good messages (a message trained twice would count twice).
     assert read_applied(final) == {source: [[0, end]] for source, end in ends.items()}, why
-    assert summary["samples"] == len(good) == load_checkpoint(final).state["samples"], why
-    bad = {producer.keys[i] for i in bad_indices}
-    _assert_dead_letters(kafka_bootstrap, "picasso.dead-letters", producer.produced, bad, why)
+    assert summary["samples"] == good_sent == load_checkpoint(final).state["samples"], why
+    bad = {producer.keys[i] for i in bad_indices if i < sent}
+    _assert_dead_letters(kafka_bootstrap, f"{topic}.dead", producer.produced, bad, why)
 
     # Every version complete and recorded once; the last holds the final checkpoint.
     from mlflow.tracking import MlflowClient

@@ -33,7 +33,8 @@ What each mode reads, where it cannot read the daily rows in their order:
   carries its watermark past the training rows and fills the buffer, so that it trains
   about as many samples as daily.
 
-The endless job of the design's next step joins MODES once it exists.
+The endless job (`picasso stream --endless`) reads the cycle stream's topic in the same
+batches; with one worker and a global step at each push, it trains them in their order.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from kafka_broker import create_topic, produce_values
 from learning_helpers import (BATCH, BLOCK, MODEL_FLAGS, ROWS_PER_STREAM, STREAMS, TRAINING_ROWS, ceiling,
                               held_out_auc, held_out_rows, learning_spec, planted_rows, timed_events, training_rows,
                               untrained_rows, write_day)
-from stream_helpers import fill_topic, run_stream_process, stream_command
+from stream_helpers import fill_topic, run_stream_process, start_process, stop_when_trained, stream_command
 from test_gba_ps import _finish, _ps, _worker
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
@@ -218,6 +219,22 @@ def cycle_stream(run: Run, flags: tuple[str, ...] = ()) -> Path:
     return run.checkpoint()
 
 
+def endless_job(run: Run) -> Path:
+    """`picasso stream --endless` on the same topic and batches, against the parameter
+    server it starts (one worker, a step at each push: the daily batches in their order),
+    stopped with SIGTERM once its checkpoint holds every message."""
+    topic = run.fixture("labelled_topic")
+    command = stream_command(run.spec_path, run.fixture("kafka_bootstrap"), f"{topic}:arrow", run.workdir,
+                             "--endless", "--batch-messages", str(BATCH // ROWS_PER_MESSAGE), "--publish-every", "0",
+                             "--checkpoint-every-s", "2", "--dead-letter-topic", f"{topic}.dead",
+                             "--cache-capacity", "off", "--json", *MODEL_FLAGS)
+    run.workdir.mkdir(parents=True, exist_ok=True)
+    log = run.workdir / "run.log"
+    stop_when_trained(start_process(command, log), run.workdir, {f"{topic}/0": TRAINING_ROWS // ROWS_PER_MESSAGE},
+                      log)
+    return run.checkpoint()
+
+
 def joined_stream(run: Run, late_labels: str) -> Path:
     impressions, clicks = run.fixture("joined_topics")
     _run(_picasso("stream", "--spec", str(run.spec_path), "--impressions", impressions, "--labels", clicks,
@@ -283,6 +300,7 @@ MODES = [
          saved={"cache": {"capacity": "20%", "refresh_every": 2}}),
     Mode("stream --topic, a dynamic table", cycle_stream, spec=DYNAMIC_SPEC),
     Mode("stream --topic, bf16", partial(cycle_stream, flags=("--precision", "bf16")), saved={"precision": "bf16"}),
+    Mode("endless job", endless_job),
     Mode("joined stream, late labels dropped", partial(joined_stream, late_labels="drop")),
     Mode("joined stream, late labels corrected", partial(joined_stream, late_labels="correct")),
     Mode("gba, 1 worker", gba_one_worker),

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import venv_seeing_these_packages
 
 HANG_GUARD_SECONDS = 900
 
@@ -89,8 +90,7 @@ def test_a_build_killed_halfway_does_not_hang_the_next_import(cache_root):
 
 def test_two_environments_keep_their_own_build_and_never_rebuild(cache_root, tmp_path):
     second_env = tmp_path / "second-env"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(second_env)],
-                   check=True, timeout=HANG_GUARD_SECONDS)
+    venv_seeing_these_packages(second_env, timeout=HANG_GUARD_SECONDS)
     pythons = {"first": Path(sys.executable), "second": second_env / "bin" / "python"}
 
     directory_of, outputs_after_first_use = {}, {}

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import apache_beam
 import pytest
+from helpers import venv_seeing_these_packages
 from test_kernel_build import build_outputs  # what a rebuild would change
 
 HANG_GUARD_SECONDS = 900
@@ -113,9 +114,7 @@ class Installed:
         self.cache = root / "kernel-cache"
         self.env = offline_env(PICASSO_KERNEL_CACHE=str(self.cache))
         self.prefix = root / "venv"
-        created = run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", self.prefix],
-                      env=self.env)
-        assert created.returncode == 0, created.stderr
+        venv_seeing_these_packages(self.prefix, env=self.env)
         self.python = self.prefix / "bin" / "python"
         # pip from the system site-packages, run by the environment's interpreter, as a
         # worker's pip is; isolation on; --no-cache-dir: no wheel built by another install.
