@@ -7,20 +7,36 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 from kafka import KafkaProducer
 from kafka_broker import create_topic
-from stream_helpers import json_messages, start_process, stop_when_trained, stream_command, wait_for, write_spec
+from stream_helpers import (assert_same_state, fill_topic, json_messages, start_process, stop_when_trained,
+                            stream_command, wait_for, write_spec)
 from test_stream_exactly_once import _assert_dead_letters, _with_bad_messages
 
-from picasso.checkpoint import load_checkpoint, read_applied
+from picasso.checkpoint import latest_checkpoint, load_checkpoint, read_applied
+from picasso.connectors.testing.loopback import free_port
 from picasso.connectors.publishing import registry_tags as tags
+from picasso.connectors.testing.param_server import in_process
+from picasso.distributed.gba import GBAConfig
+from picasso.distributed.local_gradient import GradientComputer
+from picasso.distributed.ps_checkpoint import build_shard
+from picasso.distributed.ps_client import PSClient, ServerRestarted
+from picasso.distributed.worker import GBAWorker, WorkerStats
+from picasso.models import build_model
+from picasso.pipelines.runs.planted import planted_batches
+from picasso.trainer import Trainer
+
+from test_trainer import CONFIG, SPEC
 
 PARTITIONS = 2
 RATE = 400  # messages a second, round-robin over the partitions
@@ -29,14 +45,15 @@ ENDLESS = ("--endless", "--batch-messages", "50", "--checkpoint-every-s", "2", "
 
 
 class SteadyProducer(threading.Thread):
-    """Sends the values at RATE a second, round-robin over the partitions, until told to
-    stop (or out of values); remembers the (topic, partition, offset) and value of each
-    message sent, once the broker acknowledged it."""
+    """Sends good events at RATE a second, with two bad messages in every twenty,
+    round-robin over the partitions, until told to stop (or out of events); remembers the
+    (topic, partition, offset) of each message once the broker acknowledged it."""
 
-    def __init__(self, bootstrap: str, topic: str, values: list[bytes]):
+    def __init__(self, bootstrap: str, topic: str, rng: random.Random):
         super().__init__(daemon=True)
-        self.bootstrap, self.topic, self.values = bootstrap, topic, values
-        self.produced: dict[tuple[str, int, int], bytes] = {}
+        self.bootstrap, self.topic = bootstrap, topic
+        # Enough for minutes at RATE: a test stops the producer when it has seen what it waits for.
+        self.values, self.bad_indices = _with_bad_messages(json_messages(60_000, stream=rng.randrange(100)))
         self.keys: list[tuple[str, int, int]] = []  # the i-th value's (topic, partition, offset)
         self.stop = threading.Event()
 
@@ -50,13 +67,32 @@ class SteadyProducer(threading.Thread):
             ahead = started + i / RATE - time.monotonic()
             if ahead > 0:
                 time.sleep(ahead)
-            futures.append((producer.send(self.topic, value=value, partition=i % PARTITIONS), value))
+            futures.append(producer.send(self.topic, value=value, partition=i % PARTITIONS))
         producer.flush()
-        for future, value in futures:
+        for future in futures:
             meta = future.get(timeout=60)
             self.keys.append((meta.topic, meta.partition, meta.offset))
-            self.produced[self.keys[-1]] = value
         producer.close()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join()
+
+    @property
+    def produced(self) -> dict[tuple[str, int, int], bytes]:
+        return dict(zip(self.keys, self.values))
+
+    @property
+    def bad(self) -> set[tuple[str, int, int]]:
+        return {self.keys[i] for i in self.bad_indices if i < len(self.keys)}
+
+    @property
+    def ends(self) -> dict[str, int]:
+        """Each partition's position after its last message."""
+        ends = Counter()
+        for topic, partition, offset in self.keys:
+            ends[f"{topic}/{partition}"] = max(ends[f"{topic}/{partition}"], offset + 1)
+        return dict(ends)
 
 
 def _versions_logged(workdir: Path) -> list[dict]:
@@ -64,26 +100,47 @@ def _versions_logged(workdir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def _assert_every_message_once(final: Path, producer: SteadyProducer, dead_letter_topic: str, why: str) -> None:
+    """Every good message trained exactly once: the ledger holds each partition whole, once,
+    and the samples are the good messages (one trained twice would count twice); every bad
+    one is on the dead-letter topic (de-duplicated by its source offset), and nothing else."""
+    assert load_checkpoint(final).positions == producer.ends, why
+    assert read_applied(final) == {source: [[0, end]] for source, end in producer.ends.items()}, why
+    assert load_checkpoint(final).state["samples"] == len(producer.keys) - len(producer.bad), why
+    _assert_dead_letters(producer.bootstrap, dead_letter_topic, producer.produced, producer.bad, why)
+
+
+def _assert_versions_once(workdir: Path, final: Path, why: str) -> None:
+    """Every version complete and recorded once, the last holding the final checkpoint, and
+    each one's prequential window exactly the samples since the version before."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    versions = client.search_model_versions("name='endless-ctr'")
+    recorded = Counter((r["version"], r["checkpoint"]) for r in _versions_logged(workdir))
+    registered = Counter((str(v.version), v.tags[tags.CHECKPOINT_PATH]) for v in versions)
+    assert recorded == registered and max(recorded.values()) == 1, f"{recorded} against {registered}; {why}"
+    assert str(final) in {v.tags[tags.CHECKPOINT_PATH] for v in versions}, why
+    metrics = sorted((m["samples"], m["window_samples"])
+                     for m in (client.get_run(v.run_id).data.metrics for v in versions))
+    assert all(window == samples - before for (samples, window), (before, _) in zip(metrics, [(0, 0)] + metrics)), \
+        f"(samples, window_samples) by version: {metrics}; {why}"
+
+
 def test_an_endless_job_killed_twice_trains_every_good_message_once_and_publishes_as_events_arrive(
         kafka_bootstrap, tmp_path):
     """The job is SIGKILLed twice at a random moment and resubmitted as it was each time (its
     parameter server dies with it, and the next one resumes from the newest checkpoint)."""
-    kills = 2
     seed = random.randrange(2**31)
     rng = random.Random(seed)
-    # Enough for minutes at RATE: the producer stops once the job is past its kills and
-    # two versions are out.
-    good = json_messages(60_000, stream=rng.randrange(100))
-    values, bad_indices = _with_bad_messages(good)
     topic = f"endless-{seed}"
     create_topic(kafka_bootstrap, topic, PARTITIONS)
-    spec = write_spec(tmp_path)
-    workdir = tmp_path / "work"
-    log = tmp_path / "endless.log"
-    command = stream_command(spec, kafka_bootstrap, topic, workdir, *ENDLESS, "--dead-letter-topic", f"{topic}.dead")
-    producer = SteadyProducer(kafka_bootstrap, topic, values)
+    workdir, log = tmp_path / "work", tmp_path / "endless.log"
+    command = stream_command(write_spec(tmp_path), kafka_bootstrap, topic, workdir, *ENDLESS,
+                             "--dead-letter-topic", f"{topic}.dead")
+    producer = SteadyProducer(kafka_bootstrap, topic, rng)
     producer.start()
-    waits = [round(rng.uniform(1.0, 15.0), 1) for _ in range(kills)]
+    waits = [round(rng.uniform(1.0, 15.0), 1) for _ in range(2)]
     why = f"seed {seed}, kills after {waits} s"
     for wait in waits:
         killed = start_process(command, log)
@@ -95,41 +152,78 @@ def test_an_endless_job_killed_twice_trains_every_good_message_once_and_publishe
         # Versions come out while the events still arrive: the job does not wait for an end.
         wait_for(lambda: len(_versions_logged(workdir)) >= 2 or not producer.is_alive(), process, "two versions")
         assert producer.is_alive(), f"the producer ran out of events before two versions; {why}"
-        producer.stop.set()
-        producer.join()
+        producer.finish()
     except BaseException:
         process.kill()
         raise
-    sent = len(producer.keys)
-    good_sent = sent - sum(1 for i in bad_indices if i < sent)
-    ends = Counter()
-    for _, partition, offset in producer.keys:
-        ends[f"{topic}/{partition}"] = max(ends[f"{topic}/{partition}"], offset + 1)
-    summary = stop_when_trained(process, workdir, dict(ends), log)
+    summary = stop_when_trained(process, workdir, producer.ends, log)
     final = Path(summary["checkpoint"])
-    assert summary["positions"] == dict(ends), why
+    assert summary["positions"] == producer.ends and summary["samples"] == len(producer.keys) - len(producer.bad), why
+    _assert_every_message_once(final, producer, f"{topic}.dead", why)
+    _assert_versions_once(workdir, final, why)
 
-    # Every good message trained exactly once: the ledger holds each partition whole, once,
-    # and the samples are the good messages (a message trained twice would count twice).
-    assert read_applied(final) == {source: [[0, end]] for source, end in ends.items()}, why
-    assert summary["samples"] == good_sent == load_checkpoint(final).state["samples"], why
-    bad = {producer.keys[i] for i in bad_indices if i < sent}
-    _assert_dead_letters(kafka_bootstrap, f"{topic}.dead", producer.produced, bad, why)
 
-    # Every version complete and recorded once; the last holds the final checkpoint.
-    from mlflow.tracking import MlflowClient
+def test_a_parameter_server_killed_mid_stream_stops_the_job_and_a_resubmit_trains_every_message_once(
+        kafka_bootstrap, tmp_path):
+    """`picasso ps --endless` on its own, SIGKILLed while the job trains against it and
+    started again: it resumes from its newest checkpoint, behind what the job had read, so
+    the job must not push into it. The job stops, naming what happened; resubmitted as it
+    was, it reads on from the server's positions."""
+    seed = random.randrange(2**31)
+    rng = random.Random(seed)
+    topic = f"endless-ps-{seed}"
+    create_topic(kafka_bootstrap, topic, PARTITIONS)
+    spec, port = write_spec(tmp_path), free_port()
+    server_dir = tmp_path / "server"
+    server_command = [sys.executable, "-m", "picasso.pipelines.cli", "ps", "--endless", "--spec", str(spec),
+                      "--workdir", str(server_dir), "--port", str(port), "--hidden", "16,8", "--checkpoint-every-s",
+                      "1", "--publish-every", "0", "--json"]
+    job_command = stream_command(spec, kafka_bootstrap, topic, tmp_path / "job", "--endless", "--ps",
+                                 f"127.0.0.1:{port}", "--batch-messages", "50", "--dead-letter-topic", f"{topic}.dead")
+    server_log, job_log = tmp_path / "server.log", tmp_path / "job.log"
+    producer = SteadyProducer(kafka_bootstrap, topic, rng)
+    why = f"seed {seed}"
+    server = start_process(server_command, server_log)
+    job = start_process(job_command, job_log)
+    processes = [server, job]
+    try:
+        producer.start()
 
-    client = MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
-    versions = client.search_model_versions("name='endless-ctr'")
-    recorded = Counter((r["version"], r["checkpoint"]) for r in _versions_logged(workdir))
-    registered = Counter((str(v.version), v.tags[tags.CHECKPOINT_PATH]) for v in versions)
-    assert recorded == registered and max(recorded.values()) == 1, f"{recorded} against {registered}; {why}"
-    assert str(final) in {v.tags[tags.CHECKPOINT_PATH] for v in versions}, why
-    metrics = sorted((m["samples"], m["window_samples"], m["auc"])
-                     for m in (client.get_run(v.run_id).data.metrics for v in versions))
-    # Each version's prequential window covers exactly the samples since the version before.
-    assert all(window == samples - before for (samples, window, _), (before, _, _) in zip(metrics, [(0, 0, 0)] + metrics)), \
-        f"(samples, window_samples, auc) by version: {metrics}; {why}"
+        def checkpointed() -> bool:  # a checkpoint of trained messages: the kill loses what came after
+            path = latest_checkpoint(server_dir / "checkpoints")
+            return path is not None and sum(load_checkpoint(path).positions.values()) > 0
+
+        wait_for(checkpointed, server, "a checkpoint of the server")
+        time.sleep(rng.uniform(0.0, 3.0))
+        server.kill()
+        server.wait(timeout=60)
+        server = start_process(server_command, server_log)
+        processes.append(server)
+        assert job.wait(timeout=300) == 1, f"{job_log.read_text()[-3000:]}; {why}"
+        stopped = job_log.read_text()
+        assert "restarted while" in stopped or "is unreachable" in stopped, f"{stopped[-3000:]}; {why}"
+        job = start_process(job_command, job_log)  # resubmitted as it was
+        processes.append(job)
+        wait_for(lambda: latest_checkpoint(server_dir / "checkpoints") is not None, server, "the server's restart")
+        time.sleep(3)  # events arrive while the resubmitted job trains
+        producer.finish()
+
+        def trained() -> bool:
+            path = latest_checkpoint(server_dir / "checkpoints")
+            return load_checkpoint(path).positions == producer.ends
+
+        wait_for(trained, job, "a checkpoint of every message")
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=300) == 0, f"{job_log.read_text()[-3000:]}; {why}"
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=300) == 0, f"{server_log.read_text()[-3000:]}; {why}"
+    finally:
+        producer.stop.set()
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    final = Path(json.loads(server_log.read_text().strip().splitlines()[-1])["checkpoint"])
+    _assert_every_message_once(final, producer, f"{topic}.dead", why)
 
 
 @pytest.mark.parametrize("flag", [["--until-caught-up"], ["--max-cycles", "3"], ["--max-seconds", "5"]])
@@ -151,3 +245,74 @@ def test_ps_is_only_for_an_endless_job(tmp_path):
     result = subprocess.run(stream_command(write_spec(tmp_path), "127.0.0.1:1", "events", tmp_path / "w",
                                            "--ps", "127.0.0.1:29500"), capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--ps: only for the endless job" in result.stderr, result.stderr[-2000:]
+
+
+# -- the server's side, in this process ------------------------------------------------------
+
+
+def _one_shard(trainer: Trainer):
+    shard, layout = build_shard(trainer, 0, 1, GBAConfig(1))
+    return shard, layout
+
+
+def test_a_worker_is_refused_by_a_shard_that_restarted_since_its_last_pull():
+    shards = [_one_shard(Trainer(SPEC, CONFIG))[0]]
+    layout = shards[0].layout
+    computer = GradientComputer(build_model(CONFIG.model, SPEC, Trainer(SPEC, CONFIG).plan, CONFIG.hidden))
+    worker = GBAWorker(PSClient(layout, "worker0/x", max_in_flight=0, call=in_process(shards)), computer)
+    batches = list(planted_batches(SPEC, 300, 100, stream=5))
+    assert worker.step(batches[0], WorkerStats())
+    shards[0] = _one_shard(Trainer(SPEC, CONFIG))[0]  # the server started again, from its checkpoint
+    with pytest.raises(ServerRestarted, match="restarted while worker0/x trained"):
+        worker.step(batches[1], WorkerStats())
+    assert shards[0].snapshot().samples == 0  # nothing reached the restarted shard
+
+
+def test_the_servers_window_holds_each_batch_scored_before_it_trained_and_forgets_what_a_version_holds():
+    """Test-then-train on the server: with one worker and a step at each push, every batch's
+    scores are those a local Trainer gives it just before training on it."""
+    shard, layout = _one_shard(Trainer(SPEC, CONFIG))
+    computer = GradientComputer(build_model(CONFIG.model, SPEC, Trainer(SPEC, CONFIG).plan, CONFIG.hidden))
+    worker = GBAWorker(PSClient(layout, "worker0/x", max_in_flight=0, call=in_process([shard])), computer,
+                       prequential=True)
+    batches = list(planted_batches(SPEC, 600, 100, stream=5))
+    local = Trainer(SPEC, CONFIG)
+    expected = []
+    for batch in batches[:4]:
+        worker.step(batch, WorkerStats())
+        expected.append(torch.from_numpy(local.predict(batch)))
+        local.train_step(batch)
+    window = shard.snapshot().window
+    torch.testing.assert_close(window.scores, torch.cat(expected), atol=1e-5, rtol=0)
+    assert window.labels.tolist() == torch.cat([b.to_torch().label for b in batches[:4]]).tolist()
+    shard.forget_window(shard.step())  # a version now holds these
+    for batch in batches[4:]:
+        worker.step(batch, WorkerStats())
+    assert shard.snapshot().window.labels.numel() == 200
+
+
+def test_a_repeated_bundle_trains_nothing_twice(kafka_bootstrap, tmp_path):
+    """Every bundle run twice (the runner's --direct_runner_bundle_repeat: a dry run first,
+    whose pushes reach the server, then the real one): the second push of each batch is
+    acknowledged as held, and the model is the one an unrepeated run trains."""
+    topic = f"endless-repeat-{random.randrange(2**31)}"
+    values = json_messages(1_500, stream=3)
+    fill_topic(kafka_bootstrap, topic, values, PARTITIONS)
+    spec = write_spec(tmp_path)
+    ends = {f"{topic}/{p}": len(values) // PARTITIONS for p in range(PARTITIONS)}
+    states = {}
+    for repeat in (0, 1):
+        workdir, log = tmp_path / f"repeat-{repeat}", tmp_path / f"repeat-{repeat}.log"
+        command = stream_command(spec, kafka_bootstrap, topic, workdir, "--endless", "--batch-messages", "100",
+                                 "--checkpoint-every-s", "1", "--publish-every", "0", "--deterministic", "--json",
+                                 "--dead-letter-topic", f"{topic}.dead", f"--direct_runner_bundle_repeat={repeat}")
+        summary = stop_when_trained(start_process(command, log), workdir, ends, log)
+        final = Path(summary["checkpoint"])
+        assert read_applied(final) == {source: [[0, end]] for source, end in ends.items()}
+        states[repeat] = load_checkpoint(final).state
+        pushes = summary["pushes"]
+        # Repeated, a batch's second push is acknowledged as held (how many bundles the
+        # runner repeats, of those the source's resumptions make, is the runner's business).
+        assert (pushes["duplicate"] > 0) == bool(repeat) and pushes["refused_partly_trained"] == 0, pushes
+    assert states[1]["samples"] == states[0]["samples"] == len(values)
+    assert_same_state({k: v for k, v in states[1].items() if k != "rng"}, {k: v for k, v in states[0].items() if k != "rng"})

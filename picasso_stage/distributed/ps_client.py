@@ -174,11 +174,36 @@ class PSClient:
             raise ParameterServerError(f"{shard_name(shard)} failed a {method} from {self.worker}: {err}") from err
 
 
+class _Pull:
+    """A pull in flight that waits, up to the call's timeout, for a shard that cannot be
+    reached, and asks once more if the shard went away before it answered (a network blip, a
+    restart): the worker then learns whether it is the same shard (Pulled.restarted). A pull
+    changes nothing a second one would not."""
+
+    def __init__(self, connection: transport.Connection, args: tuple):
+        self.connection, self.args = connection, args
+        self.call = connection.call_async("pull", *args, wait_for_ready=True)
+
+    def done(self) -> bool:
+        return self.call.done()
+
+    def result(self):
+        try:
+            return self.call.result()
+        except transport.TransportError as err:
+            if not err.unreachable:
+                raise
+            log.warning("%s went away during a pull (%s); asking again", self.connection.name, err)
+            return self.connection.call_async("pull", *self.args, wait_for_ready=True).result()
+
+
 def over_grpc(connections: list[transport.Connection]):
     """A `call` for PSClient over one connection per shard."""
 
     def call(index: int, method: str, args: tuple, asynchronous: bool):
         connection = connections[index]
+        if asynchronous and method == "pull":
+            return _Pull(connection, args)
         if asynchronous:
             return connection.call_async(method, *args)
         try:

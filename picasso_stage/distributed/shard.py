@@ -210,6 +210,11 @@ class Shard:
         with self._lock:
             return self.control.step
 
+    def counts(self) -> dict[str, int]:
+        """What the pushes came to: accepted, duplicates, refusals by reason, steps."""
+        with self._lock:
+            return dict(self.control.counts)
+
     def stash_at(self, step: int) -> bool:
         """Stash a snapshot when the model reaches `step` (a wall-clock checkpoint: shard 0
         asks every shard for the same step); False when this shard is past it already."""

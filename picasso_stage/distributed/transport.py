@@ -63,6 +63,11 @@ class TransportError(RuntimeError):
         super().__init__(message)
         self.code = code
 
+    @property
+    def unreachable(self) -> bool:
+        """The server could not be reached, or went away before it answered."""
+        return self.code == grpc.StatusCode.UNAVAILABLE
+
 
 @dataclass(frozen=True)
 class Security:
@@ -241,8 +246,11 @@ class Connection:
         except grpc.RpcError as err:
             raise self._error(name, err) from None
 
-    def call_async(self, name: str, *args) -> Call:
-        future = self._method(name).future(wire.encode(args), timeout=self.timeout_s, metadata=self._metadata)
+    def call_async(self, name: str, *args, wait_for_ready: bool = False) -> Call:
+        """wait_for_ready: a server that cannot be reached now is waited for, up to the
+        call's timeout, instead of failing the call at once."""
+        future = self._method(name).future(wire.encode(args), timeout=self.timeout_s, metadata=self._metadata,
+                                           wait_for_ready=wait_for_ready)
         return Call(future, lambda err: self._error(name, err))
 
     def wait_ready(self, timeout_s: float) -> bool:

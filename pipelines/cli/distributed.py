@@ -40,6 +40,7 @@ from picasso.distributed.row_cache import RowCacheConfig
 from picasso.distributed.staleness import parse_decay
 from picasso.distributed.sync import SyncReplica
 from picasso.distributed.transport import Security
+from picasso.pipelines.cli.endless import add_ps_endless_args, run_ps_endless
 from picasso.pipelines.cli.process_exit import run_command
 from picasso.pipelines.cli.train_args import MODEL_FLAGS, add_model_args, flag_value, model_settings
 from picasso.pipelines.runs.planted import planted_batches, planted_source
@@ -60,8 +61,9 @@ def _add_group_args(parser: argparse.ArgumentParser, server: bool) -> None:
     parser.add_argument("--port", type=int, required=True)
     if server:
         parser.add_argument("--shards", type=int, default=1, help="parameter-server shards")
-        parser.add_argument("--workers", type=int, required=True,
-                            help="the job's workers: it ends when worker0..worker{N-1} (and any extra) are done")
+        parser.add_argument("--workers", type=int, default=None,
+                            help="the job's workers: it ends when worker0..worker{N-1} (and any extra) are done "
+                                 "(not with --endless, whose workers come and go)")
         parser.add_argument("--tls-cert", default=None, help="PEM certificate the server presents")
         parser.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     else:
@@ -93,6 +95,7 @@ def add_ps_commands(commands) -> None:
                     "default: this process serves shard 0 and starts the others")
     _add_model_args(ps)
     _add_group_args(ps, server=True)
+    add_ps_endless_args(ps)
     ps.set_defaults(run=run_ps)
 
     worker = commands.add_parser("gba-worker", help="train as one worker against `picasso ps` on planted data")
@@ -178,7 +181,7 @@ def _trainer(args, sync: bool = False):
 def _address(args, server: bool):
     """Where shard 0 is, and the credentials: TLS files from the flags, the token from
     $PICASSO_PS_TOKEN (never a flag: command lines are visible to every local user)."""
-    if server and (args.shards < 1 or args.workers < 1):
+    if server and (args.shards < 1 or (args.workers is not None and args.workers < 1)):
         raise SystemExit(f"error: --shards and --workers must be >= 1 (got {args.shards}, {args.workers})")
     tls = dict(tls_cert=args.tls_cert, tls_key=args.tls_key) if server else \
         dict(tls_cert=args.tls_ca, tls_server_name=args.tls_server_name)
@@ -196,6 +199,12 @@ def _gba_config(args):
 
 
 def run_ps(args) -> int:
+    if args.endless:
+        if args.workers is not None:
+            raise SystemExit("error: --workers: an endless job's workers come and go (no count)")
+        return run_ps_endless(args, _address(args, server=True))
+    if args.workers is None:
+        raise SystemExit("error: --workers is required (the job ends when they are done), unless --endless")
     address, gba = _address(args, server=True), _gba_config(args)
     index = args.shard_index or 0
     if not 0 <= index < args.shards:

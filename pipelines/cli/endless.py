@@ -11,7 +11,9 @@ name (pipelines/runs/endless.py says why the job has no cycles).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import signal
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
@@ -19,9 +21,11 @@ from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.staleness import parse_decay
 from picasso.distributed.transport import Security
-from picasso.pipelines.cli.publish import publish_policy
+from picasso.pipelines.cli.publish import add_publish_args, add_target_args, publish_policy
 from picasso.pipelines.cli.train_args import model_settings
 from picasso.pipelines.transforms.gba_train import PSAddress
+from picasso.spec import SpecError
+from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig
 
 # A cycle stream's bounds: an endless job has no cycles to count, cap or end on.
@@ -58,15 +62,44 @@ def check_endless_args(args: argparse.Namespace) -> None:
                          "--labels) runs in cycles")
     if str(args.cache_capacity).lower() not in ("off", "10%"):  # 10%: the cycle stream's default
         raise ValueError("--cache-capacity: an endless job's workers hold no tables (the server does)")
+
+
+def add_ps_endless_args(ps: argparse.ArgumentParser) -> None:
+    """`picasso ps --endless`: the endless job's server on its own (its workers elsewhere)."""
+    group = ps.add_argument_group(
+        "endless job", "serve the parameter server of an endless job (`picasso stream --endless --ps HOST:PORT`) "
+                       "until SIGTERM or SIGINT: workers come and go, checkpoints and versions on wall-clock time")
+    group.add_argument("--endless", action="store_true", help="serve an endless job (no --workers)")
+    group.add_argument("--checkpoint-every-s", type=float, default=30.0, metavar="SECONDS",
+                       help="seconds of wall clock between checkpoints (default 30)")
+    group.add_argument("--keep-checkpoints", type=int, default=3)
+    group.add_argument("--publish-every", type=float, default=300.0, help="seconds between model versions; 0: never")
+    add_target_args(group)
+    add_publish_args(group)
+
+
+def endless_server_config(args, spec, topics: dict[str, str]):
+    """The EndlessServerConfig the flags describe: `picasso stream --endless` (a server in its
+    own process) and `picasso ps --endless` alike."""
+    from picasso.pipelines.runs.endless_server import EndlessServerConfig  # MLflow: for this command only
+
     if args.checkpoint_every_s <= 0 or args.lease < 10:
         raise ValueError("--checkpoint-every-s must be positive and --lease at least 10 s")
+    workdir = storage.make_folder(args.workdir)
+    target = None
+    if args.publish_every > 0:
+        target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
+    return EndlessServerConfig(
+        spec=spec, train=TrainConfig(**model_settings(args), device="cpu", seed=getattr(args, "seed", 0)),
+        workdir=workdir, topics=topics, gba=GBAConfig(args.global_batches or 1, parse_decay(args.decay)),
+        lease_s=args.lease, checkpoint_every_s=args.checkpoint_every_s, keep_checkpoints=args.keep_checkpoints,
+        mlflow=target, publish_every_s=args.publish_every, publish_policy=publish_policy(args))
 
 
 def endless_config(args, topics: dict[str, str], connection, spec):
     """The EndlessConfig the flags describe (the topics, connection and spec parsed as the
     cycle stream parses them)."""
     from picasso.pipelines.runs.endless import EndlessConfig  # Beam and MLflow: for this command only
-    from picasso.pipelines.runs.endless_server import EndlessServerConfig
 
     server, ps = None, None
     if args.ps:
@@ -75,15 +108,7 @@ def endless_config(args, topics: dict[str, str], connection, spec):
             raise ValueError(f"--ps {args.ps!r}: expected HOST:PORT")
         ps = PSAddress(host, int(port), max_in_flight=1, security=Security.from_env())
     else:
-        workdir = storage.make_folder(args.workdir)
-        target = None
-        if args.publish_every > 0:
-            target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
-        server = EndlessServerConfig(
-            spec=spec, train=TrainConfig(**model_settings(args), device="cpu", seed=0), workdir=workdir,
-            topics=topics, gba=GBAConfig(args.global_batches, parse_decay(args.decay)), lease_s=args.lease,
-            checkpoint_every_s=args.checkpoint_every_s, keep_checkpoints=args.keep_checkpoints, mlflow=target,
-            publish_every_s=args.publish_every, publish_policy=publish_policy(args))
+        server = endless_server_config(args, spec, topics)
     return EndlessConfig(connection=connection, topics=topics, spec=spec, server=server, ps=ps,
                          decode=DecodeOptions(unknown_fields=args.unknown_fields),
                          dead_letter_topic=args.dead_letter_topic, batch_messages=args.batch_messages,
@@ -93,12 +118,44 @@ def endless_config(args, topics: dict[str, str], connection, spec):
 
 def run_endless_command(args, console, topics, connection, spec) -> dict:
     from picasso.pipelines.runs.endless import run_endless  # Beam and MLflow: for this command only
+    from picasso.pipelines.runs.stream import configure_determinism
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
     config = endless_config(args, topics, connection, spec)
+    configure_determinism(args.deterministic)
     where = f"the parameter server at {args.ps}" if args.ps else "a parameter server in this process"
     console.log(f"endless job: {', '.join(f'{t} ({f})' for t, f in topics.items())} from "
                 f"{connection.bootstrap_servers}, training against {where}; SIGTERM or SIGINT stops it")
     summary = run_endless(config)
     return {"endless": True, "started_at": summary.started_at, "positions": summary.positions, "step": summary.step,
-            "samples": summary.samples, "checkpoint": summary.checkpoint, "versions": summary.versions}
+            "samples": summary.samples, "checkpoint": summary.checkpoint, "versions": summary.versions,
+            "stopped": summary.stopped, "pushes": summary.pushes}
+
+
+def run_ps_endless(args, address) -> int:
+    """`picasso ps --endless`: serve until SIGTERM or SIGINT, then write the last checkpoint
+    and publish it. address: the ServerAddress of the flags (host, port, TLS and token)."""
+    from picasso.pipelines.runs.endless_server import EndlessServer  # MLflow: for this command only
+
+    refused = [flag for flag, given in (("--shards", args.shards != 1), ("--shard-index", args.shard_index is not None),
+                                        ("--samples", args.samples is not None),
+                                        ("--checkpoint-every", args.checkpoint_every)) if given]
+    if refused:
+        raise SystemExit(f"error: {', '.join(refused)}: not with --endless (one shard, checkpoints on wall-clock "
+                         "time, no sample budget)")
+    try:
+        server = EndlessServer(endless_server_config(args, load_spec(args.spec), {}), address)
+    except (SpecError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from None
+    previous = {sig: signal.signal(sig, lambda *_: server.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.serve()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if args.json:
+        model = server.model
+        print(json.dumps({"endless": True, "positions": server.positions(), "step": model.trainer.step,
+                          "samples": model.trainer.samples, "checkpoint": model.checkpoint,
+                          "versions": server.versions}))
+    return 0

@@ -29,7 +29,7 @@ def publish_policy(args):
                          deltas=not args.no_deltas, retry=RetryPolicy(attempts=args.publish_attempts))
 
 
-def _add_target_args(parser: argparse.ArgumentParser) -> None:
+def add_target_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
                         help="default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db")
     parser.add_argument("--experiment", default="picasso")
@@ -44,12 +44,12 @@ def add_publish_commands(commands) -> list[argparse.ArgumentParser]:
     apply.add_argument("--delta", help="a local delta.pt (with --base)")
     apply.add_argument("--version", help="fetch the base weights and this version's delta from MLflow instead")
     apply.add_argument("--workdir", default=".", help="for the default local MLflow store")
-    _add_target_args(apply)
+    add_target_args(apply)
     apply.set_defaults(run=reported(_apply_delta_command))
 
     pending = commands.add_parser("publish-pending", help="publish the checkpoints waiting in WORKDIR/publish")
     pending.add_argument("--workdir", required=True)
-    _add_target_args(pending)
+    add_target_args(pending)
     add_publish_args(pending)
     pending.set_defaults(run=reported(_publish_pending_command))
     return [apply, pending]

@@ -143,8 +143,8 @@ def _stream_command(args) -> CommandResult:
         check_endless_args(args)
         topics, _ = _stream_topics(args)
         output = run_endless_command(args, console, topics, kafka_connection(args), load_spec(args.spec))
-        summary("endless job", {k: v for k, v in output.items() if k not in ("started_at", "positions")})
-        return CommandResult(output)
+        summary("endless job", {k: v for k, v in output.items() if k not in ("started_at", "positions", "pushes")})
+        return CommandResult(output, stopped=output["stopped"])
     if args.ps:
         raise ValueError("--ps: only for the endless job (--endless)")
     output = run_stream_command(args, console)

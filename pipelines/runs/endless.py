@@ -45,7 +45,8 @@ from picasso.connectors.kafka_sink import DEFAULT_DELIVERY_TIMEOUT_S, DeadLetter
 from picasso.connectors.kafka_source import (PartitionRange, ReadFromKafka, bounded_ranges, drain_unbounded_reads,
                                              undrain_unbounded_reads)
 from picasso.connectors.retry import Backoff
-from picasso.distributed.param_server import ServerAddress
+from picasso.distributed.param_server import ParameterServerError, ServerAddress
+from picasso.distributed.ps_client import ServerRestarted
 from picasso.distributed.transport import Security, free_port
 from picasso.pipelines.runs.endless_server import EndlessServer, EndlessServerConfig
 from picasso.pipelines.transforms.decode import DecodeMessages
@@ -93,6 +94,10 @@ class EndlessSummary:
     samples: int = 0
     checkpoint: str | None = None
     versions: list[str] = field(default_factory=list)  # made by this process's server
+    stopped: str | None = None  # why the job stopped on its own: its parameter server failed it
+    # What the pushes came to on this process's server: accepted, duplicates (a retried
+    # bundle's, a resubmitted job's), refusals by reason.
+    pushes: dict[str, int] = field(default_factory=dict)
 
 
 def start_ranges(config: EndlessConfig, positions: dict[str, int], sleep=time.sleep) -> list[PartitionRange]:
@@ -157,6 +162,10 @@ def run_endless(config: EndlessConfig) -> EndlessSummary:
         previous = {sig: signal.signal(sig, lambda *_: _drain()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
             pipeline.run().wait_until_finish()
+        except ParameterServerError as err:  # gone, restarted, or refusing: the job cannot train on
+            summary.stopped = str(err) if isinstance(err, ServerRestarted) else \
+                f"{err}; run the job again once the server is back: it reads on from the server's positions"
+            log.error("%s", summary.stopped)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -165,7 +174,7 @@ def run_endless(config: EndlessConfig) -> EndlessSummary:
             server.stop()  # the last checkpoint, and its version
     if server is not None:
         model = server.model
-        summary.positions = server.positions()
+        summary.positions, summary.pushes = server.positions(), server.shard.counts()
         summary.step, summary.samples, summary.checkpoint = model.trainer.step, model.trainer.samples, model.checkpoint
     return summary
 

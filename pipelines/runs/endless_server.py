@@ -181,6 +181,11 @@ class EndlessServer:
             connection.close()
         return self
 
+    def request_stop(self) -> None:
+        """Stop serving soon (from a signal handler, say): serve() then writes the last
+        checkpoint, publishes it and returns."""
+        self._stop.set()
+
     def stop(self) -> None:
         """Stop serving: the last checkpoint is written and published before this returns."""
         self._stop.set()

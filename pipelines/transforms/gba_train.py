@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 
 from picasso.distributed.join import JoinSettings, join_job
-from picasso.distributed.param_server import ServerAddress
+from picasso.distributed.param_server import ParameterServerError, ServerAddress
 from picasso.distributed.row_cache import RowCacheConfig
 from picasso.distributed.transport import Security
 from picasso.spec import FeatureSpec
@@ -73,7 +73,13 @@ class _Member:
         self.lock = threading.Lock()
 
     def leave(self) -> None:
-        self.joined.leave()
+        try:
+            self.joined.leave()
+        except ParameterServerError as err:
+            # The server is gone (the job fails for it, and says so): nothing to tell it. A
+            # server that comes back drops this worker when its lease runs out.
+            log.warning("%s could not tell the server it finished: %s", self.joined.name, err)
+            return
         log.info("%s finished", self.joined.name)
 
 
