@@ -39,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 from mlflow.tracking import MlflowClient
 
+from benchmarks.endless_job import endless_versus_cycle
 from benchmarks.harness import parse_args, print_table, report
 from benchmarks.kafka_bench import kafka_broker
 from benchmarks.movielens import evaluate_days, restored
@@ -226,14 +227,26 @@ def _local_target(workdir: Path) -> MLflowTarget:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], lambda p: (
-        p.add_argument("--publish-every", type=float, default=10.0),
+        p.add_argument("--publish-every", type=float, default=None, help="default 10 s; 5 s with --endless"),
         p.add_argument("--seconds", type=float, default=75.0, help="how long events are produced"),
         p.add_argument("--rate", type=float, default=2000.0, help="events per second"),
         p.add_argument("--bootstrap", default=None),
         p.add_argument("--joined", action="store_true", help="impressions and delayed clicks, joined"),
         p.add_argument("--speedup", type=float, default=60.0, help="--joined: event time over wall time"),
         p.add_argument("--label-wait", default="15m", help="--joined: W"),
-        p.add_argument("--late-labels", default="drop", choices=["drop", "correct"])))
+        p.add_argument("--late-labels", default="drop", choices=["drop", "correct"]),
+        p.add_argument("--endless", action="store_true", help="the endless job beside the cycle stream "
+                       "(benchmarks/endless_job.py): freshness, throughput, exactly-once under kills, memory"),
+        p.add_argument("--endless-minutes", type=float, default=10.0, help="--endless: the memory run's length"),
+        p.add_argument("--backlog", type=int, default=100_000, help="--endless: events waiting, for throughput"),
+        p.add_argument("--batch-messages", type=int, default=1000, help="--endless: events a batch, both jobs"),
+        p.add_argument("--startup-s", type=float, default=15.0, help="--endless: a job's start before events flow"),
+        p.add_argument("--seed", type=int, default=0, help="--endless: when the kills land")))
+    if args.endless:
+        args.publish_every = 5.0 if args.publish_every is None else args.publish_every
+        endless_versus_cycle(args)
+        return
+    args.publish_every = 10.0 if args.publish_every is None else args.publish_every
     if args.joined:
         joined_freshness(args)
         return

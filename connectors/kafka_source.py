@@ -7,7 +7,9 @@ Python. One element per partition; its restriction is an offset range.
   (a bounded Beam cycle of `picasso stream`).
 - Unbounded: from start positions on, for streaming runners. The reader hands its
   remainder back to the runner every `resume_every_s`, and the watermark follows the
-  message timestamps.
+  message timestamps. An element is also cut short when its oldest message has waited
+  `max_delay_s` (a slow stream's element would otherwise wait to fill), so unbounded cut
+  points depend on timing: a re-read may cut differently.
 
 Each output element is one Messages: up to `max_messages` consecutive messages of one
 partition (one element per poll, not one per message: Beam costs about 8 µs per element).
@@ -144,11 +146,13 @@ class _Restrictions(RestrictionProvider):
 
 
 class _ReadPartitionDoFn(beam.DoFn):
-    def __init__(self, connection: KafkaConnection, max_messages: int, stall_timeout_s: float, resume_every_s: float):
+    def __init__(self, connection: KafkaConnection, max_messages: int, stall_timeout_s: float, resume_every_s: float,
+                 max_delay_s: float):
         self.connection = connection
         self.max_messages = max_messages
         self.stall_timeout_s = stall_timeout_s
         self.resume_every_s = resume_every_s
+        self.max_delay_s = max_delay_s
 
     def setup(self):
         self.consumer = self.connection.consumer(**{**FETCH_SETTINGS, **self.connection.options})
@@ -177,7 +181,7 @@ class _ReadPartitionDoFn(beam.DoFn):
         bounded = element.stop != UNBOUNDED
         started = last_progress = time.monotonic()
         while not reader.done:
-            batch = reader.read(flush_partial=not bounded)
+            batch = reader.read(flush_partial=not bounded, max_delay_s=None if bounded else self.max_delay_s)
             if batch is not None:
                 if batch.timestamps:
                     newest = Timestamp(micros=max(batch.timestamps) * 1000)
@@ -220,6 +224,7 @@ class _PartitionReader:
         self.fetched = self.batch_start  # offsets below it are waiting here or already emitted
         self.done = self.fetched >= self.stop
         self.progressed = False
+        self.held_since = time.monotonic()  # when the oldest message held was fetched
         self._clear()
         consumer.assign([self.tp])
         consumer.seek(self.tp, self.fetched)
@@ -235,9 +240,11 @@ class _PartitionReader:
     def _clear(self):
         self.offsets, self.values, self.keys, self.timestamps = [], [], [], []
 
-    def read(self, flush_partial: bool) -> Messages | None:
+    def read(self, flush_partial: bool, max_delay_s: float | None = None) -> Messages | None:
         """Poll (unless a full element is already waiting); a Messages when a cut point (or
-        the end) is reached, else None."""
+        the end) is reached, else None. flush_partial: also when a poll brings nothing;
+        max_delay_s: also when the oldest message held has waited this long (a slow stream's
+        batch would otherwise wait to fill, and the model's freshness with it)."""
         stop = self.stop
         got = 0
         self.progressed = False
@@ -245,7 +252,8 @@ class _PartitionReader:
             got = self._poll(stop)
         full = len(self.offsets) >= self.max_messages
         at_end = self.fetched >= stop
-        if not (full or at_end or (flush_partial and not got and self.offsets)):
+        overdue = max_delay_s is not None and self.offsets and time.monotonic() - self.held_since >= max_delay_s
+        if not (full or at_end or (flush_partial and not got and self.offsets) or overdue):
             return None
         return self._emit()
 
@@ -264,6 +272,8 @@ class _PartitionReader:
         # A fetch answers with whole batches, which may begin before the position asked for.
         block = block.between(before, stop)
         self.progressed = self.fetched > before
+        if not self.offsets and len(block):
+            self.held_since = time.monotonic()
         self.offsets += block.offsets.tolist()
         self.values += block.values
         self.keys += block.keys
@@ -287,6 +297,7 @@ class _PartitionReader:
                          self.offsets[:n], self.values[:n], self.keys[:n], self.timestamps[:n])
         self.offsets, self.values, self.keys, self.timestamps = (
             self.offsets[n:], self.values[n:], self.keys[n:], self.timestamps[n:])
+        self.held_since = time.monotonic()  # for what is left held: fetched with the emitted ones, or later
         self.batch_start = position
         self.done = position >= self.stop
         return batch
@@ -302,7 +313,7 @@ class ReadFromKafka(beam.PTransform):
     """
 
     def __init__(self, connection: KafkaConnection, ranges: list[PartitionRange], max_messages: int = 1000,
-                 stall_timeout_s: float = 30.0, resume_every_s: float = 1.0):
+                 stall_timeout_s: float = 30.0, resume_every_s: float = 1.0, max_delay_s: float = 0.5):
         super().__init__()
         if max_messages < 1:
             raise ValueError("max_messages must be at least 1")
@@ -311,6 +322,7 @@ class ReadFromKafka(beam.PTransform):
         self.max_messages = max_messages
         self.stall_timeout_s = stall_timeout_s
         self.resume_every_s = resume_every_s
+        self.max_delay_s = max_delay_s
 
     @classmethod
     def bounded(cls, connection: KafkaConnection, topics: Iterable[str], positions: dict[str, int] | None = None,
@@ -330,5 +342,5 @@ class ReadFromKafka(beam.PTransform):
             pbegin
             | "Partitions" >> beam.Create(self.ranges)
             | "Read" >> beam.ParDo(_ReadPartitionDoFn(self.connection, self.max_messages, self.stall_timeout_s,
-                                                      self.resume_every_s)).with_output_types(Messages)
+                                                      self.resume_every_s, self.max_delay_s)).with_output_types(Messages)
         )

@@ -144,7 +144,7 @@ def test_a_reader_that_met_a_codec_it_cannot_read_fails_again_when_reused(kafka_
     element = bounded_ranges(connection, [codec_topics["snappy"]], {})[0]
     hide_codec("snappy")
     dofn = kafka_source._ReadPartitionDoFn(connection, max_messages=100, stall_timeout_s=NEVER_STALLS_S,
-                                           resume_every_s=1.0)
+                                           resume_every_s=1.0, max_delay_s=1.0)
 
     def read_twice():
         dofn.setup()

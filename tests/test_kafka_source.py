@@ -4,6 +4,7 @@ of at most max_messages messages; bounded and unbounded modes; settings pass thr
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import apache_beam as beam
@@ -128,7 +129,8 @@ def test_latest_offsets_reaches_the_tail_of_every_partition(kafka_bootstrap, top
 def test_unbounded_read_defers_its_remainder_and_follows_message_timestamps(kafka_bootstrap, kafka_topic):
     create_topic(kafka_bootstrap, kafka_topic)
     produce_values(kafka_bootstrap, kafka_topic, [b"a%d" % i for i in range(50)])
-    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap), max_messages=20, stall_timeout_s=5, resume_every_s=0.5)
+    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap), max_messages=20, stall_timeout_s=5, resume_every_s=0.5,
+                              max_delay_s=600)
     dofn.setup()
     try:
         element = PartitionRange(kafka_topic, 0, 0, UNBOUNDED)
@@ -151,6 +153,40 @@ def test_unbounded_read_defers_its_remainder_and_follows_message_timestamps(kafk
         assert [v for b in more for v in b.values] == [b"b%d" % i for i in range(5)]
         assert more[0].start == 50 and more[-1].next_position == 55
     finally:
+        dofn.teardown()
+
+
+def test_an_unbounded_read_of_a_trickle_cuts_an_element_once_its_oldest_message_waited_max_delay(kafka_bootstrap,
+                                                                                                  kafka_topic):
+    """A message a tenth of a second never fills an element of 1,000: without the delay, the
+    first would wait minutes (and the model's freshness with it)."""
+    create_topic(kafka_bootstrap, kafka_topic)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    stop = threading.Event()
+
+    def trickle():  # until the first element is out (900: a hang guard)
+        for i in range(900):
+            if stop.is_set():
+                return
+            producer.send(kafka_topic, value=b"t%d" % i).get(timeout=30)
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=trickle)
+    thread.start()
+    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap), max_messages=1000, stall_timeout_s=60,
+                              resume_every_s=600, max_delay_s=0.3)
+    dofn.setup()
+    try:
+        tracker = ThreadsafeRestrictionTracker(OffsetRestrictionTracker(OffsetRange(0, UNBOUNDED)))
+        outputs = dofn.process(PartitionRange(kafka_topic, 0, 0, UNBOUNDED), tracker=RestrictionTrackerView(tracker),
+                               watermark=ManualWatermarkEstimator(None))
+        first = next(outputs).value
+        assert thread.is_alive() and 0 < len(first) < 900  # cut while the trickle still runs
+        assert first.start == 0 and first.next_position == len(first)
+    finally:
+        stop.set()
+        thread.join()
+        producer.close()
         dofn.teardown()
 
 

@@ -8,8 +8,9 @@ Either way it:
   (the scores of the batches trained since the last version);
 - takes workers that come and go: there is no worker count, and the job ends only when its
   owner stops it;
-- writes a checkpoint every `checkpoint_every_s` seconds of wall clock, at the next global
-  step, when the model trained since the one before (keeping `keep_checkpoints`);
+- writes a checkpoint every `checkpoint_every_s` seconds of wall clock (or every
+  `publish_every_s`, when versions are due more often: a version is made of a checkpoint),
+  when the model trained since the one before (keeping `keep_checkpoints`);
 - publishes the newest checkpoint every `publish_every_s` seconds through the outbox, gated
   and with deltas, exactly as the cycle stream does (stream_publisher.StreamPublisher),
   with the progressive metrics of its window: each batch was scored by its worker with the
@@ -157,9 +158,12 @@ class EndlessServer:
     def serve(self) -> None:
         """Serve until stop() (from another thread or a signal handler); then write the last
         checkpoint and publish it."""
+        # A version is made of a checkpoint: one is taken as often as versions are due.
+        every_s = self.config.checkpoint_every_s
+        if self.publisher.publishes:
+            every_s = min(every_s, self.config.publish_every_s)
         serve_shard(self.shard, self.address, 0, self.config.lease_s, description=self.description,
-                    on_stop=self._last, on_checkpoint=self._checkpoint,
-                    checkpoint_every_s=self.config.checkpoint_every_s, stop=self._stop)
+                    on_stop=self._last, on_checkpoint=self._checkpoint, checkpoint_every_s=every_s, stop=self._stop)
 
     def start(self) -> "EndlessServer":
         """Serve in a thread of this process; returns once the server takes calls."""
