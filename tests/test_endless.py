@@ -294,7 +294,8 @@ def test_the_servers_window_holds_each_batch_scored_before_it_trained_and_forget
 def test_a_repeated_bundle_trains_nothing_twice(kafka_bootstrap, tmp_path):
     """Every bundle run twice (the runner's --direct_runner_bundle_repeat: a dry run first,
     whose pushes reach the server, then the real one): the second push of each batch is
-    acknowledged as held, and the model is the one an unrepeated run trains."""
+    acknowledged as held, and the model is the one an unrepeated run trains. No batch is
+    cut short on time (--max-batch-delay): a re-read cuts where the first read did."""
     topic = f"endless-repeat-{random.randrange(2**31)}"
     values = json_messages(1_500, stream=3)
     fill_topic(kafka_bootstrap, topic, values, PARTITIONS)
@@ -305,6 +306,7 @@ def test_a_repeated_bundle_trains_nothing_twice(kafka_bootstrap, tmp_path):
         workdir, log = tmp_path / f"repeat-{repeat}", tmp_path / f"repeat-{repeat}.log"
         command = stream_command(spec, kafka_bootstrap, topic, workdir, "--endless", "--batch-messages", "100",
                                  "--checkpoint-every-s", "1", "--publish-every", "0", "--deterministic", "--json",
+                                 "--max-batch-delay", "600",
                                  "--dead-letter-topic", f"{topic}.dead", f"--direct_runner_bundle_repeat={repeat}")
         summary = stop_when_trained(start_process(command, log), workdir, ends, log)
         final = Path(summary["checkpoint"])
@@ -316,3 +318,29 @@ def test_a_repeated_bundle_trains_nothing_twice(kafka_bootstrap, tmp_path):
         assert (pushes["duplicate"] > 0) == bool(repeat) and pushes["refused_partly_trained"] == 0, pushes
     assert states[1]["samples"] == states[0]["samples"] == len(values)
     assert_same_state({k: v for k, v in states[1].items() if k != "rng"}, {k: v for k, v in states[0].items() if k != "rng"})
+
+
+def test_a_broker_down_at_start_is_tried_again_with_a_line_a_try_and_then_trained_from(restartable_broker,
+                                                                                        tmp_path):
+    broker = restartable_broker
+    broker.stop()
+    topic, workdir, log = "late-broker", tmp_path / "work", tmp_path / "endless.log"
+    # Tries of 1.5 s a backoff of 6 s apart: between two tries the test brings the broker up
+    # and makes the topic (a topic missing when the broker answers is bad input, exit 2).
+    process = start_process(stream_command(write_spec(tmp_path), broker.bootstrap, topic, workdir, "--endless",
+                                           "--batch-messages", "50", "--publish-every", "0", "--checkpoint-every-s",
+                                           "1", "--backoff", "6", "--backoff-max", "6", "--kafka-option",
+                                           "bootstrap_timeout_ms=1500", "--json"), log)
+    try:
+        wait_for(lambda: log.read_text().count("cannot be reached") >= 2, process, "two tries", timeout=300)
+        broker.start()
+        fill_topic(broker.bootstrap, topic, json_messages(300), 1)
+    except BaseException:
+        process.kill()
+        raise
+    summary = stop_when_trained(process, workdir, {f"{topic}/0": 300}, log)
+    assert summary["samples"] == 300
+    text = log.read_text()
+    tries = text.count("cannot be reached")
+    assert 2 <= tries < 10 and "attempt 1 of 10" in text, text[-3000:]
+    assert "Bootstrap" not in text  # the client's own lines, a dozen a try, are kept quiet

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import dataclasses
 import functools
 import hmac
 import ipaddress
@@ -83,6 +84,11 @@ class Security:
     def from_env(cls, **given) -> "Security":
         given = {key: value for key, value in given.items() if value is not None}
         return cls(**{"token": os.environ.get(TOKEN_ENV) or None, **given})
+
+    def with_env_token(self) -> "Security":
+        """These settings, with $PICASSO_PS_TOKEN as the token when they carry none: read
+        where the call is made (a Beam worker), so the secret never travels in a pipeline."""
+        return self if self.token else dataclasses.replace(self, token=os.environ.get(TOKEN_ENV) or None)
 
     @property
     def tls(self) -> bool:

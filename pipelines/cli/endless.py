@@ -42,6 +42,11 @@ def add_endless_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ps", metavar="HOST:PORT", default=None,
                        help="train against this running `picasso ps --endless` (default: start one in this process "
                             "on loopback, stopped on exit)")
+    group.add_argument("--ps-tls-ca", default=None, metavar="PEM",
+                       help="--ps over TLS: the certificate (or its CA) to trust, at this path on every worker; the "
+                            "token is each worker's $PICASSO_PS_TOKEN")
+    group.add_argument("--ps-tls-server-name", default=None, help="the name in the server's certificate, when it "
+                       "is not the host of --ps")
     group.add_argument("--checkpoint-every-s", type=float, default=30.0, metavar="SECONDS",
                        help="the server's checkpoints, in seconds of wall clock (default 30)")
     group.add_argument("--lease", type=float, default=30.0, metavar="SECONDS",
@@ -49,6 +54,9 @@ def add_endless_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--global-batches", type=int, default=1, metavar="M",
                        help="local batches per global step (default 1: one worker steps at each push)")
     group.add_argument("--decay", default="exp", help="staleness decay of GBA (see `picasso ps --decay`)")
+    group.add_argument("--max-batch-delay", type=float, default=0.5, metavar="SECONDS",
+                       help="train a batch short of --batch-messages once its oldest event has waited this long "
+                            "(default 0.5: a slow stream's batch would otherwise wait to fill)")
 
 
 def check_endless_args(args: argparse.Namespace) -> None:
@@ -106,14 +114,17 @@ def endless_config(args, topics: dict[str, str], connection, spec):
         host, _, port = args.ps.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"--ps {args.ps!r}: expected HOST:PORT")
-        ps = PSAddress(host, int(port), max_in_flight=1, security=Security.from_env())
+        # The token is read by each worker from its environment, never carried in the graph.
+        security = Security(tls_cert=args.ps_tls_ca, tls_server_name=args.ps_tls_server_name) \
+            if args.ps_tls_ca else None
+        ps = PSAddress(host, int(port), max_in_flight=1, security=security)
     else:
         server = endless_server_config(args, spec, topics)
     return EndlessConfig(connection=connection, topics=topics, spec=spec, server=server, ps=ps,
                          decode=DecodeOptions(unknown_fields=args.unknown_fields),
                          dead_letter_topic=args.dead_letter_topic, batch_messages=args.batch_messages,
                          runner=args.runner, beam_args=args.beam_args, backoff_s=args.backoff,
-                         backoff_max_s=args.backoff_max)
+                         backoff_max_s=args.backoff_max, max_batch_delay_s=args.max_batch_delay)
 
 
 def run_endless_command(args, console, topics, connection, spec) -> dict:

@@ -145,8 +145,9 @@ def _stream_command(args) -> CommandResult:
         output = run_endless_command(args, console, topics, kafka_connection(args), load_spec(args.spec))
         summary("endless job", {k: v for k, v in output.items() if k not in ("started_at", "positions", "pushes")})
         return CommandResult(output, stopped=output["stopped"])
-    if args.ps:
-        raise ValueError("--ps: only for the endless job (--endless)")
+    given = [flag for flag, value in (("--ps", args.ps), ("--ps-tls-ca", args.ps_tls_ca)) if value]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only for the endless job (--endless)")
     output = run_stream_command(args, console)
     summary("stream", {k: v for k, v in output.items() if k not in ("ledger", "versions")})
     # pending: a stream that ended with versions in the outbox; stopped: one that gave up

@@ -72,6 +72,7 @@ class EndlessConfig:
     runner: str = "FnApiRunner"
     beam_args: tuple[str, ...] = ()
     resume_every_s: float = 1.0  # an unbounded read hands its rest back to the runner this often
+    max_batch_delay_s: float = 0.5  # a batch short of batch_messages goes once its oldest event waited this long
     # The broker at start: retried with these delays (doubling) for this many attempts.
     connect_attempts: int = 10
     backoff_s: float = 1.0
@@ -128,7 +129,8 @@ def build_pipeline(config: EndlessConfig, ps: PSAddress, ranges: list[PartitionR
     pipeline = beam.Pipeline(options=config.pipeline_options())
     letters = DeadLetterProducer(config.connection, config.dead_letter_topic, config.delivery_timeout_s)
     messages = pipeline | "ReadFromKafka" >> ReadFromKafka(config.connection, ranges, max_messages=config.batch_messages,
-                                                           resume_every_s=config.resume_every_s)
+                                                           resume_every_s=config.resume_every_s,
+                                                           max_delay_s=config.max_batch_delay_s)
     decoded = messages | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode,
                                                             letters_to=letters)
     _ = (
@@ -196,7 +198,7 @@ def _drain() -> None:
 
 
 def _remote_positions(ps: PSAddress) -> dict[str, int]:
-    address = ServerAddress(ps.host, ps.port, ps.timeout_s, ps.security or Security.from_env())
+    address = ServerAddress(ps.host, ps.port, ps.timeout_s, (ps.security or Security()).with_env_token())
     connection = address.connect(0)
     try:
         if not connection.wait_ready(address.timeout_s):

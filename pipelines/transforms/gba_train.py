@@ -50,8 +50,8 @@ class PSAddress:
     # The hot-row cache in front of the server (picasso.distributed.row_cache); None: every
     # row of every batch is pulled.
     row_cache: RowCacheConfig | None = None
-    # TLS and the token; None: each worker process reads $PICASSO_PS_TOKEN (a secret is
-    # better kept out of the pipeline's serialized graph).
+    # TLS (the CA to trust) and the token. Without a token, each worker process reads
+    # $PICASSO_PS_TOKEN (a secret is better kept out of the pipeline's serialized graph).
     security: Security | None = None
 
 
@@ -59,7 +59,8 @@ class _Member:
     """This process's one GBA worker: joined on first use, left when its last user goes."""
 
     def __init__(self, address: PSAddress, spec: FeatureSpec):
-        server = ServerAddress(address.host, address.port, address.timeout_s, address.security or Security.from_env())
+        server = ServerAddress(address.host, address.port, address.timeout_s,
+                               (address.security or Security()).with_env_token())
         self.joined = join_job(server, JoinSettings(max_in_flight=address.max_in_flight, row_cache=address.row_cache),
                                spec)
         try:
