@@ -113,6 +113,7 @@ class Shard:
         # so shard 0 can write a checkpoint of one step across shards while pushes go on.
         self.checkpoint_every = checkpoint_every
         self._stash_at: int | None = None  # a step asked for by stash_at (wall-clock checkpoints)
+        self._stashed_now: tuple | None = None  # (step, positions) of the last stash_now
         self._stashed: dict[int, ShardSnapshot] = {}
         # The prequential window by the step that trained it (see ShardSnapshot.window): a
         # checkpoint's version forgets what it holds (forget_window), later steps stay.
@@ -224,9 +225,16 @@ class Shard:
             self._stash_at = step
             return True
 
-    def stash_now(self) -> None:
+    def stash_now(self) -> bool:
+        """Stash a snapshot of the model as it is, unless it is as the last one found it
+        (the same step and positions): an idle stream's model is not copied again and again."""
         with self._lock:
+            state = (self.control.step, sorted(self.control.positions.items()))
+            if state == self._stashed_now:
+                return False
+            self._stashed_now = state
             self._stashed[self.control.step] = self._snapshot()
+            return True
 
     def forget_window(self, step: int) -> None:
         """A version now holds the window up to `step`, the step of the newest snapshot

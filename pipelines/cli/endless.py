@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
@@ -158,12 +157,7 @@ def run_ps_endless(args, address) -> int:
         server = EndlessServer(endless_server_config(args, load_spec(args.spec), {}), address)
     except (SpecError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
-    previous = {sig: signal.signal(sig, lambda *_: server.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.serve()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    server.serve_until_signalled()
     if args.json:
         model = server.model
         print(json.dumps({"endless": True, "positions": server.positions(), "step": model.trainer.step,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import threading
 from dataclasses import dataclass, field
 
@@ -147,7 +148,10 @@ class EndlessServer:
 
     @property
     def description(self) -> JobDescription:
-        return JobDescription(self.config.spec, self.config.train, self.layout, self.config.lease_s, prequential=True)
+        # Workers send their scores only to a server that publishes them: one that never
+        # publishes would keep a window that only grows.
+        return JobDescription(self.config.spec, self.config.train, self.layout, self.config.lease_s,
+                              prequential=self.model.keeps_window)
 
     def positions(self) -> dict[str, int]:
         """How far the model is trained into each source: where the job's reads begin."""
@@ -164,6 +168,15 @@ class EndlessServer:
             every_s = min(every_s, self.config.publish_every_s)
         serve_shard(self.shard, self.address, 0, self.config.lease_s, description=self.description,
                     on_stop=self._last, on_checkpoint=self._checkpoint, checkpoint_every_s=every_s, stop=self._stop)
+
+    def serve_until_signalled(self) -> None:
+        """serve() in the foreground until SIGTERM or SIGINT (`picasso ps --endless`)."""
+        previous = {sig: signal.signal(sig, lambda *_: self.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self.serve()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     def start(self) -> "EndlessServer":
         """Serve in a thread of this process; returns once the server takes calls."""
