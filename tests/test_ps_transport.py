@@ -167,14 +167,23 @@ def test_a_killed_worker_is_replaced_by_a_new_process_that_reads_on_from_the_ser
     reads its source on from the server's positions and trains it to the end. An extra
     worker (rank 2, beyond --workers) joins half-way too. No restart of anything else."""
     port = free_port()
-    server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "2", "--decay", "exp:limit=none")
+    # The replacement takes the dead one's name when it joins, whatever the lease; a long
+    # lease keeps the frozen worker below in the job.
+    server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "120", "--decay", "exp:limit=none")
     steady = _worker(port, 0, 20_000, "--straggler", "0:3")
     doomed = _worker(port, 1, 20_000)
     _wait_for_log(doomed, "training from step")
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
+    # Frozen until the others train: the job ends when its workers are done, and a steady
+    # worker that finished while new processes were still starting (a busy machine takes
+    # many seconds to start one) would leave them no job to join.
+    steady.send_signal(signal.SIGSTOP)
     replacement = _worker(port, 1, 2_000)
     extra = _worker(port, 2, 1_000)
+    for process in (replacement, extra):
+        _wait_for_log(process, "training from step")
+    steady.send_signal(signal.SIGCONT)
     results = {name: _finish(process) for name, process in
                (("replacement", replacement), ("extra", extra), ("steady", steady))}
     code, summary, err = _finish(server)
