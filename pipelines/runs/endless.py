@@ -30,7 +30,6 @@ versions and commits are all on wall-clock time in the server, none through Beam
 from __future__ import annotations
 
 import logging
-import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from picasso.distributed.param_server import ParameterServerError, ServerAddress
 from picasso.distributed.ps_client import ServerRestarted
 from picasso.distributed.transport import Security, free_port
 from picasso.pipelines.runs.endless_server import EndlessServer, EndlessServerConfig
+from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.pipelines.transforms.decode import DecodeMessages
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.pipelines.transforms.pack import PackMessages
@@ -161,16 +161,13 @@ def run_endless(config: EndlessConfig) -> EndlessSummary:
                  ", ".join(f"{r.source}@{r.start}" for r in ranges), config.connection.bootstrap_servers)
         pipeline = build_pipeline(config, ps, ranges)
         undrain_unbounded_reads()
-        previous = {sig: signal.signal(sig, lambda *_: _drain()) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            pipeline.run().wait_until_finish()
+            with stopped_by_signals(_drain):
+                pipeline.run().wait_until_finish()
         except ParameterServerError as err:  # gone, restarted, or refusing: the job cannot train on
             summary.stopped = str(err) if isinstance(err, ServerRestarted) else \
                 f"{err}; run the job again once the server is back: it reads on from the server's positions"
             log.error("%s", summary.stopped)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
     finally:
         if server is not None:
             server.stop()  # the last checkpoint, and its version

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
 import threading
 from dataclasses import dataclass, field
 
@@ -38,6 +37,7 @@ from picasso.distributed.gba import GBAConfig
 from picasso.distributed.param_server import JobDescription, ServerAddress, serve_shard
 from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
 from picasso.distributed.shard import Scored, ShardSnapshot
+from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.pipelines.runs.stream_publisher import StreamPublisher, VersionInfo
 from picasso.pipelines.runs.stream_window import SCORED_FILE, ScoredWindow
 from picasso.pipelines.runs.workdir import Workdir
@@ -171,12 +171,8 @@ class EndlessServer:
 
     def serve_until_signalled(self) -> None:
         """serve() in the foreground until SIGTERM or SIGINT (`picasso ps --endless`)."""
-        previous = {sig: signal.signal(sig, lambda *_: self.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
+        with stopped_by_signals(self.request_stop):
             self.serve()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def start(self) -> "EndlessServer":
         """Serve in a thread of this process; returns once the server takes calls."""

@@ -23,7 +23,6 @@ healthy stream never reloads its checkpoint.
 from __future__ import annotations
 
 import logging
-import signal
 import time
 import uuid
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from picasso.pipelines.runs.counters import picasso_counters
 from picasso.pipelines.runs.cycle_failures import FailureTracker
 from picasso.pipelines.runs.join_cycle import ORPHANS, DecodeJoinEvents, JoinInCycle, PackSamples
 from picasso.pipelines.runs.joined_stream_state import JoinedModelLoader, JoinedTopics
+from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.pipelines.runs.stream_publisher import StreamPublisher
 from picasso.pipelines.runs.stream_state import ModelLoader, StreamModel
 from picasso.pipelines.runs.workdir import Workdir
@@ -354,11 +354,7 @@ def configure_determinism(deterministic: bool) -> None:
 def run_stream(config: StreamConfig, on_cycle=lambda report, summary: None) -> StreamSummary:
     configure_determinism(config.deterministic)
     runner = StreamRunner(config, on_cycle)
-    previous = {sig: signal.signal(sig, runner.stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
+    with stopped_by_signals(runner.stop):
         return runner.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
