@@ -28,6 +28,7 @@ from picasso.connectors.testing.loopback import free_port
 from picasso.connectors.publishing import registry_tags as tags
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
+from picasso.distributed.param_server import ServerAddress
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.ps_checkpoint import build_shard
 from picasso.distributed.ps_client import PSClient, ServerRestarted
@@ -184,6 +185,13 @@ def test_a_parameter_server_killed_mid_stream_stops_the_job_and_a_resubmit_train
     producer = SteadyProducer(kafka_bootstrap, topic, rng)
     why = f"seed {seed}"
     server = start_process(server_command, server_log)
+    # The job is started once the server takes calls (a busy machine may take a minute to
+    # start a process; a job finding no server within its timeout exits, as it should).
+    connection = ServerAddress("127.0.0.1", port).connect(0)
+    try:
+        wait_for(lambda: connection.wait_ready(1.0), server, "the server taking calls")
+    finally:
+        connection.close()
     job = start_process(job_command, job_log)
     processes = [server, job]
     try:

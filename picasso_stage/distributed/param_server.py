@@ -207,7 +207,7 @@ class ShardService:
 def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s: float,
                 description: JobDescription | None = None, on_stop=None, on_checkpoint=None,
                 num_shards: int = 1, checkpoint_every_s: float | None = None,
-                stop: threading.Event | None = None) -> None:
+                stop: threading.Event | None = None, ready: threading.Event | None = None) -> None:
     """Serve `shard` on address.port + shard.index until the job ends: shard 0 then calls
     on_stop(snapshots of every shard, lost worker names) (to write the checkpoint) and
     releases the other shards. on_checkpoint(snapshots): shard 0, for every step all
@@ -215,7 +215,7 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
     clock: the next step every shard reaches after that).
 
     num_workers=0 serves an endless job: it ends only when `stop` is set (or a caller
-    releases shard 0), whoever has joined or left."""
+    releases shard 0), whoever has joined or left. `ready` is set once the shard takes calls."""
     kernels.backend_for(torch.device("cpu"))  # load (or build) the kernels before the first push needs them
     # An expected worker that has not joined within a call's timeout is counted as lost.
     service = ShardService(shard, num_workers, lease_s, address.timeout_s, description, endless=num_workers == 0)
@@ -225,6 +225,8 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
                              threads=num_workers + 4)
     peers = [address.connect(s) for s in range(1, num_shards)] if shard.index == 0 else []
     log.info("shard %d: serving on %s:%d for %d workers", shard.index, host, address.port + shard.index, num_workers)
+    if ready is not None:
+        ready.set()
     try:
         for peer in peers:
             if not peer.wait_ready(address.timeout_s):

@@ -143,6 +143,7 @@ class EndlessServer:
         self.publisher.adopt(self.model)
         self._written = (self.trainer.step, dict(self.trainer.positions))  # what the newest checkpoint holds
         self._stop = threading.Event()
+        self._ready = threading.Event()  # set once the server takes calls
         self._thread: threading.Thread | None = None
         self.error: BaseException | None = None
 
@@ -167,7 +168,8 @@ class EndlessServer:
         if self.publisher.publishes:
             every_s = min(every_s, self.config.publish_every_s)
         serve_shard(self.shard, self.address, 0, self.config.lease_s, description=self.description,
-                    on_stop=self._last, on_checkpoint=self._checkpoint, checkpoint_every_s=every_s, stop=self._stop)
+                    on_stop=self._last, on_checkpoint=self._checkpoint, checkpoint_every_s=every_s, stop=self._stop,
+                    ready=self._ready)
 
     def serve_until_signalled(self) -> None:
         """serve() in the foreground until SIGTERM or SIGINT (`picasso ps --endless`)."""
@@ -185,13 +187,12 @@ class EndlessServer:
 
         self._thread = threading.Thread(target=run, name="endless-ps", daemon=True)
         self._thread.start()
-        connection = self.address.connect(0)
-        try:
-            if not connection.wait_ready(self.address.timeout_s):
+        # Waited for as long as it is starting (loading the kernels may take a while on a
+        # busy machine), not for a fixed time; a server that failed to start says why.
+        while not self._ready.wait(0.5):
+            if not self._thread.is_alive():
                 raise RuntimeError(f"the job's parameter server did not come up on {self.address.host}:"
-                                   f"{self.address.port}: {self.error or 'no answer'}")
-        finally:
-            connection.close()
+                                   f"{self.address.port}: {self.error}")
         return self
 
     def request_stop(self) -> None:
