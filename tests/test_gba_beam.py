@@ -131,7 +131,8 @@ def test_a_pipeline_of_another_spec_is_refused_by_name(tmp_path, monkeypatch):
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
     port = free_port()
-    server = _ps(str(spec_path), tmp_path, port, 1, 1, "--lease", "2")
+    # The server counts the refused worker lost once it has not joined within --timeout.
+    server = _ps(str(spec_path), tmp_path, port, 1, 1, "--lease", "2", "--timeout", "10")
     other = replace(SPEC, name="other")
     options = PipelineOptions(["--runner", "FnApiRunner", "--direct_num_workers=1",
                                "--direct_running_mode=multi_processing"])

@@ -118,6 +118,8 @@ def aggregate(batch: list[Weighted]) -> GlobalGradient:
 
 
 def _aggregate_rows(batch: list[Weighted], table: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(batch) == 1 and _strictly_increasing(batch[0].contribution.sparse[table].rows):
+        return _rows_of_one(batch[0], table)
     rows = torch.cat([w.contribution.sparse[table].rows for w in batch])
     grads = torch.cat([w.contribution.sparse[table].grads.float() * (w.row_weights[table] * w.contribution.samples)
                        .unsqueeze(1) for w in batch])
@@ -127,3 +129,16 @@ def _aggregate_rows(batch: list[Weighted], table: str) -> tuple[torch.Tensor, to
     summed = torch.zeros(distinct.shape[0], grads.shape[1]).index_add_(0, inverse, grads)
     touched = torch.zeros(distinct.shape[0]).index_add_(0, inverse, samples)
     return distinct, summed / touched.unsqueeze(1)
+
+
+def _strictly_increasing(rows: torch.Tensor) -> bool:
+    return rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all())
+
+
+def _rows_of_one(weighted: Weighted, table: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One contribution of distinct sorted rows (a worker's, from torch.unique): what the
+    general path computes, with the same arithmetic (so the same bits), without its sort and
+    scatter: each row is its own distinct row, touched by this contribution's samples."""
+    part, samples = weighted.contribution.sparse[table], float(weighted.contribution.samples)
+    grads = part.grads.float() * (weighted.row_weights[table] * weighted.contribution.samples).unsqueeze(1)
+    return part.rows, grads / torch.full((part.rows.shape[0], 1), samples)

@@ -41,7 +41,7 @@ import torch
 
 from picasso import kernels
 from picasso.cache import CacheConfig
-from picasso.distributed import transport, wire
+from picasso.distributed import local_transport, transport, wire
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import PushOutcome, worker_id
 from picasso.distributed.dynamic_shard import DynamicLayout
@@ -67,8 +67,15 @@ class ServerAddress:
     port: int = 29500
     timeout_s: float = 60.0  # per call, and for a shard to come up
     security: transport.Security = field(default_factory=transport.Security)
+    # The server may be in this process (the endless job's own): reach it directly when it
+    # is, over gRPC when it is not (local_transport.py).
+    in_process: bool = False
 
-    def connect(self, index: int = 0) -> transport.Connection:
+    def connect(self, index: int = 0) -> transport.Connection | local_transport.LocalConnection:
+        if self.in_process:
+            local = local_transport.connect(self.host, self.port + index, shard_name(index))
+            if local is not None:
+                return local
         return transport.Connection(self.host, self.port + index, self.security, self.timeout_s, shard_name(index))
 
 
@@ -221,13 +228,14 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
     service = ShardService(shard, num_workers, lease_s, address.timeout_s, description, endless=num_workers == 0)
     host = address.host
     # A thread per worker and spares: a pull never waits for a thread while pushes aggregate.
-    server = transport.serve(service.methods(), host, address.port + shard.index, address.security,
-                             threads=num_workers + 4)
+    methods = service.methods()
+    server = transport.serve(methods, host, address.port + shard.index, address.security, threads=num_workers + 4)
     peers = [address.connect(s) for s in range(1, num_shards)] if shard.index == 0 else []
     log.info("shard %d: serving on %s:%d for %d workers", shard.index, host, address.port + shard.index, num_workers)
-    if ready is not None:
-        ready.set()
     try:
+        local_transport.register(address.port + shard.index, methods)
+        if ready is not None:
+            ready.set()
         for peer in peers:
             if not peer.wait_ready(address.timeout_s):
                 raise ParameterServerError(f"{peer.name} did not come up at {peer.address} within "
@@ -257,6 +265,7 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
             for peer in peers:
                 _ask(peer, "release")
     finally:
+        local_transport.unregister(address.port + shard.index, methods)
         server.stop(grace=1.0)
         for peer in peers:
             peer.close()

@@ -59,10 +59,10 @@ class PSClient:
         self._pulled_from: set[int] = set()  # shards this incarnation has pulled from
 
     def pull(self, rows: dict[str, torch.Tensor]) -> PulledBatch:
-        owners = {key: self.layout.owner(r) for key, r in rows.items()}
+        owners = self._owners(rows)
         # Every shard's part is asked at once: the shards look their rows up in parallel.
-        calls = [self._call(s, "pull", (self.worker, {k: r[owners[k] == s] for k, r in rows.items()}, s == 0,
-                                        s not in self._pulled_from), True)
+        calls = [self._call(s, "pull", (self.worker, self._part(rows, owners, s), s == 0, s not in self._pulled_from),
+                            True)
                  for s in range(self.layout.num_shards)]
         answers = [self._settled(s, "pull", call) for s, call in enumerate(calls)]
         restarted = [shard_name(s) for s, answer in enumerate(answers) if answer.restarted]
@@ -74,6 +74,9 @@ class PSClient:
         dropped = [shard_name(s) for s, answer in enumerate(answers) if answer.dropped]
         if dropped:
             raise WorkerDropped(f"{self.worker} was dropped by {', '.join(dropped)} (silent past its lease?)")
+        if owners is None:  # one shard: its answer is in the order asked
+            return PulledBatch((answers[0].token,), answers[0].dense, rows, answers[0].rows, answers[0].versions,
+                               answers[0].stop)
         values, versions = {}, {}
         for key, wanted in rows.items():
             dim = self.layout.table(key).dim
@@ -83,6 +86,16 @@ class PSClient:
                 mine = owners[key] == s
                 values[key][mine], versions[key][mine] = answer.rows[key], answer.versions[key]
         return PulledBatch(tuple(a.token for a in answers), answers[0].dense, rows, values, versions, answers[0].stop)
+
+    def _owners(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """Per table, the shard of each row; None with one shard, which owns them all."""
+        if self.layout.num_shards == 1:
+            return None
+        return {key: self.layout.owner(r) for key, r in rows.items()}
+
+    @staticmethod
+    def _part(rows: dict[str, torch.Tensor], owners: dict[str, torch.Tensor] | None, shard: int):
+        return rows if owners is None else {k: r[owners[k] == shard] for k, r in rows.items()}
 
     def resolve(self, keys: dict[str, torch.Tensor], event_time_ms: int | None) -> dict[str, torch.Tensor]:
         """Per dynamic field, the rows of a batch's keys: each shard resolves the keys it
@@ -100,17 +113,22 @@ class PSClient:
         return rows
 
     def push(self, pulled: PulledBatch, gradient: LocalGradient, positions: dict[str, int] | None = None,
-             ranges: dict[str, tuple[int, int]] | None = None, labels: torch.Tensor | None = None,
+             ranges: dict | None = None, labels: torch.Tensor | None = None,
              event_time_ms: int | None = None) -> None:
         """Send every shard its part; returns without waiting for the shards' answers.
         positions: where the batch ends in its sources (shard 0 records them for checkpoints);
-        ranges: the batch's [start, end) per source, which every shard trains at most once;
+        ranges: the batch's [start, end) per source (or a list of ranges), which every shard
+        trains at most once;
         labels (with the gradient's scores) and the batch's newest event time: shard 0's
         prequential evaluation."""
         self.collect()
+        one_shard = self.layout.num_shards == 1  # every row is shard 0's: nothing to split
         for s in range(self.layout.num_shards):
             sparse = {}
             for key, rows in gradient.rows.items():
+                if one_shard:
+                    sparse[key] = RowGradient(rows, gradient.row_grads[key], pulled.versions[key])
+                    continue
                 mine = self.layout.owner(rows) == s
                 sparse[key] = RowGradient(rows[mine], gradient.row_grads[key][mine], pulled.versions[key][mine])
             scored = s == 0 and labels is not None and gradient.scores is not None

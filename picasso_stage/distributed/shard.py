@@ -331,6 +331,6 @@ class Shard:
         rows = rows.to(torch.int64)
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= table.num_rows):
             raise ValueError(f"rows of {key} must be in [0, {table.num_rows})")
-        if rows.numel() and bool((self.layout.owner(rows) != self.index).any()):
+        if self.layout.num_shards > 1 and rows.numel() and bool((self.layout.owner(rows) != self.index).any()):
             raise ValueError(f"shard {self.index} was sent rows of {key} that another shard owns")
         return self.layout.local(rows)

@@ -150,8 +150,9 @@ def run_endless(config: EndlessConfig) -> EndlessSummary:
         server = EndlessServer(config.server, ServerAddress("127.0.0.1", port), summary.versions).start()
         # One push in flight: a worker's pushes then reach the server in order, so the
         # server's positions are where its applied ranges end, and a resubmitted job's
-        # re-read cuts nothing the ledger holds in part.
-        ps = PSAddress("127.0.0.1", port, max_in_flight=1)
+        # re-read cuts nothing the ledger holds in part. The runner's workers in this
+        # process call the server directly (local_transport.py).
+        ps = PSAddress("127.0.0.1", port, max_in_flight=1, in_process=True)
     try:
         positions = server.positions() if server is not None else _remote_positions(ps)
         ranges = start_ranges(config, positions)

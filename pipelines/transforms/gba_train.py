@@ -53,6 +53,9 @@ class PSAddress:
     # TLS (the CA to trust) and the token. Without a token, each worker process reads
     # $PICASSO_PS_TOKEN (a secret is better kept out of the pipeline's serialized graph).
     security: Security | None = None
+    # The server runs in the process that starts the pipeline (the endless job's own): a
+    # worker running in that process too calls it directly, others over gRPC.
+    in_process: bool = False
 
 
 class _Member:
@@ -60,7 +63,7 @@ class _Member:
 
     def __init__(self, address: PSAddress, spec: FeatureSpec):
         server = ServerAddress(address.host, address.port, address.timeout_s,
-                               (address.security or Security()).with_env_token())
+                               (address.security or Security()).with_env_token(), address.in_process)
         self.joined = join_job(server, JoinSettings(max_in_flight=address.max_in_flight, row_cache=address.row_cache),
                                spec)
         try:
