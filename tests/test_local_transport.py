@@ -43,7 +43,9 @@ class _Served:
 
 
 def _train(address: ServerAddress, batches) -> type:
-    joined = join_job(address, JoinSettings(max_in_flight=1), SPEC)
+    # Each push answered before the next pull: with one in flight, whether a pull saw the
+    # previous push would depend on timing, and the two models could differ by that alone.
+    joined = join_job(address, JoinSettings(max_in_flight=0), SPEC)
     kind = type(joined.connections[0])
     stats = WorkerStats()
     for batch in batches:
