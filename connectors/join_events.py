@@ -50,6 +50,7 @@ class EventFields:
     max_future_ms: int
     binary_label: bool = False  # label events: the label must be 0 or 1
     for_dead_letters: bool = False  # keep each row's key text and position
+    with_positions: bool = False  # keep each row's position (an impression's identity)
     # The newest message timestamp of the poll being decoded (set per poll by decode_poll:
     # a decoder serves one poll at a time); None: no bound.
     newest_ms: int | None = None
@@ -62,7 +63,9 @@ class EventFields:
     def schema(self) -> list[pa.Field]:
         fields = [pa.field(KEY_COLUMN, pa.uint64()), pa.field(TIME_COLUMN, pa.int64())]
         if self.for_dead_letters:
-            fields += [pa.field(KEY_TEXT_COLUMN, pa.string()), pa.field(POSITION_COLUMN, pa.int64())]
+            fields += [pa.field(KEY_TEXT_COLUMN, pa.string())]
+        if self.for_dead_letters or self.with_positions:
+            fields += [pa.field(POSITION_COLUMN, pa.int64())]
         return fields
 
     def validate(self, columns: dict, n: int, verdicts, positions: np.ndarray, label: np.ndarray) -> dict[str, pa.Array]:
@@ -75,6 +78,7 @@ class EventFields:
         if self.for_dead_letters:
             joined = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, "|")
             out[KEY_TEXT_COLUMN] = joined
+        if self.for_dead_letters or self.with_positions:
             out[POSITION_COLUMN] = pa.array(np.asarray(positions, dtype=np.int64))
         return out
 
@@ -131,11 +135,15 @@ class EventFields:
 class JoinDecoders:
     """The two decoders of a joined stream, and how their rows become join events."""
 
-    def __init__(self, spec: FeatureSpec, join: JoinSpec, options: DecodeOptions = DecodeOptions()):
+    def __init__(self, spec: FeatureSpec, join: JoinSpec, options: DecodeOptions = DecodeOptions(),
+                 identify: bool = False):
+        """identify: keep each impression's offset (its samples' identity: impressions_of
+        with a source)."""
         self.spec = spec
         self.join = join
         fields = dict(key=join.key, time=join.time_field, max_future_ms=join.max_future_ms)
-        self.impressions = RecordDecoder(spec, replace(options, require_label=False), events=EventFields(**fields))
+        self.impressions = RecordDecoder(spec, replace(options, require_label=False),
+                                         events=EventFields(**fields, with_positions=identify))
         label_spec = FeatureSpec(label=join.label_of(spec.label), dense=(), sparse=(), name="labels")
         self.labels = RecordDecoder(label_spec, options,
                                     events=EventFields(**fields, binary_label=True, for_dead_letters=True))
@@ -156,9 +164,12 @@ def decode_poll(decoder: RecordDecoder, fmt: str, messages: Messages) -> Decoded
     return decode_messages(decoder, fmt, messages)
 
 
-def impressions_of(table: pa.Table, feature_names: list[str]) -> Impressions:
+def impressions_of(table: pa.Table, feature_names: list[str], source: str | None = None) -> Impressions:
+    """Impression rows as join events; given their source, each keeps its offset there (its
+    samples' identity: decoded by JoinDecoders(identify=True))."""
+    offsets = table.column(POSITION_COLUMN).to_numpy() if source is not None else None
     return Impressions(table.column(KEY_COLUMN).to_numpy(), table.column(TIME_COLUMN).to_numpy(),
-                       table.select(feature_names))
+                       table.select(feature_names), source, offsets)
 
 
 def labels_of(table: pa.Table, source: str) -> Labels:

@@ -17,6 +17,12 @@ source knows one (the newest of its rows', in epoch ms: a Kafka span's newest me
 joined table's newest impression, the start of a day-file partition), and a joined
 stream's late-label share.
 
+A joined stream's samples are a set of impressions, not a range: such a batch carries each
+row's identity (the source and position it is trained under, picasso.sample_identity) in
+two more columns, which nothing packed reads, and its ranges are those positions' runs.
+It may also name positions it settles (SETTLES_KEY): ones that will train nothing more,
+which the parameter server records untrained; a batch may carry those and no rows.
+
 Packing is vectorised (Arrow and numpy over whole columns; no loop over rows), and the
 batch crosses into torch without copying.
 """
@@ -32,6 +38,7 @@ import pyarrow as pa
 import torch
 
 from picasso.packing import PackedGroup, PackingPlan
+from picasso.sample_identity import Range, held_mask, identity_of, spans_of
 from picasso.spec import FeatureSpec
 
 # Arrow buffers are read-only and torch warns when it wraps one; the tensors made here are
@@ -42,6 +49,10 @@ POSITIONS_KEY = b"picasso.positions"
 STARTS_KEY = b"picasso.starts"
 LATE_SHARE_KEY = b"picasso.late_share"
 EVENT_TIME_KEY = b"picasso.event_time_ms"
+SETTLES_KEY = b"picasso.settles"
+IDENTITY_SOURCES_KEY = b"picasso.identity_sources"  # the sources the identity column indexes
+IDENTITY_SOURCE_COLUMN = "picasso.identity_source"  # int32: an index into IDENTITY_SOURCES_KEY
+IDENTITY_POSITION_COLUMN = "picasso.identity_position"  # int64
 
 
 @dataclass(frozen=True)
@@ -88,11 +99,56 @@ class PackedBatch:
         return json.loads(metadata.get(POSITIONS_KEY, b"{}"))
 
     @property
-    def ranges(self) -> dict[str, tuple[int, int]]:
-        """Per source whose start the batch knows, [start, end) of the positions it covers."""
+    def ranges(self) -> dict[str, tuple[int, int] | list[Range]]:
+        """Per source whose start the batch knows, [start, end) of the positions it covers;
+        for a batch whose rows carry identities, their runs per source."""
+        identities = self.row_identities()
+        if identities is not None:
+            return identity_of(identities)
         metadata = self.data.schema.metadata or {}
         starts, ends = json.loads(metadata.get(STARTS_KEY, b"{}")), self.positions
         return {source: (start, ends[source]) for source, start in starts.items() if source in ends}
+
+    def row_identities(self) -> list[tuple[str, int]] | None:
+        """Each row's (source, position), where the rows carry them (with_identities)."""
+        if IDENTITY_POSITION_COLUMN not in self.data.schema.names:
+            return None
+        sources = json.loads(self.data.schema.metadata[IDENTITY_SOURCES_KEY])
+        index = self.data.column(IDENTITY_SOURCE_COLUMN).to_pylist()
+        return [(sources[i], p) for i, p in zip(index, self.data.column(IDENTITY_POSITION_COLUMN).to_pylist())]
+
+    def with_identities(self, sources: list[str], positions: np.ndarray) -> "PackedBatch":
+        """This batch, row i trained under (sources[i], positions[i])."""
+        names = sorted(set(sources))
+        index = {name: i for i, name in enumerate(names)}
+        data = self.data.append_column(IDENTITY_SOURCE_COLUMN, pa.array([index[s] for s in sources], pa.int32()))
+        data = data.append_column(IDENTITY_POSITION_COLUMN, pa.array(np.asarray(positions, np.int64)))
+        return PackedBatch(data.replace_schema_metadata(
+            {**(self.data.schema.metadata or {}), IDENTITY_SOURCES_KEY: json.dumps(names).encode()}))
+
+    def without_held(self, held: dict[str, list[Range]]) -> "PackedBatch":
+        """This batch less the rows whose identity is in `held` (ranges per source)."""
+        identities = self.row_identities()
+        if not identities or not held:
+            return self
+        keep = np.ones(len(identities), bool)
+        sources = np.array([source for source, _ in identities], dtype=object)
+        positions = np.array([position for _, position in identities], np.int64)
+        for source, spans in held.items():
+            mine = sources == source
+            keep[mine] &= ~held_mask(sorted(spans_of(spans)), positions[mine])
+        return self if keep.all() else PackedBatch(self.data.filter(pa.array(keep)))
+
+    @property
+    def settles(self) -> dict[str, list[Range]]:
+        """Positions this batch says will train nothing more (module docstring)."""
+        metadata = self.data.schema.metadata or {}
+        return {source: spans_of(spans) for source, spans in json.loads(metadata.get(SETTLES_KEY, b"{}")).items()}
+
+    def with_settles(self, settles: dict[str, list[Range]]) -> "PackedBatch":
+        if not settles:
+            return self
+        return self._with_metadata(SETTLES_KEY, json.dumps(settles, sort_keys=True).encode())
 
     @property
     def late_share(self) -> float | None:

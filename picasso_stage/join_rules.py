@@ -79,17 +79,24 @@ class JoinPolicy:
 @dataclass
 class Impressions:
     """Impression events, in arrival order: a key and an event time per row of `rows`
-    (canonical features; its label column is ignored)."""
+    (canonical features; its label column is ignored). `source` and `offsets`, where the
+    host knows them: where each came from, its samples' identity (picasso.sample_identity)."""
 
     keys: np.ndarray  # uint64
     times: np.ndarray  # int64 ms
     rows: pa.Table
+    source: str | None = None
+    offsets: np.ndarray | None = None  # int64, one per row
 
     def __post_init__(self):
         self.keys = np.asarray(self.keys, dtype=np.uint64)
         self.times = np.asarray(self.times, dtype=np.int64)
         if not len(self.keys) == len(self.times) == self.rows.num_rows:
             raise ValueError(f"{len(self.keys)} keys, {len(self.times)} times and {self.rows.num_rows} rows")
+        if self.offsets is not None:
+            self.offsets = np.asarray(self.offsets, dtype=np.int64)
+            if len(self.offsets) != len(self.keys):
+                raise ValueError(f"{len(self.offsets)} offsets for {len(self.keys)} impressions")
 
     def __len__(self) -> int:
         return len(self.keys)

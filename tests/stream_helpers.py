@@ -102,6 +102,19 @@ def wait_for(condition, process: subprocess.Popen, what: str, timeout: float = 6
         time.sleep(0.5)
 
 
+def wait_until_serving(server: subprocess.Popen, port: int) -> None:
+    """Until the parameter server process at port takes calls (a busy machine may take a
+    minute to start a process; a job finding no server within its timeout exits, as it
+    should)."""
+    from picasso.distributed.param_server import ServerAddress
+
+    connection = ServerAddress("127.0.0.1", port).connect(0)
+    try:
+        wait_for(lambda: connection.wait_ready(1.0), server, "the server taking calls")
+    finally:
+        connection.close()
+
+
 def stop_when_trained(process: subprocess.Popen, workdir: Path, positions: dict[str, int], log: Path) -> dict:
     """Once the endless job's newest checkpoint holds `positions` (every message read),
     stop it as an operator would (SIGTERM); its --json summary."""

@@ -19,8 +19,8 @@ import pytest
 import torch
 from kafka import KafkaProducer
 from kafka_broker import create_topic
-from stream_helpers import (assert_same_state, fill_topic, json_messages, start_process, stop_when_trained,
-                            stream_command, wait_for, write_spec)
+from stream_helpers import (assert_same_state, fill_topic, json_messages, produce_values, start_process,
+                            stop_when_trained, stream_command, wait_for, wait_until_serving, write_spec)
 from test_stream_exactly_once import _assert_dead_letters, _with_bad_messages
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, read_applied
@@ -28,7 +28,6 @@ from picasso.connectors.testing.loopback import free_port
 from picasso.connectors.publishing import registry_tags as tags
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
-from picasso.distributed.param_server import ServerAddress
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.ps_checkpoint import build_shard
 from picasso.distributed.ps_client import PSClient, ServerRestarted
@@ -185,13 +184,7 @@ def test_a_parameter_server_killed_mid_stream_stops_the_job_and_a_resubmit_train
     producer = SteadyProducer(kafka_bootstrap, topic, rng)
     why = f"seed {seed}"
     server = start_process(server_command, server_log)
-    # The job is started once the server takes calls (a busy machine may take a minute to
-    # start a process; a job finding no server within its timeout exits, as it should).
-    connection = ServerAddress("127.0.0.1", port).connect(0)
-    try:
-        wait_for(lambda: connection.wait_ready(1.0), server, "the server taking calls")
-    finally:
-        connection.close()
+    wait_until_serving(server, port)  # the job is started once the server takes calls
     job = start_process(job_command, job_log)
     processes = [server, job]
     try:
@@ -326,6 +319,35 @@ def test_a_repeated_bundle_trains_nothing_twice(kafka_bootstrap, tmp_path):
         assert (pushes["duplicate"] > 0) == bool(repeat) and pushes["refused_partly_trained"] == 0, pushes
     assert states[1]["samples"] == states[0]["samples"] == len(values)
     assert_same_state({k: v for k, v in states[1].items() if k != "rng"}, {k: v for k, v in states[0].items() if k != "rng"})
+
+
+def test_a_stream_quiet_for_longer_than_the_lease_keeps_its_worker_and_trains_what_comes_next(kafka_bootstrap,
+                                                                                               tmp_path):
+    """The worker renews its lease while there is nothing to train: the server drops only a
+    process that died or froze. Its last batches before the quiet are checkpointed too,
+    though no step follows them to take the snapshot at."""
+    lease_s = 10.0
+    topic, workdir, log = f"endless-quiet-{random.randrange(2**31)}", tmp_path / "work", tmp_path / "endless.log"
+    values = json_messages(600, stream=4)
+    fill_topic(kafka_bootstrap, topic, values[:300], 1)
+    process = start_process(stream_command(write_spec(tmp_path), kafka_bootstrap, topic, workdir, "--endless",
+                                           "--batch-messages", "100", "--publish-every", "0", "--checkpoint-every-s",
+                                           "1", "--lease", str(lease_s), "--json"), log)
+    try:
+        wait_for(lambda: _checkpointed_positions(workdir) == {f"{topic}/0": 300}, process, "the first 300 trained")
+        time.sleep(lease_s * 1.5)  # quiet: the server would have dropped a silent worker by now
+        produce_values(kafka_bootstrap, topic, values[300:], 1)
+    except BaseException:
+        process.kill()
+        raise
+    summary = stop_when_trained(process, workdir, {f"{topic}/0": 600}, log)
+    assert summary["samples"] == 600 and summary["pushes"].get("refused_dropped_worker", 0) == 0, summary
+    assert "dropped worker" not in log.read_text()
+
+
+def _checkpointed_positions(workdir: Path) -> dict[str, int]:
+    path = latest_checkpoint(workdir / "checkpoints")
+    return load_checkpoint(path).positions if path else {}
 
 
 def test_a_broker_down_at_start_is_tried_again_with_a_line_a_try_and_then_trained_from(restartable_broker,

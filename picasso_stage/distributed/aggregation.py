@@ -58,9 +58,11 @@ class Contribution:
     # The worker's count of its pushes before this one (-1: not numbered). Pushes of one
     # worker may reach a shard out of order; shard 0 records positions in this order.
     sequence: int = -1
-    # Per source, the batch's [start, end): every shard trains a range at most once
-    # (ledger.py). Empty: the batch's sources say no starts, and it is trained as it comes.
-    ranges: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Per source, the batch's [start, end), or a list of ranges where the batch is a set of
+    # positions (a joined stream's samples: picasso.sample_identity): every shard trains a
+    # range at most once (ledger.py). Empty: the batch's sources say no starts, and it is
+    # trained as it comes.
+    ranges: dict[str, tuple[int, int] | list[tuple[int, int]]] = field(default_factory=dict)
     # Sent to shard 0 only, for the server's prequential evaluation (an endless job's
     # versions): the batch's labels and the scores the worker gave it before training on
     # it (test-then-train), and the event time of its newest event. None: not sent.

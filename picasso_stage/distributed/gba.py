@@ -31,6 +31,7 @@ import torch
 from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate
 from picasso.distributed.ledger import Ledger
 from picasso.distributed.staleness import NO_DECAY, StalenessDecay
+from picasso.sample_identity import Spans, joined_positions, spans_of
 from picasso.trainer import merge_positions
 
 
@@ -218,6 +219,18 @@ class TokenControl:
             self.drop_worker(worker)
         return silent
 
+    def settle(self, ranges: dict[str, Spans]) -> None:
+        """Positions of a joined stream that nothing more will be trained for (a forgotten
+        impression's correction, a duplicate impression, a label the join needs no more,
+        a dead letter's): into the ledger, untrained, so that the positions pass them
+        (sample_identity)."""
+        self.ledger.add_all(ranges)
+
+    def all_positions(self) -> dict[str, int]:
+        """The positions of batches read in order, and a joined stream's partitions' from
+        the ranges in the model (sample_identity.joined_positions)."""
+        return {**self.positions, **joined_positions(self.applied().ranges)}
+
     def applied(self) -> Ledger:
         """The ranges in the model: the claimed ones less those still buffered."""
         applied = self.ledger.copy()
@@ -231,8 +244,9 @@ class TokenControl:
         return PushOutcome(False, reason, -1, 0.0, self.step, False)
 
 
-def _describe(ranges: dict[str, tuple[int, int]]) -> str:
-    return ", ".join(f"{source} [{a}, {b})" for source, (a, b) in sorted(ranges.items()))
+def _describe(ranges: dict[str, Spans]) -> str:
+    return ", ".join(f"{source} " + " ".join(f"[{a}, {b})" for a, b in spans_of(value))
+                     for source, value in sorted(ranges.items()))
 
 
 def _row_weights(decay: StalenessDecay, staleness: torch.Tensor) -> torch.Tensor:

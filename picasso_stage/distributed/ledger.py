@@ -2,11 +2,14 @@
 
 Runners retry bundles, restart workers and replay a source from a checkpoint's positions,
 so the same samples can be pushed twice. Every push carries, per source, the range
-[start, end) of the batch it came from (PackedBatch.ranges), and a shard trains a range
-at most once: a push whose ranges are all in the ledger is acknowledged and not trained;
-one that overlaps the ledger only in part is refused whole (its gradient cannot be split),
-which a deterministic re-read never produces: a source re-read from the ledger's positions
-cuts the same batches.
+[start, end) of the batch it came from (PackedBatch.ranges), or several ranges where the
+batch is a set of positions (a joined stream's samples: picasso.sample_identity), and a
+shard trains a range at most once: a push whose ranges are all in the ledger is
+acknowledged and not trained; one that overlaps the ledger only in part is refused whole
+(its gradient cannot be split), which a deterministic re-read never produces: a source
+re-read from the ledger's positions cuts the same batches. A batch that may overlap (a
+joined job's re-read samples) asks first which of its identities are held (`held`) and
+leaves those rows out before its gradient is computed.
 
 The ledger holds, per source, sorted disjoint half-open ranges, merged where they touch,
 so a source read in order is one range however many batches it had. A shard claims a
@@ -20,7 +23,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-Range = tuple[int, int]
+from picasso.sample_identity import Range, Spans, spans_of
 
 
 @dataclass
@@ -63,11 +66,23 @@ class Ledger:
             total += max(0, min(b, end) - max(a, start))
         return total
 
-    def verdict(self, ranges: dict[str, Range]) -> str:
-        """"new" (none of it held), "held" (all of it) or "partly" held."""
-        held = sum(self.covered(source, a, b) for source, (a, b) in ranges.items())
-        size = sum(b - a for a, b in ranges.values())
+    def verdict(self, ranges: dict[str, Spans]) -> str:
+        """"new" (none of it held), "held" (all of it) or "partly" held. A source names one
+        range or several (disjoint)."""
+        spans = [(source, span) for source, value in ranges.items() for span in spans_of(value)]
+        held = sum(self.covered(source, a, b) for source, (a, b) in spans)
+        size = sum(b - a for _, (a, b) in spans)
         return "new" if held == 0 else "held" if held == size else "partly"
+
+    def held(self, ranges: dict[str, Spans]) -> dict[str, list[Range]]:
+        """The parts of `ranges` the ledger holds, per source (sources with none left out)."""
+        found = {}
+        for source, value in ranges.items():
+            parts = [(max(a, x), min(b, y)) for x, y in spans_of(value) for a, b in self.ranges.get(source, [])
+                     if max(a, x) < min(b, y)]
+            if parts:
+                found[source] = sorted(parts)
+        return found
 
     def add(self, source: str, start: int, end: int) -> None:
         if not start < end:
@@ -92,10 +107,12 @@ class Ledger:
                 left.append((end, b))
         self.ranges[source] = left
 
-    def add_all(self, ranges: dict[str, Range]) -> None:
-        for source, (a, b) in ranges.items():
-            self.add(source, a, b)
+    def add_all(self, ranges: dict[str, Spans]) -> None:
+        for source, value in ranges.items():
+            for a, b in spans_of(value):
+                self.add(source, a, b)
 
-    def remove_all(self, ranges: dict[str, Range]) -> None:
-        for source, (a, b) in ranges.items():
-            self.remove(source, a, b)
+    def remove_all(self, ranges: dict[str, Spans]) -> None:
+        for source, value in ranges.items():
+            for a, b in spans_of(value):
+                self.remove(source, a, b)

@@ -122,7 +122,8 @@ class ShardService:
         shard = self.shard
         return {"describe": self.describe, "join": self.join, "start_line": self.start_line, "pull": shard.pull,
                 "resolve": shard.resolve, "push": shard.push, "positions": shard.positions,
-                "forget": shard.drop_worker, "finish": self.finish, "stashed": self.stashed, "step": shard.step,
+                "held": shard.held, "settle": shard.settle,
+                "forget": shard.drop_worker, "renew": shard.renew, "finish": self.finish, "stashed": self.stashed, "step": shard.step,
                 "stash_at": shard.stash_at, "snapshot": shard.snapshot, "release": self.stopped.set,
                 "status": self.status}
 
@@ -241,7 +242,10 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
                 raise ParameterServerError(f"{peer.name} did not come up at {peer.address} within "
                                            f"{address.timeout_s:g} s")
         clock = WallClockCheckpoints(checkpoint_every_s) if shard.index == 0 and checkpoint_every_s else None
-        while not service.stopped.wait(timeout=min(lease_s / 4, 1.0)):
+        # A snapshot asked for is taken at the next step and written as soon as every shard
+        # has it: looked for often until then (a version's freshness is the wait).
+        asked_at: float | None = None
+        while not service.stopped.wait(timeout=STASH_POLL_S if asked_at is not None else min(lease_s / 4, 1.0)):
             if stop is not None and stop.is_set():
                 service.stopped.set()
                 break
@@ -249,8 +253,20 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
                 log.warning("shard %d: dropped worker %s (silent for %.1f s)", shard.index, worker, lease_s)
             if shard.index == 0:  # membership is shard 0's: workers join there
                 service.settle()
-            if clock is not None and clock.due():
+            # Not asked again while one waits: a schedule as short as STASH_WAIT_S would
+            # otherwise put off the idle fallback below for ever.
+            if clock is not None and asked_at is None and clock.due():
                 request_stash(shard, peers)
+                asked_at = time.monotonic()
+            if asked_at is not None and not shard.stash_pending():
+                asked_at = None
+            elif asked_at is not None and time.monotonic() - asked_at > STASH_WAIT_S:
+                # No step came: the model is idle. One shard is stashed as it is (its last
+                # steps, or positions moved by duplicates, are checkpointed all the same);
+                # several go on waiting for a step they all reach.
+                if not peers:
+                    shard.stash_now()
+                asked_at = None
             if shard.index == 0 and on_checkpoint is not None:
                 write_stashed(shard, peers, on_checkpoint)
         log.info("shard %d: stopping at step %d", shard.index, shard.control.step)
@@ -272,6 +288,10 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
         log.info("shard %d: stopped", shard.index)
 
 
+STASH_POLL_S = 0.02  # how often shard 0 looks for a snapshot it asked for
+STASH_WAIT_S = 1.0  # how long it waits for the step that snapshot is taken at
+
+
 class WallClockCheckpoints:
     """When shard 0 next asks the shards for a snapshot: every `every_s` seconds."""
 
@@ -287,13 +307,12 @@ class WallClockCheckpoints:
 
 
 def request_stash(shard: Shard, peers: list[transport.Connection]) -> None:
-    """A shard alone stashes a snapshot now. Several are asked to stash one at the next
-    step none of them has reached yet, so that the snapshots are of one step (write_stashed
-    gathers them); a model that does not train meanwhile reaches no new step and writes no
-    checkpoint until it trains again."""
-    if not peers:
-        shard.stash_now()
-        return
+    """Every shard stashes a snapshot at the next step none of them has reached yet: one
+    step across shards (write_stashed gathers them), taken the moment that step is applied,
+    so a version made of it holds the newest batch as soon as it is trained. serve_shard
+    takes one shard as it is if no step comes soon; several reach no common step while the
+    model does not train, and write no checkpoint until it trains again (the last one, at
+    stop, holds whatever came after)."""
     target = max([shard.step()] + [_ask(peer, "step") for peer in peers]) + 1
     shard.stash_at(target)
     for peer in peers:

@@ -146,6 +146,24 @@ class PSClient:
                 self._in_flight[s].append(future)
         self._pushed += 1
 
+    def held(self, ranges: dict) -> dict[str, list[tuple[int, int]]]:
+        """The parts of a batch's identity any shard holds (ledger.Ledger.held), asked of
+        every shard at once: a part one shard holds must not be trained on any."""
+        calls = [self._call(s, "held", (self.worker, ranges), True) for s in range(self.layout.num_shards)]
+        found: dict[str, list[tuple[int, int]]] = {}
+        for s, call in enumerate(calls):
+            for source, spans in self._settled(s, "held", call).items():
+                found.setdefault(source, []).extend(tuple(span) for span in spans)
+        return found
+
+    def settle(self, ranges: dict) -> None:
+        """Tell every shard these positions will train nothing more (a joined stream's:
+        picasso.sample_identity). After the pushes in flight: a settled impression's sample
+        reaches the shards first."""
+        self.drain()
+        for s in range(self.layout.num_shards):
+            self._call(s, "settle", (self.worker, ranges), False)
+
     def rejoin(self) -> None:
         """Go on as a new incarnation of this worker, after the shards dropped this one: its
         unanswered pushes are taken (refused), and pushes are numbered from 0 again."""
@@ -157,6 +175,13 @@ class PSClient:
         self._pushed = 0
         self._pulled_from = set()
         log.info("%s rejoined as %s", old, self.worker)
+
+    def renew(self) -> None:
+        """Tell every shard this worker is alive, with nothing to push now (a stream with no
+        events for longer than the lease). Safe beside the worker's own calls: it sends only
+        the worker's name."""
+        for s in range(self.layout.num_shards):
+            self._call(s, "renew", (self.worker,), False)
 
     def positions(self) -> dict[str, int]:
         """How far the model is trained into each source: where a rejoining worker reads on."""

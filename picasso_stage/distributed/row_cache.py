@@ -183,6 +183,9 @@ class CachedPSClient:
         # Cached rows stay: each carries the version it was pulled at, which the shards judge.
         self.client.rejoin()
 
+    def renew(self) -> None:
+        self.client.renew()
+
     def positions(self) -> dict[str, int]:
         return self.client.positions()
 

@@ -29,6 +29,7 @@ from picasso.distributed.dynamic_shard import BATCHES_KEY, ShardMaps
 from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl, WorkerDropped
 from picasso.distributed.layout import ShardLayout, TableLayout
 from picasso.distributed.ledger import Ledger
+from picasso.sample_identity import Range, Spans
 from picasso.trainer import TrainConfig
 
 
@@ -193,7 +194,20 @@ class Shard:
     def positions(self) -> dict[str, int]:
         """How far the model is trained into each source (shard 0 keeps them)."""
         with self._lock:
-            return dict(self.control.positions)
+            return self.control.all_positions()
+
+    def held(self, worker: str, ranges: dict[str, Spans]) -> dict[str, list[Range]]:
+        """The parts of a batch's identity this shard holds (claimed or trained): a joined
+        batch leaves those rows out before its gradient is computed (worker.py)."""
+        self._arrived[worker] = time.monotonic()
+        with self._lock:
+            return self.control.ledger.held(ranges)
+
+    def settle(self, worker: str, ranges: dict[str, Spans]) -> None:
+        """Positions nothing more will be trained for (TokenControl.settle)."""
+        self._arrived[worker] = time.monotonic()
+        with self._lock:
+            self.control.settle(ranges)
 
     def drop_worker(self, worker: str) -> int:
         with self._lock:
@@ -202,6 +216,10 @@ class Shard:
     def retire(self, worker: str) -> None:
         with self._lock:
             self.control.retire(worker)
+
+    def renew(self, worker: str) -> None:
+        """A worker with nothing to train says it is alive (its lease runs from now)."""
+        self._arrived[worker] = time.monotonic()
 
     def drop_silent(self, lease_s: float) -> list[str]:
         with self._lock:
@@ -225,11 +243,17 @@ class Shard:
             self._stash_at = step
             return True
 
+    def stash_pending(self) -> bool:
+        """A snapshot asked for by stash_at waits for a step this shard has not reached."""
+        with self._lock:
+            return self._stash_at is not None and self.control.step < self._stash_at
+
     def stash_now(self) -> bool:
         """Stash a snapshot of the model as it is, unless it is as the last one found it
         (the same step and positions): an idle stream's model is not copied again and again."""
         with self._lock:
-            state = (self.control.step, sorted(self.control.positions.items()))
+            state = (self.control.step, sorted(self.control.all_positions().items()))
+            self._stash_at = None  # taken now: no step need wait for it
             if state == self._stashed_now:
                 return False
             self._stashed_now = state
@@ -272,7 +296,7 @@ class Shard:
             step=self.control.step,
             samples=self.samples,
             counts=dict(self.control.counts),
-            positions=dict(self.control.positions),
+            positions=self.control.all_positions(),
             contributed=dict(self.control.contributed),
             applied=self.control.applied().to_json(),
             dynamic=self.maps.take_stats() if self.maps is not None else {},

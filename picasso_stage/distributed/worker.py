@@ -28,6 +28,7 @@ class WorkerStats:
     loss_sum: float = 0.0  # per-sample log loss of each batch, before its update
     refused: int = 0  # pushes shard 0 did not count (too stale, the worker dropped, the budget spent, duplicates)
     duplicates: int = 0  # of those, batches the model held already (a replay): acknowledged, not trained
+    held_rows: int = 0  # rows of joined batches left out before their pull: the model held them
     rejoined: int = 0  # times the shards had dropped this worker and it came back under a new incarnation
     mean_staleness: float = 0.0  # over the pushes shard 0 counted: global steps between pull and push
     seconds: float = 0.0
@@ -112,9 +113,24 @@ class GBAWorker:
 
     def step(self, batch: PackedBatch, stats: WorkerStats) -> bool:
         """One local batch: pull, compute, push (without waiting), counted into stats.
-        False when shard 0 says the job's sample budget is spent: train no further."""
-        if batch.num_samples == 0:
-            return True
+        False when shard 0 says the job's sample budget is spent: train no further.
+
+        A batch whose rows carry identities (a joined stream's samples) first leaves out the
+        rows the shards hold: a re-read cuts its batches elsewhere than the first read, and
+        only the gradient of the rows not yet trained may be pushed. The positions it
+        settles go to the shards after its push."""
+        settles = batch.settles
+        if batch.row_identities() is not None and batch.num_samples:
+            fresh = batch.without_held(self.client.held(batch.ranges))
+            stats.held_rows += batch.num_samples - fresh.num_samples
+            batch = fresh
+        if batch.num_samples and not self._train_step(batch, stats):
+            return False
+        if settles:
+            self.client.settle(settles)
+        return True
+
+    def _train_step(self, batch: PackedBatch, stats: WorkerStats) -> bool:
         with self.straggler.working():
             tensors = batch.to_torch()
         tensors = self._resolve(tensors)

@@ -11,6 +11,7 @@ name (pipelines/runs/endless.py says why the job has no cycles).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 
@@ -56,6 +57,13 @@ def add_endless_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--max-batch-delay", type=float, default=0.5, metavar="SECONDS",
                        help="train a batch short of --batch-messages once its oldest event has waited this long "
                             "(default 0.5: a slow stream's batch would otherwise wait to fill)")
+    group.add_argument("--kafka-io", choices=["picasso", "beam"], default="picasso",
+                       help="the Kafka reader: picasso's own (kafka-python, any runner; the default), or Beam's "
+                            "cross-language ReadFromKafka (Java KafkaIO, for Dataflow and Flink), which starts where "
+                            "the server's positions, committed to --group-id before the job is submitted, say")
+    group.add_argument("--expansion-service", metavar="HOST:PORT", default=None,
+                       help="--kafka-io beam: the expansion service that expands Beam's ReadFromKafka (default: Beam "
+                            "starts its own, which needs Java and Beam's expansion-service jar)")
 
 
 def check_endless_args(args: argparse.Namespace) -> None:
@@ -65,10 +73,51 @@ def check_endless_args(args: argparse.Namespace) -> None:
         raise ValueError(f"{', '.join(given)}: only for a stream in cycles; an endless job runs until it is stopped "
                          "(SIGTERM or SIGINT)")
     if args.impressions or args.labels:
-        raise ValueError("--endless reads labelled events (--topic) for now; a joined stream (--impressions, "
-                         "--labels) runs in cycles")
+        check_joined_endless(args)
     if str(args.cache_capacity).lower() not in ("off", "10%"):  # 10%: the cycle stream's default
         raise ValueError("--cache-capacity: an endless job's workers hold no tables (the server does)")
+
+
+# The runners of this machine: the FnApiRunner fires a stateful DoFn's event-time timers at
+# the end of every bundle whatever the watermark (FACTS.md), which would time every pending
+# impression out at once; the DirectRunner sends a pipeline with timers to the
+# BundleBasedDirectRunner, which cannot run the Kafka read (a splittable DoFn).
+LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
+
+
+def check_joined_endless(args: argparse.Namespace) -> None:
+    """A joined endless job (--impressions, --labels) joins in Beam's keyed state with
+    event-time timers (pipelines/runs/endless_joined.py): refuse, by name, what cannot run it."""
+    if args.runner in LOCAL_RUNNERS:
+        raise ValueError(f"--impressions/--labels with --endless join in Beam's keyed state with event-time timers, "
+                         f"which --runner {args.runner} does not fire by the watermark: run it on a streaming runner "
+                         "(DataflowRunner, FlinkRunner), or run the joined stream in cycles (without --endless)")
+    arrow = [item for item in (args.impressions,) if item.partition(":")[2] == "arrow"]
+    if arrow:
+        raise ValueError(f"--impressions {arrow[0]}: an endless job trains each impression once under its message's "
+                         "offset, so it reads one impression per message (json)")
+
+
+def refuse_endless_only(args: argparse.Namespace) -> None:
+    """Without --endless: refuse, by name, the flags only the endless job takes."""
+    given = [flag for flag, value in (("--ps", args.ps), ("--ps-tls-ca", args.ps_tls_ca),
+                                      ("--kafka-io", args.kafka_io != "picasso"),
+                                      ("--expansion-service", args.expansion_service)) if value]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only for the endless job (--endless)")
+
+
+def beam_kafka_io(args: argparse.Namespace, connection):
+    """--kafka-io beam's settings, checked before anything starts (None: picasso's own reader)."""
+    if args.kafka_io != "beam":
+        if args.expansion_service:
+            raise ValueError("--expansion-service: only with --kafka-io beam")
+        return None
+    from picasso.connectors.beam_kafka_io import BeamKafkaIO, check_before_start  # Beam: for this reader only
+
+    io = BeamKafkaIO(args.group_id, args.expansion_service)
+    check_before_start(io, connection)
+    return io
 
 
 def add_ps_endless_args(ps: argparse.ArgumentParser) -> None:
@@ -103,11 +152,12 @@ def endless_server_config(args, spec, topics: dict[str, str]):
         mlflow=target, publish_every_s=args.publish_every, publish_policy=publish_policy(args))
 
 
-def endless_config(args, topics: dict[str, str], connection, spec):
+def endless_config(args, topics: dict[str, str], connection, spec, joined=None):
     """The EndlessConfig the flags describe (the topics, connection and spec parsed as the
     cycle stream parses them)."""
     from picasso.pipelines.runs.endless import EndlessConfig  # Beam and MLflow: for this command only
 
+    kafka_io = beam_kafka_io(args, connection)
     server, ps = None, None
     if args.ps:
         host, _, port = args.ps.rpartition(":")
@@ -119,19 +169,23 @@ def endless_config(args, topics: dict[str, str], connection, spec):
         ps = PSAddress(host, int(port), max_in_flight=1, security=security)
     else:
         server = endless_server_config(args, spec, topics)
+        if joined is not None:  # the join's parameters go on the versions
+            server = dataclasses.replace(server, joined=joined)
     return EndlessConfig(connection=connection, topics=topics, spec=spec, server=server, ps=ps,
                          decode=DecodeOptions(unknown_fields=args.unknown_fields),
                          dead_letter_topic=args.dead_letter_topic, batch_messages=args.batch_messages,
                          runner=args.runner, beam_args=args.beam_args, backoff_s=args.backoff,
-                         backoff_max_s=args.backoff_max, max_batch_delay_s=args.max_batch_delay)
+                         backoff_max_s=args.backoff_max, max_batch_delay_s=args.max_batch_delay, kafka_io=kafka_io,
+                         joined=joined)
 
 
-def run_endless_command(args, console, topics, connection, spec) -> dict:
+def run_endless_command(args, console, topics, connection, spec, joined=None) -> dict:
+    """joined: a joined stream's JoinedTopics (--impressions, --labels); None: --topic."""
     from picasso.pipelines.runs.endless import run_endless  # Beam and MLflow: for this command only
     from picasso.pipelines.runs.stream import configure_determinism
 
     logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
-    config = endless_config(args, topics, connection, spec)
+    config = endless_config(args, topics, connection, spec, joined)
     configure_determinism(args.deterministic)
     where = f"the parameter server at {args.ps}" if args.ps else "a parameter server in this process"
     console.log(f"endless job: {', '.join(f'{t} ({f})' for t, f in topics.items())} from "

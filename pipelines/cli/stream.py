@@ -20,7 +20,8 @@ from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.durations import duration_arg
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config
-from picasso.pipelines.cli.endless import add_endless_args, check_endless_args, run_endless_command
+from picasso.pipelines.cli.endless import (add_endless_args, check_endless_args, refuse_endless_only,
+                                          run_endless_command)
 from picasso.pipelines.cli.output import CommandResult, console, reported, summary
 from picasso.pipelines.cli.publish import add_publish_args, publish_policy
 from picasso.pipelines.cli.train_args import add_model_args, model_settings
@@ -141,13 +142,11 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
 def _stream_command(args) -> CommandResult:
     if args.endless:
         check_endless_args(args)
-        topics, _ = _stream_topics(args)
-        output = run_endless_command(args, console, topics, kafka_connection(args), load_spec(args.spec))
+        topics, joined = _stream_topics(args)
+        output = run_endless_command(args, console, topics, kafka_connection(args), load_spec(args.spec), joined)
         summary("endless job", {k: v for k, v in output.items() if k not in ("started_at", "positions", "pushes")})
         return CommandResult(output, stopped=output["stopped"])
-    given = [flag for flag, value in (("--ps", args.ps), ("--ps-tls-ca", args.ps_tls_ca)) if value]
-    if given:
-        raise ValueError(f"{', '.join(given)}: only for the endless job (--endless)")
+    refuse_endless_only(args)
     output = run_stream_command(args, console)
     summary("stream", {k: v for k, v in output.items() if k not in ("ledger", "versions")})
     # pending: a stream that ended with versions in the outbox; stopped: one that gave up

@@ -15,6 +15,13 @@ A job starts reading each partition at the server's position: what its newest ch
 holds. So a job that was killed is resubmitted as it is: it reads on from there, and the
 ledger refuses whatever the killed job had pushed already.
 
+With impressions and labels (config.joined) the job joins them in Beam's keyed state
+(endless_joined.py): each sample is trained under its impression's position, and a joined
+partition's position is the end of its settled prefix, so a resubmitted job re-reads every
+impression the killed job held pending, and the server skips, sample by sample, what of
+it was trained. That join needs a runner whose event-time timers follow the watermark
+(not this machine's FnApiRunner: see below).
+
 It runs until SIGTERM or SIGINT, or until it fails. On a local runner a signal drains the
 reads (kafka_source.drain_unbounded_reads): each partition's read ends once it holds
 nothing unsent, the steps in flight finish, the worker leaves the server, and the server
@@ -38,16 +45,20 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 from kafka.errors import KafkaError
 
+from picasso.connectors.beam_kafka_io import BeamKafkaIO, BeamKafkaRead, ReadWithBeamKafka
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, ensure_topic
 from picasso.connectors.kafka_sink import DEFAULT_DELIVERY_TIMEOUT_S, DeadLetterProducer
 from picasso.connectors.kafka_source import (PartitionRange, ReadFromKafka, bounded_ranges, drain_unbounded_reads,
                                              undrain_unbounded_reads)
 from picasso.connectors.retry import Backoff
+from picasso.distributed.gba import WorkerDropped
 from picasso.distributed.param_server import ParameterServerError, ServerAddress
 from picasso.distributed.ps_client import ServerRestarted
 from picasso.distributed.transport import Security, free_port
+from picasso.pipelines.runs.endless_joined import JoinedBatches, settled_before
 from picasso.pipelines.runs.endless_server import EndlessServer, EndlessServerConfig
+from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.pipelines.transforms.decode import DecodeMessages
 from picasso.pipelines.transforms.gba_train import PSAddress
@@ -78,6 +89,10 @@ class EndlessConfig:
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
     delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S  # a dead letter's, before its bundle fails
+    kafka_io: BeamKafkaIO | None = None  # Beam's ReadFromKafka (--kafka-io beam); None: picasso's own reader
+    # Impressions and labels joined in the job (--impressions, --labels; endless_joined.py);
+    # None: labelled events.
+    joined: JoinedTopics | None = None
 
     def __post_init__(self):
         if (self.server is None) == (self.ps is None):
@@ -128,18 +143,50 @@ def start_ranges(config: EndlessConfig, positions: dict[str, int], sleep=time.sl
 def build_pipeline(config: EndlessConfig, ps: PSAddress, ranges: list[PartitionRange]) -> beam.Pipeline:
     pipeline = beam.Pipeline(options=config.pipeline_options())
     letters = DeadLetterProducer(config.connection, config.dead_letter_topic, config.delivery_timeout_s)
-    messages = pipeline | "ReadFromKafka" >> ReadFromKafka(config.connection, ranges, max_messages=config.batch_messages,
-                                                           resume_every_s=config.resume_every_s,
-                                                           max_delay_s=config.max_batch_delay_s)
-    decoded = messages | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode,
-                                                            letters_to=letters)
-    _ = (
-        decoded.chunks
-        | "PackMessages" >> PackMessages(config.spec)
-        | "Batches" >> beam.Map(lambda packed: packed.batch)
-        | "Train" >> PicassoTrain(config.spec, mode="gba", ps=ps, unbounded=True)
-    )
+    messages = _read_messages(pipeline, config, ranges)
+    if config.joined is not None:
+        batches = _joined_batches(config, messages, letters)
+    else:
+        decoded = messages | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode,
+                                                                letters_to=letters)
+        batches = (decoded.chunks
+                   | "PackMessages" >> PackMessages(config.spec)
+                   | "Batches" >> beam.Map(lambda packed: packed.batch))
+    _ = batches | "Train" >> PicassoTrain(config.spec, mode="gba", ps=ps, unbounded=True)
     return pipeline
+
+
+def _joined_batches(config: EndlessConfig, messages, letters: DeadLetterProducer):
+    """Decode, join (in Beam's keyed state) and pack: the samples, and what settles the
+    positions that train nothing (endless_joined.py)."""
+    return messages | "Joined" >> JoinedBatches(config.spec, config.joined, config.topics, letters,
+                                                rows_per_table=config.batch_messages)
+
+
+def _settle_unread(config: EndlessConfig, server: EndlessServer | None, ps: PSAddress, starts: dict[str, int]) -> None:
+    """A joined job settles every position before its reads' starts (endless_joined.py)."""
+    settles = settled_before(config.spec, config.joined, starts)
+    if not settles:
+        return
+    if server is not None:
+        server.shard.settle("endless-job", settles)
+    else:
+        _remote_call(ps, "settle", "endless-job", settles)
+
+
+def _read_messages(pipeline: beam.Pipeline, config: EndlessConfig, ranges: list[PartitionRange]):
+    """Messages from the ranges' starts on: picasso's reader, or Beam's (connectors/beam_kafka_io.py),
+    which starts where the consumer group's offsets are: the ranges' starts are committed
+    there once its transform is expanded, right before the job is submitted."""
+    if config.kafka_io is None:
+        return pipeline | "ReadFromKafka" >> ReadFromKafka(
+            config.connection, ranges, max_messages=config.batch_messages, resume_every_s=config.resume_every_s,
+            max_delay_s=config.max_batch_delay_s)
+    read = BeamKafkaRead(config.connection, tuple(config.topics), config.kafka_io, {r.source: r.start for r in ranges},
+                         config.batch_messages, config.max_batch_delay_s)
+    messages = pipeline | "ReadFromKafka" >> ReadWithBeamKafka(read)
+    read.commit_start_positions()
+    return messages
 
 
 def run_endless(config: EndlessConfig) -> EndlessSummary:
@@ -157,6 +204,8 @@ def run_endless(config: EndlessConfig) -> EndlessSummary:
         positions = server.positions() if server is not None else _remote_positions(ps)
         ranges = start_ranges(config, positions)
         summary.started_at = {r.source: r.start for r in ranges}
+        if config.joined is not None:
+            _settle_unread(config, server, ps, summary.started_at)
         ensure_topic(config.connection, config.dead_letter_topic, 1)  # one partition: letters in arrival order
         log.info("endless job: reading %s from %s",
                  ", ".join(f"{r.source}@{r.start}" for r in ranges), config.connection.bootstrap_servers)
@@ -168,6 +217,12 @@ def run_endless(config: EndlessConfig) -> EndlessSummary:
         except ParameterServerError as err:  # gone, restarted, or refusing: the job cannot train on
             summary.stopped = str(err) if isinstance(err, ServerRestarted) else \
                 f"{err}; run the job again once the server is back: it reads on from the server's positions"
+            log.error("%s", summary.stopped)
+        except WorkerDropped as err:
+            # Silent past its lease (frozen, not idle: an idle worker renews it). What it had
+            # pushed and the server had not applied is gone with it; its reads have moved on,
+            # so training on would skip it. A resubmit reads on from the server's positions.
+            summary.stopped = f"{err}; run the job again: it reads on from the server's positions"
             log.error("%s", summary.stopped)
     finally:
         if server is not None:
@@ -196,12 +251,16 @@ def _drain() -> None:
 
 
 def _remote_positions(ps: PSAddress) -> dict[str, int]:
+    return _remote_call(ps, "positions")
+
+
+def _remote_call(ps: PSAddress, method: str, *args):
     address = ServerAddress(ps.host, ps.port, ps.timeout_s, (ps.security or Security()).with_env_token())
     connection = address.connect(0)
     try:
         if not connection.wait_ready(address.timeout_s):
             raise ConnectionError(f"no parameter server at {ps.host}:{ps.port} after {address.timeout_s:g} s "
                                   "(start `picasso ps --endless` first)")
-        return connection.call("positions")
+        return connection.call(method, *args)
     finally:
         connection.close()

@@ -20,10 +20,18 @@ picasso.sample_join:
 
 (PicassoTrain's local mode trains once, when every batch is in: that is, only when the
 stream ends. tests/test_join_graph.py runs this graph under TestStream.)
+
+The endless job trains the same graph against a parameter server that trains each sample
+at most once (pipelines.runs.endless_joined): there JoinLabels identifies its samples, and
+the positions that will train nothing more reach the server as batches of no samples that
+name them (PackedBatch.settles): a poll's messages that carried no event
+(SettleUneventful: dead letters, offsets with no message), and each orphan label once its
+dead letter is written (WriteOrphanLetters).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import apache_beam as beam
@@ -31,18 +39,22 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 from apache_beam.utils.shared import Shared
 from apache_beam.utils.timestamp import MAX_TIMESTAMP, MIN_TIMESTAMP, Timestamp
+from apache_beam.utils.windowed_value import WindowedValue
 
-from picasso.batch import PackedBatch, pack
+from picasso.batch import SETTLES_KEY, PackedBatch, pack
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.element_coder import register_sized_coder
-from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of, orphan_dead_letter
+from picasso.connectors.join_events import (POSITION_COLUMN, JoinDecoders, decode_poll, impressions_of, labels_of,
+                                            orphan_dead_letter)
+from picasso.connectors.kafka_sink import DeadLetterProducer
 from picasso.connectors.kafka_source import Messages
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodePollDoFn
 from picasso.pipelines.transforms.message_spans import MessageSpan
-from picasso.pipelines.transforms.join_labels import IMPRESSIONS, LABELS
+from picasso.pipelines.transforms.join_labels import IDENTITY_POSITION, IDENTITY_SOURCE, IMPRESSIONS, LABELS
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
-from picasso.join_rules import Impressions, Labels
+from picasso.join_rules import Impressions, Labels, OrphanLabel
+from picasso.sample_identity import Range, correction_source, identity_of, runs, settled_source
 from picasso.spec import FeatureSpec
 
 ORPHANS = "orphans"
@@ -54,6 +66,9 @@ class JoinEventChunk:
     topic: str
     events: Impressions | Labels | None  # None: every event of the poll was refused
     span: MessageSpan
+    # The positions of the poll's span that carry no event (a dead letter's, an offset that
+    # held no message), as runs: nothing will ever be trained of them.
+    uneventful: tuple[Range, ...] = ()
 
     @property
     def nbytes(self) -> int:
@@ -61,12 +76,14 @@ class JoinEventChunk:
 
 
 class _DecodeJoinEventsDoFn(DecodePollDoFn):
-    def __init__(self, spec: FeatureSpec, topics: JoinedTopics, formats: dict[str, str]):
-        self.spec, self.topics, self.formats = spec, topics, formats
+    def __init__(self, spec: FeatureSpec, topics: JoinedTopics, formats: dict[str, str],
+                 letters: DeadLetterProducer | None = None, identify: bool = False):
+        self.spec, self.topics, self.formats, self.letters = spec, topics, formats, letters
+        self.identify = identify
 
     def setup(self):
         super().setup()
-        self.decoders = JoinDecoders(self.spec, self.topics.join)
+        self.decoders = JoinDecoders(self.spec, self.topics.join, identify=self.identify)
 
     def decode(self, messages: Messages):
         impressions = messages.topic == self.topics.impressions
@@ -75,22 +92,33 @@ class _DecodeJoinEventsDoFn(DecodePollDoFn):
 
     def chunk(self, messages: Messages, decoded, span: MessageSpan) -> JoinEventChunk:
         table, events = decoded.table, None
+        source = messages.source if self.identify else None
         if table.num_rows:
-            events = impressions_of(table, self.decoders.feature_names) if messages.topic == self.topics.impressions \
-                else labels_of(table, messages.source)
-        return JoinEventChunk(messages.topic, events, span)
+            events = impressions_of(table, self.decoders.feature_names, source) \
+                if messages.topic == self.topics.impressions else labels_of(table, messages.source)
+        if not self.identify:
+            return JoinEventChunk(messages.topic, events, span)
+        with_events = set(table.column(POSITION_COLUMN).to_pylist()) if table.num_rows else set()
+        uneventful = runs(p for p in range(messages.start, messages.next_position) if p not in with_events)
+        return JoinEventChunk(messages.topic, events, span, tuple(uneventful))
 
 
 class DecodeJoinEvents(beam.PTransform):
-    """Messages of the two topics in; JoinEventChunks out, and tagged `dead_letters`."""
+    """Messages of the two topics in; JoinEventChunks out, and tagged `dead_letters`.
+    letters_to: write each poll's letters there, acknowledged before its chunk goes on, as
+    DecodeMessages does (the `dead_letters` output stays empty). identify: each impression
+    keeps its source and offset, and a chunk names its positions that carry no event
+    (an endless job's: picasso.sample_identity)."""
 
-    def __init__(self, spec: FeatureSpec, topics: JoinedTopics, formats: dict[str, str]):
+    def __init__(self, spec: FeatureSpec, topics: JoinedTopics, formats: dict[str, str],
+                 letters_to: DeadLetterProducer | None = None, identify: bool = False):
         super().__init__()
-        self.spec, self.topics, self.formats = spec, topics, dict(formats)
+        self.spec, self.topics, self.formats, self.letters_to = spec, topics, dict(formats), letters_to
+        self.identify = identify
 
     def expand(self, messages):
         return messages | "Decode" >> beam.ParDo(
-            _DecodeJoinEventsDoFn(self.spec, self.topics, self.formats)
+            _DecodeJoinEventsDoFn(self.spec, self.topics, self.formats, self.letters_to, self.identify)
         ).with_output_types(JoinEventChunk).with_outputs(DEAD_LETTERS, main="chunks")
 
 
@@ -141,6 +169,10 @@ class PackSamples(beam.PTransform):
 
     def pack_samples(self, table: pa.Table, timestamp=beam.DoFn.TimestampParam) -> PackedBatch:
         batch = pack(table, self.spec, self.plan)
+        if IDENTITY_POSITION in table.schema.names:  # JoinLabels(identify=True)'s
+            batch = batch.with_identities(table.column(IDENTITY_SOURCE).to_pylist(),
+                                          table.column(IDENTITY_POSITION).to_numpy())
+        batch = batch.with_settles(json.loads((table.schema.metadata or {}).get(SETTLES_KEY, b"{}")))
         if not isinstance(timestamp, Timestamp) or not MIN_TIMESTAMP < timestamp < MAX_TIMESTAMP:
             return batch  # a table outside event time (a bounded source's default)
         return batch.with_event_time(timestamp.micros // 1000)
@@ -187,3 +219,89 @@ class SpanPositions(beam.PTransform):
 
     def expand(self, chunks):
         return chunks | "Positions" >> beam.Map(self.positions_of).with_output_types(PackedBatch)
+
+
+class Settling:
+    """Which ledger namespaces a joined stream's settled position closes (picasso.sample_identity),
+    and the batch of no samples that names them."""
+
+    def __init__(self, spec: FeatureSpec, topics: JoinedTopics):
+        self.topics = topics
+        self.empty = PackedBatch(pack(RecordDecoder(spec).schema.empty_table(), spec, PackingPlan.from_spec(spec)).data)
+
+    def namespaces(self, source: str) -> tuple[str, ...]:
+        """An impression that will train nothing closes its sample's and its correction's
+        identities; a label, its settled position."""
+        if source.rsplit("/", 1)[0] == self.topics.impressions:
+            return source, correction_source(source)
+        return (settled_source(source),)
+
+    def batch(self, positions: list[tuple[str, int]]) -> PackedBatch:
+        return self.empty.with_settles(identity_of((name, p) for source, p in positions
+                                                   for name in self.namespaces(source)))
+
+
+class _SettleUneventfulDoFn(beam.DoFn):
+    def __init__(self, settling: Settling):
+        self.settling = settling
+
+    def process(self, chunk: JoinEventChunk):
+        if chunk.uneventful:
+            yield self.settling.batch([(chunk.span.source, p) for a, b in chunk.uneventful for p in range(a, b)])
+
+
+class SettleUneventful(beam.PTransform):
+    """JoinEventChunks in (from a decode that wrote its letters first: DecodeJoinEvents with
+    letters_to); for each poll with positions that carry no event, a PackedBatch of no
+    samples that settles them."""
+
+    def __init__(self, spec: FeatureSpec, topics: JoinedTopics):
+        super().__init__()
+        self.settling = Settling(spec, topics)
+
+    def expand(self, chunks):
+        return chunks | "Settle" >> beam.ParDo(_SettleUneventfulDoFn(self.settling)).with_output_types(PackedBatch)
+
+
+class _OrphanLettersDoFn(beam.DoFn):
+    def __init__(self, letters: DeadLetterProducer, topics: JoinedTopics, label_field: str, settling: Settling):
+        self.letters, self.topics, self.label_field, self.settling = letters, topics, label_field, settling
+
+    def setup(self):
+        self.letters.open()
+        self.orphans = Metrics.counter("picasso", "join_orphan_labels")
+
+    def teardown(self):
+        self.letters.close()
+
+    def start_bundle(self):
+        self.written: dict = {}  # window -> (the orphans' positions, the newest timestamp)
+
+    def process(self, orphan: OrphanLabel, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+        self.letters.send(orphan_dead_letter(orphan, self.topics.join, self.label_field))
+        self.orphans.inc()
+        source, offset, _ = orphan.ref
+        positions, newest = self.written.get(window, ([], timestamp))
+        positions.append((source, int(offset)))
+        self.written[window] = (positions, max(newest, timestamp))
+
+    def finish_bundle(self):
+        if not self.written:
+            return
+        self.letters.confirm()  # acknowledged before their positions are settled
+        for window, (positions, newest) in self.written.items():
+            yield WindowedValue(self.settling.batch(positions), newest, (window,))
+
+
+class WriteOrphanLetters(beam.PTransform):
+    """JoinLabels' orphan labels in, written as dead letters; per bundle, once the broker
+    acknowledged them, a PackedBatch of no samples that settles their positions."""
+
+    def __init__(self, letters: DeadLetterProducer, spec: FeatureSpec, topics: JoinedTopics, label_field: str):
+        super().__init__()
+        self.letters, self.topics, self.label_field = letters, topics, label_field
+        self.settling = Settling(spec, topics)
+
+    def expand(self, orphans):
+        return orphans | "Write" >> beam.ParDo(
+            _OrphanLettersDoFn(self.letters, self.topics, self.label_field, self.settling)).with_output_types(PackedBatch)

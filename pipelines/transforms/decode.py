@@ -156,12 +156,34 @@ class DecodeRecords(beam.PTransform):
 
 class DecodePollDoFn(DecodeDoFn):
     """What every decode of a Kafka poll does around its decoder: count the messages,
-    records and refusals, send the dead letters to the tagged output, and make the poll's
+    records and refusals, send the dead letters to the tagged output (or write them to
+    `letters`, a DeadLetterProducer, when a subclass sets one), and make the poll's
     MessageSpan. Subclasses decode (decode) and make the main element (chunk)."""
+
+    letters: DeadLetterProducer | None = None
 
     def setup(self):
         super().setup()
         self.messages_in = Metrics.counter("picasso", "messages_in")
+        if self.letters is not None:
+            self.letters.open()
+
+    def teardown(self):
+        if self.letters is not None:
+            self.letters.close()
+
+    def dead_letters(self, letters: Iterable, refused: int | None = None):
+        if self.letters is None:
+            yield from super().dead_letters(letters, refused)
+            return
+        # Written and acknowledged before the poll's chunk is yielded: nothing after this
+        # step (training, the server's positions) can move past a message whose letter is
+        # not in the topic.
+        letters = list(letters)
+        self.dead.inc(len(letters) if refused is None else refused)
+        for letter in letters:
+            self.letters.send(letter)
+        self.letters.confirm()
 
     def decode(self, messages: Messages):
         raise NotImplementedError
@@ -183,28 +205,6 @@ class _DecodeMessagesDoFn(DecodePollDoFn, _SpecDecodeDoFn):
         super().__init__(spec, options)
         self.formats = formats
         self.letters = letters
-
-    def setup(self):
-        super().setup()
-        if self.letters is not None:
-            self.letters.open()
-
-    def teardown(self):
-        if self.letters is not None:
-            self.letters.close()
-
-    def dead_letters(self, letters: Iterable, refused: int | None = None):
-        if self.letters is None:
-            yield from super().dead_letters(letters, refused)
-            return
-        # Written and acknowledged before the poll's chunk is yielded: nothing after this
-        # step (training, the server's positions) can move past a message whose letter is
-        # not in the topic.
-        letters = list(letters)
-        self.dead.inc(len(letters) if refused is None else refused)
-        for letter in letters:
-            self.letters.send(letter)
-        self.letters.confirm()
 
     def decode(self, messages: Messages):
         return decode_messages(self.decoder, self.formats[messages.topic], messages)

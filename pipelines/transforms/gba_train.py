@@ -75,8 +75,23 @@ class _Member:
         self.users = 0
         self.stopped = False  # shard 0 said the sample budget is spent
         self.lock = threading.Lock()
+        # A stream may bring nothing to train for longer than the lease (a quiet hour of an
+        # endless job): the member renews it meanwhile, so the server drops only a process
+        # that died or froze. Its pushes would otherwise be refused, and its next pull fail.
+        self._left = threading.Event()
+        self._keep_alive = threading.Thread(target=self._renew_lease, args=(self.joined.description.lease_s / 3,),
+                                            name="gba-member-lease", daemon=True)
+        self._keep_alive.start()
+
+    def _renew_lease(self, every_s: float) -> None:
+        while not self._left.wait(every_s):
+            try:
+                self.joined.client.renew()
+            except ParameterServerError as err:  # the next pull says what happened, and fails the bundle
+                log.warning("%s could not renew its lease: %s", self.joined.name, err)
 
     def leave(self) -> None:
+        self._left.set()
         try:
             self.joined.leave()
         except ParameterServerError as err:

@@ -14,6 +14,17 @@ leaves its time in the key's state, until no orphan label can be told about it a
     joined[SAMPLES]  # pa.Table chunks in sample_schema(schema)
     joined[ORPHANS]  # join_rules.OrphanLabel: labels that found no impression in time
 
+With `identify=True` (an endless job's join, whose parameter server trains each sample at
+most once) every event keeps where it came from. A sample table then also holds each
+row's identity (the impression's source and offset; a correction's under the source's
+"#corrections" namespace: picasso.sample_identity), and names in its metadata
+(batch.SETTLES_KEY) the positions that will train nothing more: a forgotten impression's
+correction and the labels its record took, a duplicate impression, the duplicates of an
+orphan label. (An orphan's own position is settled once its dead letter is written, by
+whoever writes it.) A bundle that settles positions and emits no sample emits an empty
+table that names them; the names follow the bundle's samples, so a settled position never
+reaches the server before the sample it settles.
+
 One difference is by design. The core decides a call's timeouts after all of the call's
 events, so a label in the same call as an impression that arrives already past its
 timeout still joins it; here the watermark has passed that impression's timeout when it
@@ -26,35 +37,45 @@ keyed state, so any streaming runner can run, restart and rebalance it.
 
 from __future__ import annotations
 
+import json
 from dataclasses import astuple, dataclass, fields, replace
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam import typehints
-from apache_beam.coders import BytesCoder, FastPrimitivesCoder, ListCoder, TupleCoder, VarIntCoder
+from apache_beam.coders import BytesCoder, FastPrimitivesCoder, ListCoder, StrUtf8Coder, TupleCoder, VarIntCoder
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
+from picasso.batch import SETTLES_KEY
 from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
                                 POSITIVE, SETTLED, Impressions, JoinCounts, JoinPolicy, Labels, OrphanLabel,
                                 decide_labels, forgettable, recalled, settle_waiting, timed_out, unrecalled)
+from picasso.sample_identity import correction_source, identity_of, settled_source
 from picasso.sample_join import sample_schema
 
 IMPRESSIONS, LABELS = "impressions", "labels"  # the input's keys
 SAMPLES, ORPHANS = "samples", "orphans"  # the output's keys
 
 # One event of one key, from the chunks to the keyed join: (key, (kind, time_ms, value,
-# payload)). The key is the uint64 join key seen as int64, so that Beam's VarIntCoder
-# (deterministic, as keys must be) takes it. The payload is the encoded feature row of an
-# impression, or the encoded ref of a label.
+# payload, source, offset)). The key is the uint64 join key seen as int64, so that Beam's
+# VarIntCoder (deterministic, as keys must be) takes it. The payload is the encoded feature
+# row of an impression, or the encoded ref of a label; source and offset say where the
+# event came from ("" and -1: not known).
 _IMPRESSION, _LABEL = 0, 1
-_KeyedEvent = typehints.KV[int, typehints.Tuple[int, int, int, bytes]]
-# One sample of the join, before it is batched: (feature row, label, correction, delay_ms, key).
-_Sample = typehints.Tuple[bytes, int, int, int, int]
+_KeyedEvent = typehints.KV[int, typehints.Tuple[int, int, int, bytes, str, int]]
+# One sample of the join, before it is batched: (feature row, label, correction, delay_ms,
+# key, its impression's source, offset).
+_Sample = typehints.Tuple[bytes, int, int, int, int, str, int]
+# A position that will train nothing more (identify=True): (source namespace, position).
+_Settle = typehints.Tuple[str, int]
+_Joined = typehints.Union[_Sample, _Settle]
+# A sample table's identity columns (identify=True), ahead of PackSamples.
+IDENTITY_SOURCE, IDENTITY_POSITION = "sample_identity_source", "sample_identity_position"
 
 # Feature rows and refs are encoded as Beam encodes plain Python values: a row of
 # Criteo's 39 fields takes about 310 bytes (one-row Arrow IPC takes about 3,800), and its
@@ -91,6 +112,12 @@ class _Record:
     state: int  # sample_join's PENDING, PENDING_LATE, POSITIVE, NEGATIVE or SETTLED
     label_time_ms: int  # of its first label; -1: none yet (the core's convention)
     row: bytes  # the encoded feature row; b"" once no emission can need it
+    source: str = ""  # where the impression came from ("": not known)
+    offset: int = -1
+    labels: list = None  # [source, offset] of each label it took: settled when it is forgotten
+
+    def __post_init__(self):
+        self.labels = list(self.labels or [])
 
 
 @dataclass
@@ -102,6 +129,8 @@ class _WaitingLabel:
     value: int
     ref: bytes  # encoded
     impression_ms: int | None  # of the key's impression when it began to wait, held or forgotten
+    source: str = ""  # where the label came from ("": not known)
+    offset: int = -1
 
 
 def _release(record: _Record) -> None:
@@ -110,22 +139,30 @@ def _release(record: _Record) -> None:
     record.row = b""
 
 
-_RECORD_CODER = TupleCoder([VarIntCoder(), VarIntCoder(), VarIntCoder(), BytesCoder()])
-_WAITING_CODER = ListCoder(TupleCoder([VarIntCoder(), VarIntCoder(), BytesCoder(), FastPrimitivesCoder()]))
+_RECORD_CODER = TupleCoder([VarIntCoder(), VarIntCoder(), VarIntCoder(), BytesCoder(), StrUtf8Coder(), VarIntCoder(),
+                            FastPrimitivesCoder()])
+_WAITING_CODER = ListCoder(TupleCoder([VarIntCoder(), VarIntCoder(), BytesCoder(), FastPrimitivesCoder(),
+                                       StrUtf8Coder(), VarIntCoder()]))
 
 
 def _impression_events(chunk: Impressions, names: list[str]):
     keys = chunk.keys.view(np.int64).tolist()
     columns = [chunk.rows.column(name).to_pylist() for name in names]  # in the order _SampleTables reads them
-    for key, time_ms, row in zip(keys, chunk.times.tolist(), zip(*columns)):
-        yield beam.window.TimestampedValue((key, (_IMPRESSION, time_ms, 0, _VALUES.encode(row))), _beam_time(time_ms))
+    source = chunk.source or ""
+    offsets = chunk.offsets.tolist() if chunk.offsets is not None else [-1] * len(chunk)
+    for key, time_ms, row, offset in zip(keys, chunk.times.tolist(), zip(*columns), offsets):
+        yield beam.window.TimestampedValue((key, (_IMPRESSION, time_ms, 0, _VALUES.encode(row), source, offset)),
+                                           _beam_time(time_ms))
 
 
 def _label_events(chunk: Labels):
     refs = chunk.refs or [None] * len(chunk)
     for key, time_ms, value, ref in zip(chunk.keys.view(np.int64).tolist(), chunk.times.tolist(),
                                         chunk.values.tolist(), refs):
-        yield beam.window.TimestampedValue((key, (_LABEL, time_ms, value, _VALUES.encode(ref))), _beam_time(time_ms))
+        # A label's ref (connectors.join_events.labels_of) starts with its source and offset.
+        source, offset = (ref[0], int(ref[1])) if isinstance(ref, (list, tuple)) and len(ref) >= 2 else ("", -1)
+        yield beam.window.TimestampedValue((key, (_LABEL, time_ms, value, _VALUES.encode(ref), source, offset)),
+                                           _beam_time(time_ms))
 
 
 class _Counts:
@@ -143,8 +180,8 @@ class _KeyJoin:
     single record. What it emits gathers in `out`."""
 
     def __init__(self, policy: JoinPolicy, counts: _Counts, key: int, record_state, waiting_state, forgotten_state,
-                 timeout, forget, orphan):
-        self.policy, self.counts, self.key = policy, counts, key
+                 timeout, forget, orphan, identify: bool = False):
+        self.policy, self.counts, self.key, self.identify = policy, counts, key, identify
         self.record_state, self.waiting_state, self.forgotten_state = record_state, waiting_state, forgotten_state
         # The forget timer also drops a forgotten impression's time, once no record holds the key.
         self.timeout, self.forget, self.orphan = timeout, forget, orphan
@@ -171,35 +208,40 @@ class _KeyJoin:
 
     # -- events ------------------------------------------------------------------------
 
-    def take_impression(self, time_ms: int, row: bytes) -> None:
+    def take_impression(self, time_ms: int, row: bytes, source: str = "", offset: int = -1) -> None:
         if self.record_state.read() is not None:  # the first impression of a key wins
             self.counts.inc("duplicate_impressions")
+            self._settle(source, offset)
+            self._settle(correction_source(source), offset)
             return
         self.counts.inc("impressions")
-        record = _Record(time_ms, PENDING, -1, row)
+        record = _Record(time_ms, PENDING, -1, row, source, offset)
         self.timeout.set(_beam_time(_first_ms_past(time_ms, self.policy.wait_ms)))
         waiting = self.waiting()
         if waiting:  # labels came first: they join now, in order, but those beyond the horizon
             self.wait([replace(label, impression_ms=time_ms) for label in waiting
-                       if not self._decide(record, label.time_ms, label.value)])
+                       if not self._decide(record, label.time_ms, label.value, label.source, label.offset)])
         self.write(record)
 
-    def take_label(self, time_ms: int, value: int, ref: bytes) -> None:
+    def take_label(self, time_ms: int, value: int, ref: bytes, source: str = "", offset: int = -1) -> None:
         self.counts.inc("labels")
         record = self.record()
-        if record is not None and self._decide(record, time_ms, value):
+        if record is not None and self._decide(record, time_ms, value, source, offset):
             self.write(record)
             return
         impression_ms = record.time_ms if record is not None else self.forgotten_state.read()
-        self.wait(self.waiting() + [_WaitingLabel(time_ms, value, ref, impression_ms)])
+        self.wait(self.waiting() + [_WaitingLabel(time_ms, value, ref, impression_ms, source, offset)])
 
-    def _decide(self, record: _Record, time_ms: int, value: int) -> bool:
+    def _decide(self, record: _Record, time_ms: int, value: int, source: str = "", offset: int = -1) -> bool:
         """The label's verdict on the record; False, and nothing done, for a label beyond
-        the horizon (it waits, as if the record were forgotten)."""
+        the horizon (it waits, as if the record were forgotten). A label the record takes
+        is settled with it (identify)."""
         decision = decide_labels(np.array([record.state], np.int8), np.array([time_ms - record.time_ms], np.int64),
                                  np.array([value], np.int8), self.policy)
         if decision.beyond_horizon[0]:
             return False
+        if self.identify and source:
+            record.labels.append([source, offset])
         if decision.duplicate[0]:
             self.counts.inc("duplicate_labels")
             return True
@@ -247,6 +289,11 @@ class _KeyJoin:
             return
         self.record_state.clear()
         self.counts.inc("forgotten")
+        # Nothing more comes of it: its correction's identity closes, corrected or not, and
+        # the labels it took are needed no more (sample_identity).
+        self._settle(correction_source(record.source), record.offset)
+        for source, offset in record.labels:
+            self._settle(settled_source(source), offset)
         forgotten = self.forgotten_state.read()  # the newest, as the core's ForgottenKeys answers
         self.forgotten_state.write(record.time_ms if forgotten is None else max(forgotten, record.time_ms))
         self._drop_forgotten(at_ms)
@@ -274,8 +321,9 @@ class _KeyJoin:
             self.out.append(beam.pvalue.TaggedOutput(ORPHANS, OrphanLabel(
                 self.key % _UINT64, label.time_ms, label.value, _VALUES.decode(label.ref),
                 label.impression_ms if told else None)))
-        for _ in range(int(np.count_nonzero(echoes))):
+        for label in (waiting[i] for i in np.flatnonzero(echoes).tolist()):
             self.counts.inc("duplicate_labels")
+            self._settle(settled_source(label.source), label.offset)
         self.wait([label for label, stays in zip(waiting, ~(gone | echoes)) if stays])
 
     # -- the steps the core takes -------------------------------------------------------
@@ -304,7 +352,13 @@ class _KeyJoin:
         delay, as in the core."""
         self.counts.inc("corrections" if correction else "positives" if label else "negatives")
         delay = record.label_time_ms - record.time_ms if record.label_time_ms >= 0 and not by_watermark else -1
-        self.out.append((record.row, label, int(correction), delay, self.key))
+        self.out.append((record.row, label, int(correction), delay, self.key, record.source, record.offset))
+
+    def _settle(self, source: str, offset: int) -> None:
+        """A position that will train nothing more (identify): out after the samples."""
+        # An event of no known source ("", so a namespace "#...") has no position to settle.
+        if self.identify and offset >= 0 and source and not source.startswith("#"):
+            self.out.append((source, offset))
 
 
 class _JoinDoFn(beam.DoFn):
@@ -318,24 +372,25 @@ class _JoinDoFn(beam.DoFn):
     FORGET = TimerSpec("forget", TimeDomain.WATERMARK)
     ORPHAN = TimerSpec("orphan", TimeDomain.WATERMARK)
 
-    def __init__(self, policy: JoinPolicy):
-        self.policy = policy
+    def __init__(self, policy: JoinPolicy, identify: bool = False):
+        self.policy, self.identify = policy, identify
 
     def setup(self):
         self.counts = _Counts()
 
     def _key_join(self, key, record, waiting, forgotten, timeout, forget, orphan) -> _KeyJoin:
-        return _KeyJoin(self.policy, self.counts, key, record, waiting, forgotten, timeout, forget, orphan)
+        return _KeyJoin(self.policy, self.counts, key, record, waiting, forgotten, timeout, forget, orphan,
+                        self.identify)
 
     def process(self, element, record=beam.DoFn.StateParam(RECORD), waiting=beam.DoFn.StateParam(WAITING),
                 forgotten=beam.DoFn.StateParam(FORGOTTEN), timeout=beam.DoFn.TimerParam(TIMEOUT),
                 forget=beam.DoFn.TimerParam(FORGET), orphan=beam.DoFn.TimerParam(ORPHAN)):
-        key, (kind, time_ms, value, payload) = element
+        key, (kind, time_ms, value, payload, source, offset) = element
         join = self._key_join(key, record, waiting, forgotten, timeout, forget, orphan)
         if kind == _IMPRESSION:
-            join.take_impression(time_ms, payload)
+            join.take_impression(time_ms, payload, source, offset)
         else:
-            join.take_label(time_ms, value, payload)
+            join.take_label(time_ms, value, payload, source, offset)
         return join.out
 
     @on_timer(TIMEOUT)
@@ -370,37 +425,52 @@ class _SampleTables(beam.DoFn):
     """Samples in, one pa.Table per window per bundle out (or per `rows_per_table`).
 
     A table is timestamped with its newest sample, so that it is late only if every one
-    of its samples is."""
+    of its samples is. With `identify`, the settled positions that came in (_Settle) go in
+    the metadata of the bundle's last table of their window, after its samples."""
 
-    def __init__(self, feature_schema: pa.Schema, rows_per_table: int):
+    def __init__(self, feature_schema: pa.Schema, rows_per_table: int, identify: bool = False):
         self.feature_schema = feature_schema
         self.rows_per_table = rows_per_table
+        self.identify = identify
 
     def start_bundle(self):
-        self.pending: dict = {}  # window -> (samples, newest timestamp)
+        self.pending: dict = {}  # window -> (samples, settled positions, newest timestamp)
 
-    def process(self, sample, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
-        samples, newest = self.pending.get(window, ([], timestamp))
-        samples.append(sample)
-        self.pending[window] = (samples, max(newest, timestamp))
+    def process(self, joined, timestamp=beam.DoFn.TimestampParam, window=beam.DoFn.WindowParam):
+        samples, settles, newest = self.pending.get(window, ([], [], timestamp))
+        (settles if len(joined) == 2 else samples).append(joined)
+        self.pending[window] = (samples, settles, max(newest, timestamp))
         if len(samples) >= self.rows_per_table:
-            del self.pending[window]
-            yield beam.window.TimestampedValue(self._table(samples), max(newest, timestamp))
+            self.pending[window] = ([], settles, max(newest, timestamp))
+            yield beam.window.TimestampedValue(self._table(samples, []), max(newest, timestamp))
 
     def finish_bundle(self):
-        for window, (samples, newest) in self.pending.items():
-            yield WindowedValue(self._table(samples), newest, (window,))
+        for window, (samples, settles, newest) in self.pending.items():
+            if samples or settles:
+                yield WindowedValue(self._table(samples, settles), newest, (window,))
         self.pending = {}
 
-    def _table(self, samples: list) -> pa.Table:
-        payloads, labels, corrections, delays, keys = zip(*samples)
+    def _table(self, samples: list, settles: list) -> pa.Table:
+        schema = sample_schema(self.feature_schema)
+        if self.identify:
+            schema = schema.append(pa.field(IDENTITY_SOURCE, pa.string())).append(pa.field(IDENTITY_POSITION,
+                                                                                            pa.int64()))
+        if settles:
+            schema = schema.with_metadata({SETTLES_KEY: json.dumps(identity_of(settles), sort_keys=True).encode()})
+        if not samples:
+            return schema.empty_table()
+        payloads, labels, corrections, delays, keys, sources, offsets = zip(*samples)
         columns = list(zip(*(_VALUES.decode(payload) for payload in payloads)))
         columns[self.feature_schema.get_field_index("label")] = np.asarray(labels, np.float32)
         features = [pa.array(column, type=f.type) for column, f in zip(columns, self.feature_schema)]
         join_columns = {CORRECTION_COLUMN: pa.array(np.asarray(corrections, np.int8)),
                         DELAY_COLUMN: pa.array(np.asarray(delays, np.int64)),
-                        KEY_COLUMN: pa.array(np.asarray(keys, np.int64).view(np.uint64))}
-        schema = sample_schema(self.feature_schema)
+                        KEY_COLUMN: pa.array(np.asarray(keys, np.int64).view(np.uint64)),
+                        # A correction is trained under a namespace of its own: its impression's
+                        # offset is in the ledger already (sample_identity).
+                        IDENTITY_SOURCE: pa.array([correction_source(source) if corrected else source
+                                                   for source, corrected in zip(sources, corrections)], pa.string()),
+                        IDENTITY_POSITION: pa.array(np.asarray(offsets, np.int64))}
         return pa.Table.from_arrays(features + [join_columns[name] for name in schema.names[len(features):]],
                                     schema=schema)
 
@@ -412,19 +482,21 @@ class JoinLabels(beam.PTransform):
     `schema` is the impressions' feature rows' (canonical) schema. Samples carry event
     timestamps: a sample decided by a label has the label's time (the impression's, if the
     label came first), one decided by the watermark the time at which the watermark
-    decided it."""
+    decided it. identify: each sample table holds its rows' identities and the positions
+    settled (the module's docstring)."""
 
-    def __init__(self, policy: JoinPolicy, schema: pa.Schema, rows_per_table: int = 8192):
+    def __init__(self, policy: JoinPolicy, schema: pa.Schema, rows_per_table: int = 8192, identify: bool = False):
         super().__init__()
         self.policy, self.schema, self.rows_per_table = policy, schema, rows_per_table
+        self.identify = identify
 
     def expand(self, events):
         impressions = events[IMPRESSIONS] | "ImpressionEvents" >> beam.FlatMap(
             _impression_events, self.schema.names).with_output_types(_KeyedEvent)
         labels = events[LABELS] | "LabelEvents" >> beam.FlatMap(_label_events).with_output_types(_KeyedEvent)
         joined = ((impressions, labels) | "AllEvents" >> beam.Flatten().with_output_types(_KeyedEvent)
-                  | "Join" >> beam.ParDo(_JoinDoFn(self.policy)).with_output_types(_Sample)
-                  .with_outputs(ORPHANS, main=SAMPLES))
+                  | "Join" >> beam.ParDo(_JoinDoFn(self.policy, self.identify))
+                  .with_output_types(_Joined if self.identify else _Sample).with_outputs(ORPHANS, main=SAMPLES))
         samples = joined[SAMPLES] | "Tables" >> beam.ParDo(
-            _SampleTables(self.schema, self.rows_per_table)).with_output_types(pa.Table)
+            _SampleTables(self.schema, self.rows_per_table, self.identify)).with_output_types(pa.Table)
         return {SAMPLES: samples, ORPHANS: joined[ORPHANS]}
