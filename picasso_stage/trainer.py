@@ -68,14 +68,16 @@ class TrainConfig:
     # Prepare batch i+1 while batch i computes. None: where it pays (interleave.worth_interleaving:
     # with a GPU, or CPU cores that torch's threads leave free).
     interleave: bool | None = None
-    # What a step's summed log loss is divided by, so that every sample weighs the same
-    # whether its batch is full or short. A batch's plain mean would weigh each sample of a
-    # short batch (a small day, a file's last chunk, the rows a holdout leaves) by one over
-    # its size: on MovieLens' days of 36 to 3,550 rows, up to 57 times a full batch's, which
-    # cost 0.008 AUC (benchmarks.movielens). None: the largest batch this model has trained
-    # on (checkpointed), which in a daily run is a full chunk as soon as one has come by.
-    # Adam and Adagrad are blind to one scale for every step: only the weights between
-    # steps change, and a run of equal batches steps exactly as with the batch mean.
+    # What a step's summed log loss is divided by: the batch size the run is configured
+    # with (every command sets it from its --batch-size), so that every sample weighs the
+    # same whether its batch is full, short or oversized. A batch's plain mean would weigh
+    # each sample of a short batch (a small day, a file's last chunk, a stream's small poll,
+    # the rows a holdout leaves) by one over its size: on MovieLens' days of 36 to 3,550
+    # rows, up to 57 times a full batch's (benchmarks.movielens). It is a setting, not state:
+    # a warm start with another --batch-size weighs each sample by one over the new size, as
+    # its batch mean would, and no batch changes how later ones weigh. Adam and Adagrad are
+    # blind to one scale for every step: a run of full batches steps exactly as with the
+    # batch mean. None: each batch's own mean (a library caller that cuts its own batches).
     loss_batch_size: int | None = None
     # Regularisation, all off by default (benchmarks.movielens found none that helped at the
     # default learning rates; larger models on fewer rows may want them):
@@ -198,7 +200,6 @@ class Trainer:
         self.start_step = 0  # the step this trainer was built or restored at
         self.samples = 0
         self.positions: dict[str, int] = {}
-        self.largest_batch = 0  # samples in the largest batch trained on (config.loss_batch_size None)
         self.restored_from: str | None = None
         self.stage_seconds = dict.fromkeys(STAGES, 0.0)
         self._copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -328,8 +329,7 @@ class Trainer:
             for tensor in (tensors.label, tensors.dense, *tensors.ids.values(), *tensors.offsets.values()):
                 tensor.record_stream(compute)  # the copy stream must not reuse them while this runs
         self.dense_optimizer.zero_grad(set_to_none=True)
-        self.largest_batch = max(self.largest_batch, batch.num_samples)
-        loss_batch = self.config.loss_batch_size or self.largest_batch
+        loss_batch = self.config.loss_batch_size  # None: the batch's mean
         # Training mode before the lookup, whatever a caller did before (a predict, an
         # evaluate): in eval mode the lookup takes the path that steps no row, and only the
         # dense part would learn.
@@ -426,7 +426,6 @@ class Trainer:
         state = {
             "step": self.step,
             "samples": self.samples,
-            "largest_batch": self.largest_batch,
             "model": self.model.state_dict(),  # tables with their optimizer slots
             "dense_optimizer": self.dense_optimizer.state_dict(),
             "rng": torch.get_rng_state(),
@@ -457,9 +456,6 @@ class Trainer:
         self.dense_optimizer.load_state_dict(state["dense_optimizer"])
         torch.set_rng_state(state["rng"])
         self.step, self.samples = int(state["step"]), int(state["samples"])
-        # Absent from checkpoints made before it, and from a parameter server's (whose
-        # workers send batch means): the next batch sets it again.
-        self.largest_batch = int(state.get("largest_batch", 0))
         self.start_step = self.step
         self.positions = dict(checkpoint.positions)
         self.restored_from = str(path)

@@ -84,7 +84,10 @@ def test_fresh_dense_aggregate_is_the_global_batch_gradient():
         torch.testing.assert_close(global_gradient.dense[name], grad, rtol=1e-5, atol=1e-7)
 
 
-def test_rows_average_over_the_contributions_that_touched_them():
+@pytest.mark.parametrize("rule", ["global-mean", "touched-mean"])
+def test_rows_sum_their_weighted_gradients_over_the_rule_s_samples(rule):
+    """global-mean: a row's sum over the global batch's samples; touched-mean: over the
+    samples of the contributions that touched it (both with per-row staleness weights)."""
     dim = 3
     rng = torch.Generator().manual_seed(1)
     contributions = []
@@ -94,7 +97,7 @@ def test_rows_average_over_the_contributions_that_touched_them():
         contributions.append(Contribution(f"w{i}", 0, samples, {}, sparse))
     weights = [torch.tensor([1.0, 0.5, 1.0]), torch.tensor([1.0, 0.25]), torch.tensor([0.0, 1.0, 1.0])]
     batch = [Weighted(c, 1.0, {"t": w}) for c, w in zip(contributions, weights)]
-    rows, grads = aggregate(batch).sparse["t"]
+    rows, grads = aggregate(batch, rule).sparse["t"]
     # the same rule, one row at a time in plain Python
     expected = {}
     for c, w in zip(contributions, weights):
@@ -104,7 +107,7 @@ def test_rows_average_over_the_contributions_that_touched_them():
     assert rows.tolist() == sorted(expected)
     for row, grad in zip(rows.tolist(), grads):
         total, samples = expected[row]
-        torch.testing.assert_close(grad, total / samples)
+        torch.testing.assert_close(grad, total / (samples if rule == "touched-mean" else 60))
 
 
 def test_contribution_contracts():

@@ -3,20 +3,27 @@
 A `Contribution` is what one worker pushes after one local batch: the dense gradients,
 the row-sparse gradients of the embedding tables it touched, the batch's sample count and
 the token it pulled with. `aggregate` turns the M contributions of a global batch into the
-one gradient the optimizer steps with:
+one gradient the optimizer steps with. By default (row gradient "global-mean"):
 
-- dense:  g = sum_i n_i w_i g_i / sum_i n_i
-- a row:  g_r = sum_{i touching r} n_i w_ir g_ir / sum_{i touching r} n_i
+- dense:  g   = sum_i n_i w_i g_i / B
+- a row:  g_r = sum_{i touching r} n_i w_ir g_ir / B
 
-n_i is contribution i's sample count and w its staleness weight (staleness.py; per row
-for rows). With fresh gradients (w = 1) and equal local batches the dense part is the mean
-of the local gradients: exactly synchronous all-reduce's gradient of the global batch's
-mean loss. A row is averaged only over the contributions whose batches held its id: a row
-seen by one worker of M is not shrunk M-fold, which would make rare ids learn M times more
-slowly than in one process.
+n_i is contribution i's sample count, w its staleness weight (staleness.py; per row for
+rows), and B the global batch's size: the sum over the M contributions of their configured
+local batch size b_i (Contribution.batch_size), or of n_i where a worker says none. Each
+local gradient g_i is the gradient of its batch's *mean* loss, as the Trainer computes it,
+so n_i g_i is its summed loss's gradient, and g is the gradient of the global batch's loss
+summed over its samples and divided by B: with fresh gradients (w = 1) exactly one Trainer
+step on the M local batches concatenated (with loss_batch_size B), which is what
+synchronous training is, for the dense weights and the rows alike. A short batch (a
+source's last) weighs each of its samples 1 / B, as a short batch of local training does
+(TrainConfig.loss_batch_size), rather than more.
 
-Each local gradient is the gradient of its batch's *mean* loss, as the Trainer computes
-it, so weighting by n_i recovers the global batch's mean when batch sizes differ.
+The option "touched-mean" divides a row's sum by the sizes of only the contributions that
+touched it (sum_{i touching r} b_i) instead of B: a rare id seen by one worker of M then
+steps as if that worker's batch were the whole global batch, up to M times the gradient
+one big batch would give it. It is what this project did before it followed one big batch,
+kept for jobs tuned with it; the dense weights are the same under both.
 """
 
 from __future__ import annotations
@@ -24,6 +31,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+# How a row's summed gradient is divided (the module docstring): by the global batch's
+# size (one big batch: sync's meaning), or by the sizes of the batches that touched it.
+ROW_GRADIENTS = ("global-mean", "touched-mean")
+
+
+def check_row_gradient(rule: str) -> str:
+    if rule not in ROW_GRADIENTS:
+        raise ValueError(f"row gradient must be one of {', '.join(ROW_GRADIENTS)}, got {rule!r}")
+    return rule
 
 
 @dataclass(frozen=True)
@@ -69,10 +86,21 @@ class Contribution:
     labels: torch.Tensor | None = None
     scores: torch.Tensor | None = None
     event_time_ms: int | None = None
+    # The local batch size the worker is configured with: what this contribution adds to the
+    # global batch's size B, short or full. 0: not said, and its samples count instead.
+    batch_size: int = 0
 
     def __post_init__(self):
         if self.samples <= 0:
             raise ValueError(f"a contribution needs samples > 0, got {self.samples} (worker {self.worker!r})")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 0:
+            raise ValueError(f"a contribution's batch_size must be an integer >= 0 (0: unsaid), got "
+                             f"{self.batch_size!r} (worker {self.worker!r})")
+
+    @property
+    def weight_samples(self) -> int:
+        """What this contribution adds to the global batch's size B."""
+        return self.batch_size or self.samples
 
 
 @dataclass(frozen=True)
@@ -99,18 +127,23 @@ class GlobalGradient:
     event_time_ms: int | None = None
 
 
-def aggregate(batch: list[Weighted]) -> GlobalGradient:
+def aggregate(batch: list[Weighted], row_gradient: str = "global-mean") -> GlobalGradient:
     if not batch:
         raise ValueError("cannot aggregate an empty global batch")
+    check_row_gradient(row_gradient)
     total = sum(w.contribution.samples for w in batch)
+    size = float(sum(w.contribution.weight_samples for w in batch))  # B
     dense: dict[str, torch.Tensor] = {}
     for weighted in batch:
         c = weighted.contribution
         for name, grad in c.dense.items():
-            scaled = grad.float() * (c.samples * weighted.dense_weight / total)
+            scaled = grad.float() * (c.samples * weighted.dense_weight / size)
             dense[name] = dense[name] + scaled if name in dense else scaled
     tables = sorted({table for w in batch for table in w.contribution.sparse})
-    sparse = {table: _aggregate_rows([w for w in batch if table in w.contribution.sparse], table) for table in tables}
+    touched = row_gradient == "touched-mean"
+    sparse = {table: _aggregate_rows([w for w in batch if table in w.contribution.sparse], table,
+                                     None if touched else size)
+              for table in tables}
     scored = [w.contribution for w in batch if w.contribution.labels is not None]
     times = [w.contribution.event_time_ms for w in batch if w.contribution.event_time_ms is not None]
     return GlobalGradient(dense, sparse, total, tuple(w.contribution.worker for w in batch),
@@ -119,17 +152,20 @@ def aggregate(batch: list[Weighted]) -> GlobalGradient:
                           max(times, default=None))
 
 
-def _aggregate_rows(batch: list[Weighted], table: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _aggregate_rows(batch: list[Weighted], table: str, size: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """size: B, what every row's sum is divided by; None: each row's own touching batches' sizes."""
     if len(batch) == 1 and _strictly_increasing(batch[0].contribution.sparse[table].rows):
-        return _rows_of_one(batch[0], table)
+        return _rows_of_one(batch[0], table, size)
     rows = torch.cat([w.contribution.sparse[table].rows for w in batch])
     grads = torch.cat([w.contribution.sparse[table].grads.float() * (w.row_weights[table] * w.contribution.samples)
                        .unsqueeze(1) for w in batch])
-    samples = torch.cat([torch.full((w.contribution.sparse[table].rows.shape[0],), float(w.contribution.samples))
-                         for w in batch])
     distinct, inverse = torch.unique(rows, return_inverse=True)
     summed = torch.zeros(distinct.shape[0], grads.shape[1]).index_add_(0, inverse, grads)
-    touched = torch.zeros(distinct.shape[0]).index_add_(0, inverse, samples)
+    if size is not None:
+        return distinct, summed / size
+    sizes = torch.cat([torch.full((w.contribution.sparse[table].rows.shape[0],), float(w.contribution.weight_samples))
+                       for w in batch])
+    touched = torch.zeros(distinct.shape[0]).index_add_(0, inverse, sizes)
     return distinct, summed / touched.unsqueeze(1)
 
 
@@ -137,10 +173,12 @@ def _strictly_increasing(rows: torch.Tensor) -> bool:
     return rows.numel() < 2 or bool((rows[1:] > rows[:-1]).all())
 
 
-def _rows_of_one(weighted: Weighted, table: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows_of_one(weighted: Weighted, table: str, size: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """One contribution of distinct sorted rows (a worker's, from torch.unique): what the
     general path computes, with the same arithmetic (so the same bits), without its sort and
-    scatter: each row is its own distinct row, touched by this contribution's samples."""
-    part, samples = weighted.contribution.sparse[table], float(weighted.contribution.samples)
+    scatter: each row is its own distinct row, touched by this contribution alone."""
+    part = weighted.contribution.sparse[table]
     grads = part.grads.float() * (weighted.row_weights[table] * weighted.contribution.samples).unsqueeze(1)
-    return part.rows, grads / torch.full((part.rows.shape[0], 1), samples)
+    if size is not None:
+        return part.rows, grads / size
+    return part.rows, grads / torch.full((part.rows.shape[0], 1), float(weighted.contribution.weight_samples))

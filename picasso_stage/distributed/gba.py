@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate
+from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate, check_row_gradient
 from picasso.distributed.ledger import Ledger
 from picasso.distributed.staleness import NO_DECAY, StalenessDecay
 from picasso.sample_identity import Spans, joined_positions, spans_of
@@ -39,10 +39,14 @@ from picasso.trainer import merge_positions
 class GBAConfig:
     global_batches: int  # M: local batches per global step, N_sync (the sync mode's worker count)
     decay: StalenessDecay = field(default_factory=StalenessDecay)
+    # How a row's gradient is averaged (aggregation.py): over the global batch, as one big
+    # batch would (the paper's aggregation, and sync's), or over the batches that touched it.
+    row_gradient: str = "global-mean"
 
     def __post_init__(self):
         if self.global_batches < 1:
             raise ValueError(f"global_batches (M) must be >= 1, got {self.global_batches}")
+        check_row_gradient(self.row_gradient)
 
     @classmethod
     def plain_async(cls) -> "GBAConfig":
@@ -164,7 +168,7 @@ class TokenControl:
         self.contributed[name] = self.contributed.get(name, 0) + 1
         if len(self._buffer) < self.config.global_batches:
             return PushOutcome(True, "", staleness, weight, self.step, False), None
-        gradient = aggregate(self._buffer)
+        gradient = aggregate(self._buffer, self.config.row_gradient)
         for weighted in self._buffer:
             self._record_positions(weighted.contribution)
         self._buffer = []

@@ -36,6 +36,9 @@ class JoinSettings:
     row_cache: RowCacheConfig | None = None  # hot rows served locally; None: every row pulled
     slowdown: float = 1.0  # a straggler on purpose (worker.Straggler), for benchmarks
     seed: int = 0  # the row cache's sampling
+    # The local batch this worker's source is cut into: its pushes say it, so that the
+    # server weighs a short batch's samples as a full one's (aggregation.py). 0: unsaid.
+    batch_size: int = 0
 
 
 @dataclass
@@ -118,7 +121,7 @@ def join_job(address: ServerAddress, settings: JoinSettings = JoinSettings(),
             client = CachedPSClient(client, settings.row_cache, seed=settings.seed)
         config = description.config
         model = config.build_model(description.spec, PackingPlan.from_spec(description.spec))
-        joined = Joined(GBAWorker(client, GradientComputer(model), settings.slowdown, description.prequential),
+        joined = Joined(GBAWorker(client, GradientComputer(model, settings.batch_size), settings.slowdown, description.prequential),
                         description, connections, address.timeout_s)
     except TransportError as err:
         _close(connections)

@@ -42,11 +42,17 @@ class LocalGradient:
     rows: dict[str, torch.Tensor]  # table key -> the distinct rows the batch touched
     row_grads: dict[str, torch.Tensor]  # table key -> (k, dim) their gradients
     scores: torch.Tensor | None = None  # the batch's predictions before the update
+    batch_size: int = 0  # the worker's configured local batch (aggregation.Contribution.batch_size); 0: unsaid
 
 
 class GradientComputer:
-    def __init__(self, model: PackedModel):
-        self.model = model
+    def __init__(self, model: PackedModel, batch_size: int = 0):
+        """batch_size: the local batch the worker is configured with, which its gradients
+        carry to the aggregation (so that a short batch's samples weigh what a full one's
+        do); 0: unsaid, each batch counts its own samples."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+            raise ValueError(f"a worker's batch size must be an integer >= 0 (0: unsaid), got {batch_size!r}")
+        self.model, self.batch_size = model, batch_size
         self.lookups = [Lookup(f"{prefix}.table_{g.name}", prefix, g.name, g.num_fields)
                         for prefix in model.lookups for g in getattr(model, prefix).plan.groups]
         self.params = dict(model.named_parameters())
@@ -79,4 +85,4 @@ class GradientComputer:
         dense_grads = {name: p.grad.detach().clone() for name, p in self.params.items() if p.grad is not None}
         row_grads = {key: t.grad if t.grad is not None else torch.zeros_like(t) for key, t in compact.items()}
         return LocalGradient(loss_sum, batch.num_samples, dense_grads, rows, row_grads,
-                             self.model.scores_before_update)
+                             self.model.scores_before_update, self.batch_size)

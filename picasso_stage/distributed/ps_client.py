@@ -136,7 +136,8 @@ class PSClient:
                                         gradient.dense if s == 0 else {}, sparse, (positions or {}) if s == 0 else {},
                                         sequence=self._pushed, ranges=ranges or {},
                                         labels=labels if scored else None, scores=gradient.scores if scored else None,
-                                        event_time_ms=event_time_ms if s == 0 else None)
+                                        event_time_ms=event_time_ms if s == 0 else None,
+                                        batch_size=gradient.batch_size)
             while len(self._in_flight[s]) > self.max_in_flight - 1 and self._in_flight[s]:
                 self._settle(s, self._in_flight[s].pop(0))
             future = self._call(s, "push", (contribution,), True)

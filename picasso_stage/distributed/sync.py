@@ -3,10 +3,17 @@
 Each rank computes its local batch's gradients exactly as a GBA worker does
 (local_gradient.py), the ranks exchange them as flat tensors (below), and every rank
 steps its own one-shard parameter server once (`Shard.apply`) with the gradient that
-GBA's aggregation (aggregation.py) makes of N fresh local batches with M = N. The
-arithmetic is GBA's, which is what lets a job switch between the modes with nothing
-changed but the mode. Every rank applies the same bits to the same state, so the replicas
-stay identical without broadcasting parameters.
+GBA's aggregation (aggregation.py) makes of N fresh local batches with M = N. By default
+that is one Trainer step on the N local batches concatenated: the global batch's summed
+loss over B = N times the local batch size, for the dense weights and the rows alike
+(tests/test_sync_one_batch.py checks it step for step). The arithmetic is GBA's, which is
+what lets a job switch between the modes with nothing changed but the mode. Every rank
+applies the same bits to the same state, so the replicas stay identical without
+broadcasting parameters.
+
+Replicated, not sharded: every rank applies every rank's rows to its own full copy of the
+tables, N times the optimizer work of one apply, inside the step a straggler stretches.
+`SyncStats.apply_s` measures it (benchmarks.gba reports its share of a step).
 
 The ranks step together: when one runs out of batches, all stop (its tail is not trained,
 as with a DistributedSampler that drops the last uneven batches).
@@ -19,22 +26,22 @@ and everything a step needs rides in these two:
    batch's samples n_i; one slot per dense parameter, 1 where the rank has its gradient
    (aggregation leaves a parameter no batch reached without a gradient, so Adam skips
    it); and each rank's header in slots of its own, zero in every other rank's tensor, so
-   the sum carries each header exactly: samples, mean loss, whether its sources changed,
-   and its distinct rows per row set. Divided by N = sum n_i, the dense part is
-   aggregation's weighted mean sum n_i g_i / N, rounded in another order (equal to float
-   tolerance; a ring all-reduce hands every rank the same bits). Scaling after the sum
-   rather than by n_i / N before is what lets the header ride along: N is not known until
-   the headers have travelled. A rank out of batches sends samples 0, and every rank stops.
+   the sum carries each header exactly: samples, configured batch size, mean loss, whether
+   its sources changed, and its distinct rows per row set. Divided by B (the sum of the
+   ranks' batch sizes), the dense part is aggregation's sum n_i g_i / B, rounded in
+   another order (equal to float tolerance; a ring all-reduce hands every rank the same
+   bits). Scaling after the sum rather than by n_i / B before is what lets the header ride
+   along: B is not known until the headers have travelled. A rank out of batches sends samples 0, and every rank stops.
 2. all_gather of one float32 tensor per rank, padded to the longest (the headers gave every
    rank's length): its sources' positions (raw int64 bits), its distinct rows per row set
    (raw int32 bits when every table's rows fit, else int64) and every table's row
    gradients. The tables of one packing group are looked up by the same ids (embedding and
    wide_embedding alike), so their rows travel once. Every rank then sums duplicate rows
-   with aggregation.aggregate itself: the row part is GBA's bit for bit. A row's gradient
-   is averaged over the ranks whose batch held it, which the gathered ids say; all-reducing
-   over the union of the ranks' rows instead would need the ids gathered first (one more
-   collective) and, with the benchmark's batches (the union is 0.75 of all W ranks' rows),
-   move more: 2(W-1)/W of the union each way against W-1 ranks' rows.
+   with aggregation.aggregate itself: the row part is GBA's bit for bit, under either row
+   gradient rule (touched-mean needs to know which ranks held a row, which the gathered ids
+   say). All-reducing over the union of the ranks' rows instead would need the ids gathered
+   first (one more collective) and, with the benchmark's batches (the union is 0.75 of all
+   W ranks' rows), move more: 2(W-1)/W of the union each way against W-1 ranks' rows.
 Per step at the benchmark's settings (criteo:26, MLP 256-128, 4 ranks of 512): the
 all-reduce's tensor is 0.71 MB (a ring moves 1.07 MB each way per rank) and a rank's part
 of the gather 0.76 MB, of which it receives 3, 2.3 MB.
@@ -49,6 +56,7 @@ other sources than it announced; from then on only the values travel, inside the
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -66,7 +74,7 @@ from picasso.distributed.worker import Straggler
 from picasso.trainer import Trainer, merge_positions
 
 _EXACT = 2 ** 24  # float32 holds every integer below this: header counts travel as floats
-_HEADER = 3  # a header's slots before its row counts: samples, mean loss, renamed
+_HEADER = 4  # a header's slots before its row counts: samples, batch size, mean loss, renamed
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,7 @@ class RankHeader:
     """What one rank announces in the all-reduce."""
 
     samples: int  # 0: the rank has no batch, and every rank stops
+    batch_size: int  # its configured local batch (Contribution.batch_size; 0: unsaid)
     loss_sum: float
     renamed: bool  # its batch's sources differ from the ones it announced before
     rows: tuple[int, ...]  # its distinct rows per row set
@@ -164,11 +173,11 @@ class Exchanged:
     def samples(self) -> int:
         return sum(c.samples for c in self.contributions)
 
-    def gradient(self) -> GlobalGradient:
+    def gradient(self, row_gradient: str = "global-mean") -> GlobalGradient:
         """The step's gradient: the rows summed by aggregation itself, every rank fresh (weight 1)."""
         fresh = [Weighted(c, 1.0, {key: torch.ones(()).expand(rows.rows.shape[0]) for key, rows in c.sparse.items()})
                  for c in self.contributions]
-        return GlobalGradient(self.dense, aggregate(fresh).sparse, self.samples,
+        return GlobalGradient(self.dense, aggregate(fresh, row_gradient).sparse, self.samples,
                               tuple(c.worker for c in self.contributions))
 
 
@@ -197,7 +206,8 @@ class GradientExchange:
         else:
             named, carried = None, [len(s) for s in self.sources]
         parts = self._all_gather(local, headers, positions, carried)
-        contributions = tuple(Contribution(f"rank{rank}/sync", token, header.samples, sparse=part.sparse)
+        contributions = tuple(Contribution(f"rank{rank}/sync", token, header.samples, sparse=part.sparse,
+                                           batch_size=header.batch_size)
                               for rank, (header, part) in enumerate(zip(headers, parts)))
         every = tuple(named) if named is not None else \
             tuple(dict(zip(names, part.positions)) for names, part in zip(self.sources, parts))
@@ -229,18 +239,19 @@ class GradientExchange:
             mine = size + len(layout.dense) + self.rank * width
             # The mean loss is float32 already (a float32 loss times n): it travels exactly.
             flat[mine:mine + width] = torch.tensor(
-                [local.samples, local.loss_sum / local.samples, float(renamed),
+                [local.samples, local.batch_size, local.loss_sum / local.samples, float(renamed),
                  *(local.rows[key].numel() for key in layout.set_keys)])
         dist.all_reduce(flat, group=self.group)
         slots = flat[size:].tolist()
         present, slots = slots[:len(layout.dense)], slots[len(layout.dense):]
         headers = []
         for rank in range(self.world_size):
-            samples, mean_loss, renamed_, *rows = slots[rank * width:(rank + 1) * width]
-            headers.append(RankHeader(int(samples), mean_loss * samples, bool(renamed_), tuple(int(r) for r in rows)))
-        total = sum(h.samples for h in headers)
+            samples, batch_size, mean_loss, renamed_, *rows = slots[rank * width:(rank + 1) * width]
+            headers.append(RankHeader(int(samples), int(batch_size), mean_loss * samples, bool(renamed_),
+                                      tuple(int(r) for r in rows)))
+        global_size = sum(h.batch_size or h.samples for h in headers)  # B, as aggregation's
         dense, at = {}, 0
-        summed = flat[:size] / max(total, 1)
+        summed = flat[:size] / max(global_size, 1)
         for (name, shape), count in zip(layout.dense, present):
             numel = math.prod(shape)
             if count:
@@ -288,6 +299,8 @@ class SyncStats:
     steps: int = 0
     samples: int = 0  # over every rank
     loss_sum: float = 0.0  # over every rank, each batch's loss before its step
+    seconds: float = 0.0  # in steps, this rank's wall time
+    apply_s: float = 0.0  # of which applying the global gradient to this rank's replica
 
     @property
     def mean_loss(self) -> float:
@@ -295,15 +308,20 @@ class SyncStats:
 
 
 class SyncReplica:
-    def __init__(self, trainer: Trainer, rank: int, world_size: int, slowdown: float = 1.0):
-        """trainer: this rank's Trainer, built (and restored) alike on every rank;
-        slowdown: this rank straggles (worker.Straggler), as the benchmark injects."""
+    def __init__(self, trainer: Trainer, rank: int, world_size: int, slowdown: float = 1.0,
+                 row_gradient: str = "global-mean"):
+        """trainer: this rank's Trainer, built (and restored) alike on every rank; its
+        config's loss_batch_size is this rank's local batch (B = the ranks' sum);
+        slowdown: this rank straggles (worker.Straggler), as the benchmark injects;
+        row_gradient: aggregation's rule for rows (ROW_GRADIENTS)."""
         self.trainer, self.rank, self.world_size, self.straggler = trainer, rank, world_size, Straggler(slowdown)
         if trainer.spec.dynamic_fields:
             raise ValueError(SYNC_DYNAMIC)
-        self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY))
+        self.row_gradient = row_gradient
+        self.shard, self.layout = build_shard(trainer, 0, 1, GBAConfig(world_size, NO_DECAY, row_gradient))
         config = trainer.config
-        self.computer = GradientComputer(config.build_model(trainer.spec, trainer.plan))
+        self.computer = GradientComputer(config.build_model(trainer.spec, trainer.plan), config.loss_batch_size or 0)
+        self.last_apply_s = 0.0  # the last step's time applying the gradient
         self.exchange = GradientExchange(ExchangeLayout.of(self.layout, self.shard.tensors, self.computer),
                                          rank, world_size)
         self.positions = dict(trainer.positions)  # how far every rank's sources are trained
@@ -315,6 +333,7 @@ class SyncReplica:
         stats = SyncStats()
         batches = iter(batches)
         while True:
+            started = time.perf_counter()
             stepped = self._step(next(batches, None))
             if stepped is None:
                 return stats
@@ -322,6 +341,8 @@ class SyncReplica:
             stats.steps += 1
             stats.samples += samples
             stats.loss_sum += loss_sum
+            stats.seconds += time.perf_counter() - started
+            stats.apply_s += self.last_apply_s
             if checkpoint_every and save is not None and stats.steps % checkpoint_every == 0:
                 save(self)
 
@@ -348,7 +369,9 @@ class SyncReplica:
         if exchanged is None:
             return None
         with self.straggler.working():  # stepping its replica is its own work too
-            self.shard.apply(exchanged.gradient())
+            applying = time.perf_counter()
+            self.shard.apply(exchanged.gradient(self.row_gradient))
+            self.last_apply_s = time.perf_counter() - applying
             for positions in exchanged.positions:
                 self.positions = merge_positions(self.positions, positions)
         self.straggler.end_step()

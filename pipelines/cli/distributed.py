@@ -42,7 +42,8 @@ from picasso.distributed.sync import SyncReplica
 from picasso.distributed.transport import Security
 from picasso.pipelines.cli.endless import add_ps_endless_args, run_ps_endless
 from picasso.pipelines.cli.process_exit import run_command
-from picasso.pipelines.cli.train_args import MODEL_FLAGS, add_model_args, flag_value, model_settings
+from picasso.pipelines.cli.train_args import (MODEL_FLAGS, add_model_args, add_row_gradient_arg, flag_value,
+                                              model_settings)
 from picasso.pipelines.runs.planted import planted_batches, planted_source
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.spec import SpecError
@@ -94,6 +95,7 @@ def add_ps_commands(commands) -> None:
                     help="serve only this shard (one process per shard, e.g. across hosts); "
                     "default: this process serves shard 0 and starts the others")
     _add_model_args(ps)
+    add_row_gradient_arg(ps)
     _add_group_args(ps, server=True)
     add_ps_endless_args(ps)
     ps.set_defaults(run=run_ps)
@@ -118,6 +120,7 @@ def add_ps_commands(commands) -> None:
     sync.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
     _add_checkpoint_every(sync)
     _add_model_args(sync)
+    add_row_gradient_arg(sync)
     _add_data_args(sync)
     sync.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     sync.set_defaults(run=run_sync)
@@ -168,7 +171,9 @@ def _trainer(args, sync: bool = False):
         raise SystemExit(f"error: {err}") from None
     if sync and spec.dynamic_fields:
         raise SystemExit(f"error: {', '.join(f.name for f in spec.dynamic_fields)}: {SYNC_DYNAMIC}")
-    config = TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu")
+    # A sync rank's local batch (B is the ranks' sum); `picasso ps` has none: its workers say theirs.
+    config = TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu",
+                         loss_batch_size=getattr(args, "batch_size", None))
     trainer = Trainer(spec, config)
     root = Path(Workdir(args.workdir).checkpoints)
     try:
@@ -193,7 +198,7 @@ def _gba_config(args):
         return GBAConfig.plain_async()
     try:
         m = args.workers if args.global_batches is None else args.global_batches
-        return GBAConfig(m, parse_decay(args.decay))
+        return GBAConfig(m, parse_decay(args.decay), args.row_gradient)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
 
@@ -220,7 +225,8 @@ def run_ps(args) -> int:
     # the restart is acknowledged, not trained twice.
     applied = read_applied(resumed) if resumed is not None else None
     shard, layout = build_shard(trainer, index, args.shards, gba, args.samples, args.checkpoint_every, applied)
-    summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe()}
+    summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe(),
+               "row_gradient": gba.row_gradient}
 
     def write_checkpoint(snapshots, lost_workers) -> None:
         path, state = save_ps_checkpoint(root, layout, snapshots, trainer, {"mode": args.mode})
@@ -249,7 +255,8 @@ def run_ps(args) -> int:
 def _shard_argv(args, index: int) -> list[str]:
     """The command line of shard `index`: this one's flags, that shard's index."""
     argv = ["ps", "--shard-index", str(index)]
-    for flag in ("spec", "workdir", "mode", "global_batches", "decay", "samples", "lease", *MODEL_FLAGS, "seed",
+    for flag in ("spec", "workdir", "mode", "global_batches", "decay", "row_gradient", "samples", "lease", *MODEL_FLAGS,
+                 "seed",
                  "host", "port", "shards", "workers", "timeout", "checkpoint_every", "tls_cert", "tls_key"):
         value = getattr(args, flag)
         if value is not None:
@@ -269,7 +276,7 @@ def run_worker(args) -> int:
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     settings = JoinSettings(name=f"worker{args.rank}", max_in_flight=args.max_in_flight, row_cache=row_cache,
-                            slowdown=_slowdown(args, args.rank), seed=args.rank)
+                            slowdown=_slowdown(args, args.rank), seed=args.rank, batch_size=args.batch_size)
     try:
         joined = join_job(address, settings)
     except (ParameterServerError, ValueError) as err:
@@ -314,7 +321,7 @@ def run_sync(args) -> int:
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
-        replica = SyncReplica(trainer, rank, world, _slowdown(args, rank))
+        replica = SyncReplica(trainer, rank, world, _slowdown(args, rank), args.row_gradient)
         stream = args.stream_base + rank if args.stream is None else args.stream
         start = trainer.positions.get(planted_source(stream), 0)  # resume where the checkpoint's training ends
         batches = planted_batches(trainer.spec, args.rows, args.batch_size, stream, start)
@@ -335,6 +342,7 @@ def run_sync(args) -> int:
     if args.json:  # one write, so that the ranks' lines (torchrun merges their stdout) never interleave
         _print_line({"rank": rank, "world_size": world, "steps": stats.steps, "samples": stats.samples,
                      "mean_loss": stats.mean_loss, "seconds": seconds, "began": began, "ended": began + seconds,
+                     "apply_s": stats.apply_s, "step_s": stats.seconds, "row_gradient": args.row_gradient,
                      "step": state["step"], "checkpoint": str(path) if path else None,
                      "state_hash": _state_hash(state["model"])})
     return 0

@@ -22,7 +22,7 @@ from picasso.distributed.gba import GBAConfig
 from picasso.distributed.staleness import parse_decay
 from picasso.distributed.transport import Security
 from picasso.pipelines.cli.publish import add_publish_args, add_target_args, publish_policy
-from picasso.pipelines.cli.train_args import model_settings
+from picasso.pipelines.cli.train_args import add_row_gradient_arg, model_settings
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.spec import SpecError
 from picasso.spec_refs import load_spec
@@ -54,6 +54,7 @@ def add_endless_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--global-batches", type=int, default=1, metavar="M",
                        help="local batches per global step (default 1: one worker steps at each push)")
     group.add_argument("--decay", default="exp", help="staleness decay of GBA (see `picasso ps --decay`)")
+    add_row_gradient_arg(group)
     group.add_argument("--max-batch-delay", type=float, default=0.5, metavar="SECONDS",
                        help="train a batch short of --batch-messages once its oldest event has waited this long "
                             "(default 0.5: a slow stream's batch would otherwise wait to fill)")
@@ -147,7 +148,8 @@ def endless_server_config(args, spec, topics: dict[str, str]):
         target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
     return EndlessServerConfig(
         spec=spec, train=TrainConfig(**model_settings(args), device="cpu", seed=getattr(args, "seed", 0)),
-        workdir=workdir, topics=topics, gba=GBAConfig(args.global_batches or 1, parse_decay(args.decay)),
+        workdir=workdir, topics=topics, gba=GBAConfig(args.global_batches or 1, parse_decay(args.decay),
+                                                          args.row_gradient),
         lease_s=args.lease, checkpoint_every_s=args.checkpoint_every_s, keep_checkpoints=args.keep_checkpoints,
         mlflow=target, publish_every_s=args.publish_every, publish_policy=publish_policy(args))
 

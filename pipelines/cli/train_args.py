@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from picasso.distributed.aggregation import ROW_GRADIENTS
 from picasso.models import MODELS
 from picasso.models.common import PRECISIONS
 from picasso.spec import SPARSE_OPTIMIZERS
@@ -62,6 +63,14 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                                 help="L2 on embedding rows, applied to the rows each step touches")
     regularisation.add_argument("--dropout", type=_probability, default=defaults.dropout,
                                 help="dropout on the MLPs' hidden activations while training")
+
+
+def add_row_gradient_arg(parser) -> None:
+    """How GBA and sync average a row's gradient: the same flag, and default, in both."""
+    parser.add_argument("--row-gradient", choices=ROW_GRADIENTS, default=ROW_GRADIENTS[0],
+                        help="global-mean (default): a row's summed gradient over the global batch's size, as one "
+                             "big batch would step it; touched-mean: over the sizes of only the local batches that "
+                             "held its id (a rare id then steps up to M times harder)")
 
 
 def model_settings(args: argparse.Namespace) -> dict:

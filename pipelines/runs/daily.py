@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -79,6 +79,8 @@ class DailyConfig:
     beam_args: tuple[str, ...] = ()
 
     def __post_init__(self):
+        if self.train.loss_batch_size is None:  # each sample weighs one over the configured chunk
+            object.__setattr__(self, "train", replace(self.train, loss_batch_size=self.batch_size))
         for partition in filter(None, (self.date, self.eval_date)):
             parse_partition(partition)  # a clear error for a date that is not one
         if self.warm_start not in WARM_STARTS:

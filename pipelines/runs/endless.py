@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -152,6 +152,8 @@ def build_pipeline(config: EndlessConfig, ps: PSAddress, ranges: list[PartitionR
         batches = (decoded.chunks
                    | "PackMessages" >> PackMessages(config.spec)
                    | "Batches" >> beam.Map(lambda packed: packed.batch))
+    # A batch cut short by --max-batch-delay weighs each sample as a full one's (aggregation.py).
+    ps = replace(ps, batch_size=config.batch_messages)
     _ = batches | "Train" >> PicassoTrain(config.spec, mode="gba", ps=ps, unbounded=True)
     return pipeline
 

@@ -26,7 +26,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import apache_beam as beam
 import torch
@@ -106,6 +106,10 @@ class StreamConfig:
     # Impressions and labels on two topics (both in `topics`), joined into samples here;
     # None: every event carries its label. batch_messages is then samples per batch.
     joined: JoinedTopics | None = None
+
+    def __post_init__(self):
+        if self.train.loss_batch_size is None:  # each sample weighs one over the configured batch
+            object.__setattr__(self, "train", replace(self.train, loss_batch_size=self.batch_messages))
 
     @property
     def folders(self) -> Workdir:

@@ -56,6 +56,8 @@ class PSAddress:
     # The server runs in the process that starts the pipeline (the endless job's own): a
     # worker running in that process too calls it directly, others over gRPC.
     in_process: bool = False
+    # The pipeline's batch size (rows per packed batch): each push says it (JoinSettings.batch_size).
+    batch_size: int = 0
 
 
 class _Member:
@@ -64,7 +66,8 @@ class _Member:
     def __init__(self, address: PSAddress, spec: FeatureSpec):
         server = ServerAddress(address.host, address.port, address.timeout_s,
                                (address.security or Security()).with_env_token(), address.in_process)
-        self.joined = join_job(server, JoinSettings(max_in_flight=address.max_in_flight, row_cache=address.row_cache),
+        self.joined = join_job(server, JoinSettings(max_in_flight=address.max_in_flight, row_cache=address.row_cache,
+                                                        batch_size=address.batch_size),
                                spec)
         try:
             self.joined.start_line()
