@@ -29,8 +29,10 @@ modulo, so they keep one call each.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -50,11 +52,13 @@ def splitmix64(value: int) -> int:
     return z ^ (z >> 31)
 
 
-def hash_bytes(data: bytes) -> int:
+def hash_bytes(data: bytes, start: int = 0) -> int:
+    """The string hash of `data`. `start` is XORed into the initial state (the byte
+    length): 0 gives the fixed hash; a keyed hash starts from its secret word."""
     padded = data + b"\0" * ((-len(data) % _WORD) or (_WORD if not data else 0))
-    h = len(data)
-    for start in range(0, len(padded), _WORD):
-        h = splitmix64(h ^ int.from_bytes(padded[start : start + _WORD], "little"))
+    h = len(data) ^ start
+    for offset in range(0, len(padded), _WORD):
+        h = splitmix64(h ^ int.from_bytes(padded[offset : offset + _WORD], "little"))
     return h
 
 
@@ -75,8 +79,9 @@ def splitmix64_array(values: np.ndarray) -> np.ndarray:
     return z
 
 
-def _hash_strings(arr: pa.Array) -> np.ndarray:
-    """Hash every string of a null-free string or binary array, from its Arrow buffers."""
+def _hash_strings(arr: pa.Array, start: int = 0) -> np.ndarray:
+    """hash_bytes(s, start) of every string s of a null-free string or binary array, from
+    its Arrow buffers."""
     if len(arr) == 0:
         return np.zeros(0, dtype=np.uint64)
     large = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
@@ -93,7 +98,7 @@ def _hash_strings(arr: pa.Array) -> np.ndarray:
         if width != length:
             block = np.concatenate([block, np.zeros((n, width - length), np.uint8)], axis=1)
         matrix = np.ascontiguousarray(block).view(np.uint64)
-        h = np.full(n, length, dtype=np.uint64)
+        h = np.full(n, length ^ start, dtype=np.uint64)
         for k in range(matrix.shape[1]):
             h = splitmix64_array(h ^ matrix[:, k])
         return h
@@ -104,31 +109,83 @@ def _hash_strings(arr: pa.Array) -> np.ndarray:
     index = np.minimum(offsets[:-1, None].astype(np.int64) + columns, max(len(data) - 1, 0))
     padded = np.where(columns < lengths[:, None], data[index], 0).astype(np.uint8)
     matrix = padded.view(np.uint64)
-    h = lengths.astype(np.uint64)
+    h = lengths.astype(np.uint64) ^ np.uint64(start)
     for k in range(matrix.shape[1]):
         live = words > k
         h[live] = splitmix64_array(h[live] ^ matrix[live, k])
     return h
 
 
-def key_of(raw_id: str | int) -> int:
-    """A dynamic field's key of a raw id, as a signed 64-bit integer (its bits unsigned)."""
-    key = hash_bytes(raw_id.encode()) if isinstance(raw_id, str) else raw_id & _MASK
+def hash_seed_problem(seed: object) -> str | None:
+    """Why `seed` cannot key a dynamic field's hash, or None when it can: an integer in
+    [1, 2^64). 0 is refused because it is the placeholder a spec is most likely to carry,
+    and a seed anyone can guess keys nothing."""
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        return f"hash_seed must be an integer in [1, 2^64), got {seed!r} ({type(seed).__name__})"
+    if not 0 < seed < 1 << 64:
+        return f"hash_seed must be an integer in [1, 2^64), got {seed}"
+    return None
+
+
+@dataclass(frozen=True)
+class _KeyWords:
+    """A keyed hash's two secret words, both drawn from its seed by splitmix64: where the
+    string hash starts, and what an integer id is XORed with before its one mix. Two
+    words, not one: with a single word K, the integer n (splitmix64(n ^ K)) and a one-word
+    string w of length L (splitmix64(L ^ K ^ w)) would share a key whenever n = L ^ w,
+    whatever the seed."""
+
+    strings: int
+    integers: int
+
+
+def _key_words(seed: int | None) -> _KeyWords | None:
+    """The words of a seed (None: the fixed hash); ValueError naming a bad seed."""
+    if seed is None:
+        return None
+    if problem := hash_seed_problem(seed):
+        raise ValueError(problem)
+    return _derived_words(seed)
+
+
+@functools.lru_cache(maxsize=64)  # row_of keys bag ids one at a time
+def _derived_words(seed: int) -> _KeyWords:
+    strings = splitmix64(seed)
+    return _KeyWords(strings, splitmix64(strings))
+
+
+def key_of(raw_id: str | int, seed: int | None = None) -> int:
+    """A dynamic field's key of a raw id, as a signed 64-bit integer (its bits unsigned).
+
+    Without a seed (the fixed hash): an integer id is its own key, a string id its
+    hash_bytes. With one (the field's `hash_seed`, spec.DynamicTable), both are keyed by
+    the seed's secret words (_KeyWords): a string's hash starts from one,
+    hash_bytes(s, words.strings), and an integer id n becomes
+    splitmix64(n ^ words.integers). Both stay one pass of the same mixes; integers still
+    never share a key (splitmix64 is a bijection of 64-bit words), and whoever does not
+    know the seed can neither craft two strings with one key nor predict any id's key
+    (so neither its row nor its slot in the map's index)."""
+    words = _key_words(seed)
+    if isinstance(raw_id, str):
+        key = hash_bytes(raw_id.encode(), words.strings if words else 0)
+    else:
+        key = raw_id & _MASK if words is None else splitmix64((raw_id & _MASK) ^ words.integers)
     return key - (1 << 64) if key >= 1 << 63 else key
 
 
-def _hashed(values: pa.Array, integers) -> np.ndarray:
+def _hashed(values: pa.Array, integers, start: int = 0) -> np.ndarray:
     """uint64 per element of a null-free string or integer array: `integers` of the
-    integer values, or the strings' hash. A dictionary-encoded string array (Parquet keeps
-    low-cardinality columns so) hashes only its distinct strings."""
+    integer values, or the strings' hash (from `start`: hash_bytes). A dictionary-encoded
+    string array (Parquet keeps low-cardinality columns so) hashes only its distinct
+    strings."""
     if pa.types.is_dictionary(values.type):
         if pa.types.is_integer(values.type.value_type):
             values = values.dictionary_decode()
         else:
-            return _hash_strings(values.dictionary)[values.indices.to_numpy(zero_copy_only=False)]
+            return _hash_strings(values.dictionary, start)[values.indices.to_numpy(zero_copy_only=False)]
     if pa.types.is_integer(values.type):
         return integers(values.to_numpy(zero_copy_only=False))
-    return _hash_strings(values)
+    return _hash_strings(values, start)
 
 
 def hash_to_buckets(values: pa.Array, buckets: int) -> np.ndarray:
@@ -136,10 +193,14 @@ def hash_to_buckets(values: pa.Array, buckets: int) -> np.ndarray:
     return (_hashed(values, splitmix64_array) % np.uint64(buckets)).astype(np.int64)
 
 
-def keys_of(values: pa.Array) -> np.ndarray:
-    """key_of every element of a null-free string or integer array (integers in
-    [0, 2^64)), as int64."""
-    return _hashed(values, lambda ints: ints.astype(np.uint64)).view(np.int64)
+def keys_of(values: pa.Array, seed: int | None = None) -> np.ndarray:
+    """key_of(v, seed) of every element v of a null-free string or integer array
+    (integers in [0, 2^64)), as int64."""
+    words = _key_words(seed)
+    if words is None:
+        return _hashed(values, lambda ints: ints.astype(np.uint64)).view(np.int64)
+    mask = np.uint64(words.integers)
+    return _hashed(values, lambda ints: splitmix64_array(ints.astype(np.uint64) ^ mask), words.strings).view(np.int64)
 
 
 def hash_many(arrays: Sequence[pa.Array], buckets: Sequence[int]) -> list[np.ndarray]:

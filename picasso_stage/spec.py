@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from picasso.durations import parse_duration_ms
+from picasso.hashing import hash_seed_problem
 from picasso.join_spec import parse_join
 
 POOLING_MODES = ("sum", "mean")
@@ -67,6 +68,16 @@ class DynamicTable:
     when_full: str = "lfu"
     # Age-based eviction never leaves fewer rows in use than this.
     keep_rows: int = 0
+    # A secret in [1, 2^64) that keys the hash of the field's ids (picasso.hashing.key_of):
+    # without it, whoever chooses string ids can craft two with one key, and so one row
+    # (the fixed hash is public), or pile ids onto one slot of the map's index. None (the
+    # default) keeps the fixed hash: the same data gives the same keys, rows and initial
+    # values in every run, checkpoints made before seeds existed keep their keys, and
+    # every process that decodes (workers, the stream's join, serving) agrees with no
+    # more than the spec. A seed drawn at a model's creation would break the last: each
+    # process parsing the spec would draw its own. The spec, and so every checkpoint and
+    # published version, carries the seed: keep them as private as the weights.
+    hash_seed: int | None = None
 
     @property
     def evict_after_ms(self) -> int | None:
@@ -279,10 +290,13 @@ def _parse_dynamic(where: str, raw: Any, embedding_dim: Any, problems: list[str]
     when_full = raw.get("when_full", "lfu")
     if when_full not in WHEN_FULL:
         problems.append(f"{where}: when_full must be one of {WHEN_FULL}, got {when_full!r}")
+    hash_seed = raw.get("hash_seed")
+    if hash_seed is not None and (problem := hash_seed_problem(hash_seed)):
+        problems.append(f"{where}: {problem} (draw one: python -c 'import secrets; print(secrets.randbits(64))')")
     if len(problems) > before:
         return None
     return DynamicTable(capacity=capacity, evict_after_steps=evict, evict_after=evict_after, when_full=when_full,
-                        **settings)
+                        hash_seed=hash_seed, **settings)
 
 
 def _rows_of_bytes(text: str, embedding_dim: int) -> int | None:

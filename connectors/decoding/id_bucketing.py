@@ -1,6 +1,7 @@
 """The rows valid raw ids pack as: a hashed field's bucket, a dynamic field's 64-bit key
-(both by the fixed hash of picasso.hashing, which serving uses too), or a vocab field's
-id itself. Only ids the validator accepts reach here."""
+(both by the hash of picasso.hashing, which serving uses too; a dynamic field's keyed by
+its spec's hash_seed, if any), or a vocab field's id itself. Only ids the validator
+accepts reach here."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def plain_hashed_bags(fields: Sequence[SparseField], columns: dict[str, object],
         hashed = [(f, arr) for f, arr in same_type if f.hashed]
         rows = hash_many([arr for _, arr in hashed], [f.hash_buckets for f, _ in hashed]) if hashed else []
         ids = dict(zip((f.name for f, _ in hashed), rows))
-        ids.update({f.name: keys_of(arr) for f, arr in same_type if not f.hashed})
+        ids.update({f.name: keys_of(arr, f.dynamic.hash_seed) for f, arr in same_type if not f.hashed})
         for f, _ in same_type:
             out[f.name] = pa.ListArray.from_arrays(offsets, pa.array(ids[f.name]))
     return out
@@ -42,11 +43,11 @@ def plain_hashed_bags(fields: Sequence[SparseField], columns: dict[str, object],
 
 def string_id_rows(f: SparseField, ids: pa.Array) -> np.ndarray:
     """The rows of a null-free array of a hashed or dynamic field's ids."""
-    return hash_to_buckets(ids, f.hash_buckets) if f.hashed else keys_of(ids)
+    return hash_to_buckets(ids, f.hash_buckets) if f.hashed else keys_of(ids, f.dynamic.hash_seed)
 
 
 def row_of(value: int | str, f: SparseField) -> int:
     """The id a valid raw id packs as: its bucket, its dynamic key, or the vocab id itself."""
     if f.hashed:
         return bucket_of(value, f.hash_buckets)
-    return key_of(value) if f.dynamic is not None else value
+    return key_of(value, f.dynamic.hash_seed) if f.dynamic is not None else value
