@@ -1,7 +1,9 @@
 """The MLflow pyfunc model: raw feature columns in, one click probability per row out.
 
 It carries the spec and decodes with the same decoder and hash as training, so serving
-needs no other preprocessing. Ids never seen in training still hash to a row (a dynamic
+needs no other preprocessing. It scores in the precision its checkpoint trained and was
+evaluated in (TrainConfig.precision, which the model config records), so the AUC that
+promoted a version is the served model's. Ids never seen in training still hash to a row (a dynamic
 field's take its default row); missing
 fields take their defaults. A row the decoder refuses fails the request with the reason
 (HTTP 400), or with `params: {"on_bad_row": "default"}` is scored on its good fields:
@@ -28,6 +30,7 @@ from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.serving_rows import BadRows, decode_request, on_bad_row_problem
 from picasso.connectors.serving_weights import is_training_only
 from picasso.models import build_model
+from picasso.models.common import check_precision
 from picasso.packing import PackingPlan
 from picasso.spec_refs import load_spec
 
@@ -36,6 +39,18 @@ ARTIFACT_SPEC = "spec"
 ARTIFACT_CONFIG = "model_config"
 MAX_ROWS_VARIABLE = "PICASSO_SERVING_MAX_ROWS"
 DEFAULT_MAX_ROWS = 100_000
+# Versions logged before the model config carried a precision were served in fp32, as were
+# the checkpoints made before TrainConfig had one trained.
+UNRECORDED_PRECISION = "fp32"
+
+
+def model_config(train_config: dict) -> dict:
+    """What serving builds the model from, out of a checkpoint's TrainConfig (as a dict):
+    its architecture, and the precision it trained and was evaluated in (checked here, so
+    that no version is logged that could not load)."""
+    precision = train_config.get("precision", UNRECORDED_PRECISION)
+    check_precision(precision)
+    return {"model": train_config["model"], "hidden": list(train_config["hidden"]), "precision": precision}
 
 
 class CtrModel(mlflow.pyfunc.PythonModel):
@@ -44,7 +59,10 @@ class CtrModel(mlflow.pyfunc.PythonModel):
         with open(context.artifacts[ARTIFACT_CONFIG]) as f:
             config = json.load(f)
         self.plan = PackingPlan.from_spec(self.spec)
-        self.model = build_model(config["model"], self.spec, self.plan, tuple(config["hidden"]))
+        # In the precision the version trained and was evaluated in, so that the AUC that
+        # promoted it is this model's (bf16: the dense part under autocast, models.common).
+        self.model = build_model(config["model"], self.spec, self.plan, tuple(config["hidden"]),
+                                 precision=config.get("precision", UNRECORDED_PRECISION))
         weights = torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True, map_location="cpu")
         # Serving weights leave out what only training reads (serving_weights.py); any
         # other missing or unexpected tensor means weights of another model.

@@ -7,11 +7,16 @@ from __future__ import annotations
 import subprocess
 import sys
 from dataclasses import replace
+from pathlib import Path
 
+import mlflow
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
+from picasso.connectors.publishing.publication import publish
+from picasso.connectors.pyfunc_model import model_config
 from picasso.metrics import auc
 from picasso.models import MODELS, build_model
 from picasso.packing import PackingPlan
@@ -20,7 +25,10 @@ from picasso.pipelines.cli.main import build_parser
 from picasso.pipelines.cli.stream import stream_config
 from picasso.trainer import TrainConfig, Trainer
 
+from picasso.synthetic import PlantedModel
+
 from helpers import planted_batches
+from publish_helpers import fresh_target, request
 from test_regularisation import _distributed_args
 from test_trainer import CONFIG, SPEC
 from picasso.pipelines.cli import distributed as distributed_cli
@@ -76,6 +84,41 @@ def test_every_mode_builds_its_model_in_the_configured_precision():
     """A GBA worker and a sync rank build their model with TrainConfig.build_model."""
     assert BF16.build_model(SPEC, PackingPlan.from_spec(SPEC)).precision == "bf16"
     assert Trainer(SPEC, BF16).model.precision == "bf16"
+
+
+def test_the_served_model_scores_what_evaluation_scored(mlflow_server, tmp_path):
+    """A bf16 version is served in bf16: the held-out rows, sent raw as a request carries
+    them, get from the published model the very scores evaluation gave them (so the AUC that
+    promoted it is the served model's), bit for bit: one model, one batch, one kernel
+    backend in one process. An fp32 build of the same weights scores them otherwise, as
+    serving did before it read the precision."""
+    trainer = Trainer(SPEC, BF16)
+    trainer.train(planted_batches(SPEC, rows=2048, batch_size=256)[0])
+    rows, stream = 512, 7
+    (held_out,), _ = planted_batches(SPEC, rows, rows, stream=stream, source="held-out")
+    evaluated = trainer.evaluate([held_out])
+    scores = trainer.predict(held_out)
+    version = publish(request(Path(trainer.save_checkpoint(tmp_path)), evaluated.auc), fresh_target(mlflow_server))
+    mlflow.set_tracking_uri(mlflow_server)
+    served = mlflow.pyfunc.load_model(version.model_uri)
+    raw, _ = PlantedModel(SPEC).sample(rows, stream)  # the same rows, before decoding
+    requested = pd.DataFrame(raw.drop_columns([SPEC.label]).to_pylist())
+    answered = served.predict(requested)
+    np.testing.assert_array_equal(answered, scores.astype(np.float64))
+    assert auc(held_out.data.column("label").to_numpy(), answered) == evaluated.auc
+    served.unwrap_python_model().model.precision = "fp32"
+    in_fp32 = served.predict(requested)
+    assert np.abs(in_fp32 - answered).max() > 1e-4
+
+
+def test_a_version_records_its_precision_and_an_older_one_serves_in_fp32():
+    """A checkpoint from before TrainConfig had a precision trained in fp32; one whose
+    config names no known precision is refused by name before a version is logged."""
+    assert model_config({**vars(BF16), "hidden": (8,)})["precision"] == "bf16"
+    assert model_config({"model": "wide_deep", "hidden": [8]}) == {"model": "wide_deep", "hidden": [8],
+                                                                     "precision": "fp32"}
+    with pytest.raises(ValueError, match="precision must be one of .*'fp16'"):
+        model_config({"model": "wide_deep", "hidden": [8], "precision": "fp16"})
 
 
 def test_the_precision_flag_reaches_daily_stream_and_every_shard(tmp_path):

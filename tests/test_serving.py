@@ -5,13 +5,13 @@ the request is refused with each bad row's reason; no NaN, no dropped row."""
 from __future__ import annotations
 
 import json
-import logging
 import math
+import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import mlflow
 import numpy as np
@@ -21,8 +21,7 @@ from publish_helpers import CheckpointMaker, fresh_target, request
 
 from picasso.connectors.publishing.publication import publish
 from picasso.connectors.testing.mlflow_server import served_model
-
-log = logging.getLogger(__name__)
+from picasso.kernels.build_lock import LOCK_FILE, TORCH_LOCK_FILE
 
 EVENTS = pd.DataFrame({
     "d1": [0.5, 3.0, None, 1.0],
@@ -35,12 +34,66 @@ EVENTS = pd.DataFrame({
 MAX_ROWS = 50  # the served model's row limit in this test (PICASSO_SERVING_MAX_ROWS)
 
 
+KERNEL_LIBRARY = "picasso_*.so"  # the C++ kernels' libraries (kernels/cpu.py names each picasso_<ops>)
+# What loading kernels that are already built writes in their folder, in any process of the
+# environment (other tests' among them), so that it says nothing of this server: who holds
+# the build lock (kernels/build_lock.py), torch's lock file for the moment of a load, and
+# build.ninja, which torch writes for each library it loads (the three share the folder, so
+# each load rewrites it) before ninja finds nothing to do. A build changes the others: the
+# objects, the libraries, ninja's log.
+LOAD_RECORDS = {LOCK_FILE, TORCH_LOCK_FILE, "build.ninja"}
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """The served process's C++ kernels, seen from outside it (Linux's /proc/PID/maps): the
+    kernel libraries it has mapped, and every file of the build folder they came from, with
+    its size and mtime."""
+
+    mapped: frozenset[str]
+    folder: Path | None
+    files: dict[str, tuple[int, int]]
+
+    @classmethod
+    def of_session(cls, session: int, folder: Path | None = None) -> "KernelState":
+        mapped = frozenset(path for pid in _pids_in(session) for path in _mapped_paths(pid)
+                           if Path(path).match(KERNEL_LIBRARY))
+        if folder is None:
+            folders = {Path(path).parent for path in mapped}
+            assert len(folders) <= 1, f"kernels mapped from more than one folder: {sorted(mapped)}"
+            folder = folders.pop() if folders else None
+        files = {} if folder is None else {
+            str(path.relative_to(folder)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name not in LOAD_RECORDS}
+        return cls(mapped, folder, files)
+
+
+def _pids_in(session: int) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        try:
+            if entry.name.isdigit() and os.getsid(int(entry.name)) == session:
+                pids.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return pids
+
+
+def _mapped_paths(pid: int) -> set[str]:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {parts[5].rstrip("\n") for parts in (line.split(maxsplit=5) for line in f) if len(parts) == 6}
+    except OSError:  # gone meanwhile
+        return set()
+
+
 @dataclass
 class Served:
     url: str
     model_name: str
     in_process: mlflow.pyfunc.PyFuncModel
     server: subprocess.Popen
+    kernels_at_start: KernelState  # once the server answered /ping, before any request
 
 
 def split(frame: pd.DataFrame, **extra) -> dict:
@@ -80,23 +133,31 @@ def served(mlflow_server, tmp_path_factory):
     mlflow.set_tracking_uri(mlflow_server)
     in_process = mlflow.pyfunc.load_model(uri)
     with served_model(uri, mlflow_server, root / "serve.log", {"PICASSO_SERVING_MAX_ROWS": str(MAX_ROWS)}) as (url, server):
-        yield Served(url, target.model_name, in_process, server)
+        # The server's process group is a session of its own (served_model), which holds
+        # the scoring process that mlflow starts.
+        yield Served(url, target.model_name, in_process, server, KernelState.of_session(server.pid))
 
 
 def test_the_first_request_is_answered_like_the_tenth(served):
-    """Kernels load when the server starts, not on the first request. The times go to
-    the log (no timing is asserted); the answers must be the in-process model's."""
+    """The kernels load when the server starts, not on the first request: the model's load
+    hook (CtrModel.load_context) has loaded every C++ kernel library of its build folder into
+    the scoring process before the server takes a request, and the requests leave that
+    folder as they found it (no build) and load no other. Checked from outside the process
+    (its memory maps and the folder's files), with nothing timed. Whichever test ran first,
+    the state compared with is the one from before the server's first request."""
+    start = served.kernels_at_start
+    assert start.folder is not None, "no C++ kernel library was loaded before the first request"
+    built = {str(path.resolve()) for path in start.folder.glob("*.so")}
+    assert built and built <= start.mapped, f"kernels of {start.folder} not loaded at start: {sorted(built - start.mapped)}"
     expected = served.in_process.predict(EVENTS)
-    body = json.dumps(split(EVENTS)).encode()  # the client's own first-call costs stay out of the times
-    seconds = []
+    body = json.dumps(split(EVENTS)).encode()
     for _ in range(10):
-        start = time.perf_counter()
         status, answer = post(served.url, body)
-        seconds.append(time.perf_counter() - start)
         assert status == 200
         np.testing.assert_allclose(probabilities(answer, len(EVENTS)), expected, rtol=1e-6)
-    log.warning("serving: first request %.3f s, tenth %.3f s (ratio %.2f)", seconds[0], seconds[-1],
-                seconds[0] / seconds[-1])
+    after = KernelState.of_session(served.server.pid, start.folder)
+    assert after.files == start.files, "the kernel build folder changed after the server's first request"
+    assert after.mapped == start.mapped
 
 
 # name -> (request body, expected status, what the body must say)

@@ -267,9 +267,8 @@ def _plan_dict(checkpoint: Checkpoint) -> dict:
 
 
 def _write_model_config(checkpoint: Checkpoint, tmp: Path) -> Path:
-    config = checkpoint.state["config"]
     path = tmp / "model_config.json"
-    path.write_text(json.dumps({"model": config["model"], "hidden": list(config["hidden"])}))
+    path.write_text(json.dumps(pyfunc_model.model_config(checkpoint.state["config"])))
     return path
 
 

@@ -19,6 +19,13 @@ from picasso.connectors.testing.loopback import free_port, wait_http
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
 
 
+def _this_environment() -> dict[str, str]:
+    """os.environ with this interpreter's folder first on PATH: mlflow starts uvicorn (and
+    its model server's scorer) by name from PATH, and without it a run from a virtual
+    environment that is not activated would score with another Python's packages."""
+    return {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+
+
 class MlflowServer:
     def __init__(self, root: Path, port: int | None = None, artifacts: str | None = None,
                  env: dict[str, str] | None = None):
@@ -38,7 +45,8 @@ class MlflowServer:
             [sys.executable, "-m", "mlflow", "server", "--workers", "1", "--host", "127.0.0.1", "--port",
              str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
              "--artifacts-destination", self.artifacts],
-            env={**os.environ, **SERVER_ENV, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**_this_environment(), **SERVER_ENV, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         log.close()
         wait_http(f"{self.uri}/health", self.process, timeout, what="mlflow server")
@@ -73,7 +81,8 @@ def served_model(model_uri: str, tracking_uri: str, log_path: Path, env: dict[st
         server = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local", "--host",
              "127.0.0.1", "--port", str(port), "--workers", "1"],
-            env={**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true", **(env or {})},
+            env={**_this_environment(), "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true",
+                 **(env or {})},
             stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
