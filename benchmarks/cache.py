@@ -140,7 +140,9 @@ def main() -> None:
         parser.add_argument("--drift-steps", type=int, default=4000)
         parser.add_argument("--train-rows", type=int, default=102_400, help="training rows for the exactness run")
 
-    args = parse_args(__doc__.splitlines()[0], extra)
+    # --smoke: a small table and few steps; the drift run still sees one drift (after 1,000 steps).
+    args = parse_args(__doc__.splitlines()[0], extra, smoke={"rows": 20_000, "lookups": 512, "steps": 100,
+                                                                "drift_steps": 1_100, "train_rows": 4096})
     ratios, metrics, rows = {}, {}, []
     for alpha in ALPHAS:
         for share in CAPACITIES:

@@ -25,7 +25,7 @@ import uuid
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from benchmarks.harness import median_seconds, parse_args, report
+from benchmarks.harness import median_seconds, parse_args, report, sized
 from picasso import storage
 from picasso.batch import pack
 from picasso.builtin_specs import criteo_spec
@@ -47,27 +47,28 @@ def _trained_state():
     return spec, trainer.state(), trainer.positions
 
 
-def _measure(root: str, spec, state, positions, repeat: int) -> dict[str, float]:
+def _measure(root: str, spec, state, positions, repeat: int, warmup: int) -> dict[str, float]:
     saved: list[str] = []
 
     def save():
         saved.append(save_checkpoint(root, state, spec, positions, {}))
 
-    seconds = {"save": median_seconds(save, repeat)}
-    seconds["load"] = median_seconds(lambda: load_checkpoint(saved[-1]), repeat)
-    seconds["latest"] = median_seconds(lambda: latest_checkpoint(root), repeat)
+    seconds = {"save": median_seconds(save, repeat, warmup)}
+    seconds["load"] = median_seconds(lambda: load_checkpoint(saved[-1]), repeat, warmup)
+    seconds["latest"] = median_seconds(lambda: latest_checkpoint(root), repeat, warmup)
     return seconds
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.splitlines()[0], smoke={"repeat": 1})
     spec, state, positions = _trained_state()
+    warmup = sized(args, 1, 0)  # --smoke: no untimed first call; each operation runs once
     with tempfile.TemporaryDirectory() as scratch, S3Server(scratch) as server:
         os.environ.update(server.env())
         use_beam_filesystems(PipelineOptions(server.beam_args))
-        local = _measure(os.path.join(scratch, "checkpoints"), spec, state, positions, args.repeat)
+        local = _measure(os.path.join(scratch, "checkpoints"), spec, state, positions, args.repeat, warmup)
         bucket = server.bucket(f"bench-{uuid.uuid4().hex[:8]}")
-        remote = _measure(f"{bucket}/checkpoints", spec, state, positions, args.repeat)
+        remote = _measure(f"{bucket}/checkpoints", spec, state, positions, args.repeat, warmup)
         mb = sum(len(storage.read_bytes(path)) for path in storage.files_under(latest_checkpoint(f"{bucket}/checkpoints"))) / 1e6
     rows = [[what, f"{local[what]:.3f}", f"{remote[what]:.3f}", f"{remote[what] / local[what]:.1f}x"]
             for what in ("save", "load", "latest")]

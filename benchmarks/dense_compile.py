@@ -120,7 +120,9 @@ def main() -> None:
         parser.add_argument("--hidden", default=",".join(map(str, TrainConfig.hidden)), help="MLP sizes, e.g. 256,128")
         parser.add_argument("--models", default=",".join(MODELS))
 
-    args = parse_args(__doc__.splitlines()[0], extra)
+    # --smoke: one model, small: compiling is most of its time (inductor's cache makes a rerun faster).
+    args = parse_args(__doc__.splitlines()[0], extra,
+                      smoke={"batch": 64, "steps": 2, "hidden": "16", "models": "wide_deep", "repeat": 1})
     hidden = tuple(int(x) for x in args.hidden.split(",") if x)
     results = [measure(name, args.batch, hidden, args.steps, args.repeat) for name in args.models.split(",")]
 

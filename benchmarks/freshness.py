@@ -21,8 +21,8 @@ the batches since the version before), and the final version is set against a da
 the same order and with the same batch size. In the joined case those are the
 impressions with their planted labels, the last of which the stream still holds (waiting
 W for their label, or in its sample buffer). Both models are scored on the same held-out
-rows, HELD_OUT_ROWS drawn from another stream of the planted model, whose true
-probabilities give the ceiling. stream_auc_vs_daily is the stream's AUC less the daily
+rows (--held-out-rows, HELD_OUT_ROWS by default) drawn from another stream of the planted
+model, whose true probabilities give the ceiling. stream_auc_vs_daily is the stream's AUC less the daily
 run's (the target: at least -0.01).
 """
 
@@ -134,7 +134,7 @@ def joined_freshness(args) -> None:
         labelled = stream.impressions.drop([REQUEST_ID, EVENT_TIME]).append_column(spec.label,
                                                                                    stream.truth.column(spec.label))
         versus = versus_daily(spec, labelled.slice(0, read), versions[-1]["checkpoint"], workdir, target,
-                              config.batch_messages)
+                              config.batch_messages, args.held_out_rows)
     first_ms = events[0][0]
 
     def event_time_at(wall_ms: int) -> float:
@@ -196,12 +196,12 @@ def report_learning(versions: list[dict], ages: np.ndarray, aucs: list[tuple[flo
 
 
 def versus_daily(spec, trained: pa.Table, stream_checkpoint: str, workdir: Path, target: MLflowTarget,
-                 batch_size: int) -> dict:
+                 batch_size: int, held_out_rows: int) -> dict:
     """The stream's final model against a daily run on `trained` (the events it read,
     labelled, in its order), both scored on the same held-out rows of another stream."""
     train_day, held_day = dates_from("2026-11-01", 2)
     data = workdir / "daily-data"
-    held_out, probabilities = PlantedModel(spec).sample(HELD_OUT_ROWS, stream=HELD_OUT_STREAM)
+    held_out, probabilities = PlantedModel(spec).sample(held_out_rows, stream=HELD_OUT_STREAM)
     for date, table in ((train_day, trained), (held_day, held_out)):
         write_part(table, Path(partition_dir(data, date)) / "part-00000.parquet")
     daily_dir = workdir / "daily"
@@ -214,7 +214,7 @@ def versus_daily(spec, trained: pa.Table, stream_checkpoint: str, workdir: Path,
         trainer = restored(spec, checkpoint)
         scores[name] = {"auc": evaluate_days(trainer, data, [held_day]).auc, "samples_trained": trainer.samples,
                         "steps": trainer.step}
-    return {**scores, "held_out_rows": HELD_OUT_ROWS,
+    return {**scores, "held_out_rows": held_out_rows,
             "ceiling_auc": auc(held_out.column(spec.label).to_numpy(), probabilities),
             "stream_auc_vs_daily": scores["stream"]["auc"] - scores["daily"]["auc"]}
 
@@ -231,6 +231,7 @@ def main() -> None:
         p.add_argument("--seconds", type=float, default=75.0, help="how long events are produced"),
         p.add_argument("--rate", type=float, default=2000.0, help="events per second"),
         p.add_argument("--bootstrap", default=None),
+        p.add_argument("--held-out-rows", type=int, default=HELD_OUT_ROWS, help="rows both final models are scored on"),
         p.add_argument("--joined", action="store_true", help="impressions and delayed clicks, joined"),
         p.add_argument("--speedup", type=float, default=60.0, help="--joined: event time over wall time"),
         p.add_argument("--label-wait", default="15m", help="--joined: W"),
@@ -241,7 +242,9 @@ def main() -> None:
         p.add_argument("--backlog", type=int, default=100_000, help="--endless: events waiting, for throughput"),
         p.add_argument("--batch-messages", type=int, default=1000, help="--endless: events a batch, both jobs"),
         p.add_argument("--startup-s", type=float, default=15.0, help="--endless: a job's start before events flow"),
-        p.add_argument("--seed", type=int, default=0, help="--endless: when the kills land")))
+        p.add_argument("--seed", type=int, default=0, help="--endless: when the kills land")),
+        # --smoke: a few seconds of events and a version every 2 s, so that more than one is published.
+        smoke={"seconds": 6.0, "rate": 500.0, "publish_every": 2.0, "held_out_rows": 2_000})
     if args.endless:
         args.publish_every = 5.0 if args.publish_every is None else args.publish_every
         endless_versus_cycle(args)
@@ -273,7 +276,7 @@ def main() -> None:
         aucs = logged_aucs(target, versions)
         trained = summary.ledger["partitions"][f"{topic}/0"]["next_position"]  # the first events, in order
         versus = versus_daily(spec, table.slice(0, trained), versions[-1]["checkpoint"], workdir, target,
-                              config.batch_messages)
+                              config.batch_messages, args.held_out_rows)
 
     ages = np.array([(v["published_ms"] - v["newest_event_ms"]) / 1000 for v in versions])
     interval = args.publish_every

@@ -103,7 +103,7 @@ def train(start: Trainer, mode: str, schedule: Schedule) -> Trained:
     return Trained(shard, layout, sum(staleness) / len(staleness))
 
 
-def warm_up(start: Trainer, workers: int, batch_size: int, rows: int, stream_base: int, root: Path) -> Path:
+def warm_up(start: Trainer, workers: int, batch_size: int, rows: int, stream_base: int, root: Path) -> str:
     """Continuous training's starting point: `start`'s model trained in sync on `rows`
     samples per worker, saved under root as a checkpoint (optimizer state and positions
     included) that `picasso ps`, `sync-worker` and Trainer.restore resume from."""

@@ -50,6 +50,9 @@ class Run:
     steps: int  # global steps this run took
 
 
+SMOKE = {"workers": 2, "rows": 1024, "warm_rows": 1024, "batch_size": 256, "orders": 1, "holdout": 2048}  # --smoke
+
+
 def _extra(parser) -> None:
     parser.add_argument("--spec", default="criteo:26")
     parser.add_argument("--workers", type=int, default=4)
@@ -66,7 +69,7 @@ def _extra(parser) -> None:
     parser.add_argument("--holdout", type=int, default=50_000)
 
 
-def _start(args, base: Path | None) -> Trainer:
+def _start(args, base: str | None) -> Trainer:
     trainer = Trainer(load_spec(args.spec), TrainConfig(hidden=tuple(int(s) for s in args.hidden.split(",")),
                                                         lr_dense=args.lr_dense, lr_sparse=args.lr_sparse,
                                                         log_every=0, device="cpu"))
@@ -75,7 +78,7 @@ def _start(args, base: Path | None) -> Trainer:
     return trainer
 
 
-def run(args, mode: str, order: int | None, holdout: list, base: Path | None) -> Run:
+def run(args, mode: str, order: int | None, holdout: list, base: str | None) -> Run:
     start = _start(args, base)
     trained = train(start, mode, Schedule(args.workers, args.batch_size, args.rows, STREAM_BASE, order, args.delay))
     evaluated = _start(args, None)
@@ -84,7 +87,7 @@ def run(args, mode: str, order: int | None, holdout: list, base: Path | None) ->
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], _extra)
+    args = parse_args(__doc__.splitlines()[0], _extra, smoke=SMOKE)
     if args.delay < JITTER:
         raise SystemExit(f"error: --delay must be >= {JITTER}")
     torch.set_num_threads(1)  # one torch thread, as each process of benchmarks.gba

@@ -20,13 +20,38 @@ from rich.console import Console
 from rich.table import Table
 
 
-def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None,
+               smoke: dict[str, object] | None = None) -> argparse.Namespace:
+    """The command line every benchmark shares, plus its own arguments (`extra`).
+
+    Every benchmark has --smoke: a size that finishes in seconds, which the test suite runs to
+    prove the benchmark still works (its figures mean nothing). `smoke` maps an argument's
+    dest to its smoke value, which replaces the value only where it was left at its
+    default: a value given on the command line wins. A benchmark that declared --smoke
+    itself in `extra` (store_true) keeps its own.
+    """
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--repeat", type=int, default=5, help="timed repetitions; the median is reported")
     if extra:
         extra(parser)
-    return parser.parse_args()
+    if "--smoke" not in parser._option_string_actions:
+        parser.add_argument("--smoke", action="store_true",
+                            help="a size that finishes in seconds, to check the benchmark runs; not a measurement")
+    unknown = sorted(set(smoke or {}) - {action.dest for action in parser._actions})
+    if unknown:  # a typo would otherwise leave the full size in the smoke run, silently
+        raise ValueError(f"smoke sizes for arguments this benchmark does not have: {', '.join(unknown)}")
+    args = parser.parse_args()
+    if args.smoke:
+        for dest, value in (smoke or {}).items():
+            if getattr(args, dest) == parser.get_default(dest):
+                setattr(args, dest, value)
+    return args
+
+
+def sized(args: argparse.Namespace, full, smoke):
+    """`smoke` under --smoke, else `full`: for the sizes a benchmark does not take as arguments."""
+    return smoke if args.smoke else full
 
 
 def torchrec_absent() -> str | None:

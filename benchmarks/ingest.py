@@ -28,7 +28,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from kafka import TopicPartition
 
-from benchmarks.harness import parse_args, report
+from benchmarks.harness import parse_args, report, sized
 from benchmarks.kafka_bench import kafka_broker, pin_to_one_core, produce_all, timings_in_turns
 from benchmarks.pack import python_rows_pack
 from picasso.builtin_specs import criteo_spec
@@ -99,7 +99,8 @@ def naive_consume(connection: KafkaConnection, topic: str, total: int, spec, pla
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], lambda p: (
         p.add_argument("--events", type=int, default=200_000),
-        p.add_argument("--bootstrap", default=None, help="a Kafka broker; default: start a local Tansu")))
+        p.add_argument("--bootstrap", default=None, help="a Kafka broker; default: start a local Tansu")),
+        smoke={"events": 2_000, "repeat": 1})
     spec = criteo_spec()
     plan = PackingPlan.from_spec(spec)
     table, _ = PlantedModel(spec).sample(args.events, stream=0)
@@ -120,7 +121,7 @@ def main() -> None:
             "picasso_json": lambda: picasso_pipeline(connection, json_topic, "json", spec),
             "picasso_arrow": lambda: picasso_pipeline(connection, arrow_topic, "arrow", spec),
             "naive": lambda: naive_consume(connection, json_topic, n, spec, plan, memo),
-        }, repeat=max(3, args.repeat), only_first={"naive": 3})
+        }, repeat=sized(args, max(3, args.repeat), args.repeat), only_first={"naive": 3})  # --smoke: 1 round
 
     rates = {name: n / timing.wall_s for name, timing in timings.items()}
     ratios = {

@@ -400,8 +400,10 @@ def main() -> None:
                             help="also score each regularisation flag on the validation days (--seeds runs each)")
         add_stream_args(parser)
 
-    args = parse_args(__doc__.splitlines()[0], extra)
+    args = parse_args(__doc__.splitlines()[0], extra, smoke={"seeds": 1})
     rows = load_rows(find_wheel(args.wheel))
+    if args.smoke:  # the last 40 days, every 10th rating: a day is a training step, and steps are most of the time
+        rows = rows[rows["date"].isin(sorted(rows["date"].unique())[-40:])].iloc[::10]
     split = temporal_split(rows)
     if args.stream:  # benchmarks/movielens_stream.py
         with tempfile.TemporaryDirectory() as scratch:

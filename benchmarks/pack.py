@@ -92,7 +92,8 @@ def measure(spec_name: str, rows: int, batch_rows: int, repeat: int) -> dict:
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], lambda p: p.add_argument("--rows", type=int, default=65_536))
+    args = parse_args(__doc__.splitlines()[0], lambda p: p.add_argument("--rows", type=int, default=65_536),
+                      smoke={"rows": 4096, "repeat": 1})
     results = [measure("criteo", args.rows, 4096, args.repeat), measure("criteo:100", args.rows // 4, 4096, args.repeat)]
     ratios = {"vs_python_rows": results[0]["picasso_rows_per_s"] / results[0]["python_rows_per_s"],
               "vs_python_rows@100": results[1]["picasso_rows_per_s"] / results[1]["python_rows_per_s"]}

@@ -230,7 +230,10 @@ def main() -> None:
         parser.add_argument("--multi-hot-fields", type=int, default=100, help="fields of the multi-hot case (0: none)")
         parser.add_argument("--optimizers", default=",".join(OPTIMIZERS), help="rowwise, elementwise or both")
 
-    args = parse_args(__doc__.splitlines()[0], extra)
+    # --smoke: one shape, one optimizer, a few fields: each (implementation, shape) is a process of its own,
+    # whose start is most of the time.
+    args = parse_args(__doc__.splitlines()[0], extra,
+                      smoke={"fields": "4", "multi_hot_fields": 0, "optimizers": "rowwise", "repeat": 1})
     shapes = [(int(f), False) for f in args.fields.split(",")]
     if args.multi_hot_fields:
         shapes.append((args.multi_hot_fields, True))

@@ -107,7 +107,8 @@ def main() -> None:
         p.add_argument("--cycle-events", type=int, default=10_000,
                        help="events trained between two publishes (10,000 touch about 12%% of the 39-field rows)"),
         p.add_argument("--repeat-400", type=int, default=1, help="timed publishes of the 400-field model"),
-        p.add_argument("--skip-400", action="store_true", help="only the 39-field model")))
+        p.add_argument("--skip-400", action="store_true", help="only the 39-field model")),
+        smoke={"cycle_events": 2048, "repeat": 1, "skip_400": True})
     with ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-publish-")))
         uri = args.tracking_uri or stack.enter_context(MlflowServer(work / "server"))

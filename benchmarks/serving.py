@@ -34,7 +34,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 
-from benchmarks.harness import parse_args, report
+from benchmarks.harness import parse_args, report, sized
 from benchmarks.publish import Cycles
 from picasso.builtin_specs import criteo_spec
 from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
@@ -142,8 +142,9 @@ def percentiles(times: list[float]) -> tuple[float, float]:
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], lambda p: (
-        p.add_argument("--train-events", type=int, default=10_000, help="planted events the served model trains on"),))
-    frames = {rows: request_rows(rows) for rows in ROW_COUNTS}
+        p.add_argument("--train-events", type=int, default=10_000, help="planted events the served model trains on"),),
+        smoke={"train_events": 2048, "repeat": 1})
+    frames = {rows: request_rows(rows) for rows in sized(args, ROW_COUNTS, ROW_COUNTS[:2])}  # --smoke: no 10,000
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
         target, uri = publish_model(work, args.train_events)

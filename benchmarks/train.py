@@ -43,7 +43,7 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-from benchmarks.harness import parse_args, report, torchrec_absent
+from benchmarks.harness import parse_args, report, sized, torchrec_absent
 from benchmarks.train_rivals import NaiveRival, PlainRival, TorchRecRival
 from picasso import kernels
 from picasso.batch import pack
@@ -179,7 +179,9 @@ def main() -> None:
         parser.add_argument("--rivals", default=",".join(RIVALS), help="comma-separated: naive, plain, torchrec")
         parser.set_defaults(repeat=3)
 
-    args = parse_args(__doc__.splitlines()[0], extra)
+    # --smoke: Wide&Deep at 39 fields, two timed batches after the warm-up ones.
+    args = parse_args(__doc__.splitlines()[0], extra,
+                      smoke={"rows": (WARMUP_BATCHES + 2) * BATCH, "models": "wide_deep", "fields": "39", "repeat": 1})
     precision = args.precision
     other = "bf16" if precision == "fp32" else "fp32"
     # Build or load the C++ kernels now: a one-off per machine, not part of any run's time.
@@ -198,7 +200,7 @@ def main() -> None:
         spec = builtin_spec(specs[fields])
         planted = PlantedModel(spec)
         all_rows, _ = planted.sample(max(row_counts[fields, m] for m in models), stream=0)
-        test, _ = planted.sample(10_000, stream=1)
+        test, _ = planted.sample(sized(args, 10_000, 2_000), stream=1)
         for model_name in models:
             rows = row_counts[fields, model_name]
             data = Data(spec, all_rows.slice(0, rows).to_batches(max_chunksize=BATCH), test)
