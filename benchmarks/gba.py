@@ -43,8 +43,12 @@ Measured per mode: samples/s (the samples trained into the model over the span f
 first worker's start to the last worker's end; process start, joining and data planting
 are left out: workers meet at a start line first), the held-out AUC of the mode's
 checkpoint on --holdout planted rows no worker trained on, and for the PS modes the mean
-staleness (global steps between a counted gradient's pull and its push). Ratios (higher is
-better for GBA): throughput_vs_sync and the AUC deltas, under the straggler.
+staleness (global steps between a counted gradient's pull and its push); for sync, the
+share of a rank's step spent applying the global gradient to its replica (metrics
+sync_apply_share: sync here is replicated, every rank applies every rank's rows).
+Ratios (higher is better for GBA): throughput_vs_sync and the AUC deltas, under the
+straggler. --row-gradient (the same flag in sync and GBA) picks how a row's gradient is
+averaged: global-mean, one big batch's (the default), or touched-mean.
 
 The churn run (--no-churn leaves it out): gba without a straggler on --churn-rows per
 worker (more than --rows: the replacement needs time to start and train); the last worker
@@ -78,6 +82,7 @@ from benchmarks.harness import parse_args, print_table, report, sized
 from picasso import kernels
 from picasso.checkpoint import latest_checkpoint
 from picasso.connectors.testing.loopback import free_port
+from picasso.distributed.aggregation import ROW_GRADIENTS
 from picasso.pipelines.runs.planted import planted_batches
 from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
@@ -92,6 +97,9 @@ class Run:
     staleness: float  # mean global steps between a counted gradient's pull and its push (sync: 0)
     auc: float = float("nan")
     served_share: float = float("nan")  # gba+cache: of the rows the workers needed, those their caches served
+    # sync: of a rank's time in steps, the share it spent applying the global gradient to its
+    # replica (every rank applies every rank's rows: sync here is replicated), ranks' mean
+    apply_share: float = float("nan")
 
 
 @dataclass(frozen=True)
@@ -122,6 +130,10 @@ class ModeResult:
     def served_share(self) -> float:
         return statistics.median(r.served_share for r in self.runs)
 
+    @property
+    def apply_share(self) -> float:
+        return statistics.median(r.apply_share for r in self.runs)
+
 
 # --smoke: two workers and a few batches each, to prove every mode still runs, under the
 # straggler only (each run starts several processes: most of a smoke run's time). The churn
@@ -146,6 +158,8 @@ def _extra(parser) -> None:
     parser.add_argument("--row-cache", default=None, metavar="CAPACITY",
                         help="also run gba+cache: gba with each worker's hot-row cache of this size in front of "
                         "the server (gba-worker --row-cache), reporting the share of row pulls it served")
+    parser.add_argument("--row-gradient", choices=ROW_GRADIENTS, default=ROW_GRADIENTS[0],
+                        help="how sync and GBA average a row's gradient (the same flag in both modes)")
     parser.add_argument("--no-churn", dest="churn", action="store_false",
                         help="leave out the churn run (a gba worker killed halfway and replaced)")
     parser.add_argument("--churn-rows", type=int, default=327_680, help="samples per worker in the churn run")
@@ -161,7 +175,8 @@ def _json_lines(text: str) -> list[dict]:
 
 
 def _model_flags(args) -> list[str]:
-    return ["--hidden", args.hidden]
+    """The flags sync-worker and `picasso ps` take alike."""
+    return ["--hidden", args.hidden, "--row-gradient", args.row_gradient]
 
 
 def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
@@ -174,7 +189,8 @@ def run_sync(args, workdir: Path, straggler: str | None, streams: int) -> Run:
     if done.returncode:
         raise RuntimeError(f"sync run failed:\n{done.stderr[-3000:]}")
     ranks = _json_lines(done.stdout)
-    return Run(ranks[0]["samples"], _span(ranks), 0.0)
+    apply_share = statistics.mean(rank["apply_s"] / rank["step_s"] for rank in ranks)
+    return Run(ranks[0]["samples"], _span(ranks), 0.0, apply_share=apply_share)
 
 
 def _start_server(args, workdir: Path, mode: str, port: int, samples: int) -> subprocess.Popen:
@@ -379,7 +395,12 @@ def main() -> None:
     }
     if ("gba", "none") in by:  # not under --smoke
         ratios["auc_delta_vs_sync_no_straggler"] = by["gba", "none"].auc - by["sync", "none"].auc
-    metrics = {f"{r.mode}@{r.straggler}": {"samples": r.samples, "samples_per_s": r.samples_per_s, "auc": r.auc,
+    # Sync's replicated apply, of its step: without the straggler where there is that run
+    # (with it, the other ranks' waiting dilutes the share).
+    unstalled = by.get(("sync", "none"), by["sync", slow])
+    metrics = {"sync_apply_share": unstalled.apply_share, "sync_apply_share_straggler": by["sync", slow].apply_share,
+               "row_gradient": args.row_gradient}
+    metrics |= {f"{r.mode}@{r.straggler}": {"samples": r.samples, "samples_per_s": r.samples_per_s, "auc": r.auc,
                                              "staleness": r.staleness, "row_cache_served_share": r.served_share,
                                              "runs": [asdict(run) for run in r.runs]}
                for r in results}
@@ -395,10 +416,11 @@ def main() -> None:
                      "once"],
                     [[i, c.before, c.during, c.after, f"{c.seconds_to_train:.2f}", c.trained, c.dropped_stale,
                       c.duplicates, c.holes, c.exactly_once] for i, c in enumerate(churns)])
+    share = lambda value: "" if value != value else f"{value:.1%}"  # noqa: E731 - nan: not measured
     rows = [[r.mode, r.straggler, r.samples, r.samples_per_s, f"{r.auc:.4f}", f"{r.staleness:.2f}",
-             "" if r.served_share != r.served_share else f"{r.served_share:.1%}"] for r in results]
-    report("gba", ["mode", "straggler", "samples", "samples/s", "auc", "staleness", "pulls served by row cache"],
-           rows, ratios, metrics, args.json)
+             share(r.served_share), share(r.apply_share)] for r in results]
+    report("gba", ["mode", "straggler", "samples", "samples/s", "auc", "staleness", "pulls served by row cache",
+                   "sync apply share"], rows, ratios, metrics, args.json, caption=f"--row-gradient {args.row_gradient}")
 
 
 if __name__ == "__main__":

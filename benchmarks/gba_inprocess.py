@@ -15,9 +15,11 @@ both GBA benchmarks train the model every mode starts from with `warm_up`.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from picasso.batch import PackedBatch
 from picasso.checkpoint import save_checkpoint
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
@@ -26,7 +28,7 @@ from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.ps_client import PSClient
 from picasso.distributed.shard import Shard
-from picasso.models import build_model
+from picasso.distributed.staleness import NO_DECAY
 from picasso.packing import PackingPlan
 from picasso.pipelines.runs.planted import planted_batches
 from picasso.trainer import Trainer
@@ -65,17 +67,25 @@ class Trained:
         return trainer_state(self.layout, [self.shard.snapshot()], start)
 
 
-def train(start: Trainer, mode: str, schedule: Schedule) -> Trained:
+def train(start: Trainer, mode: str, schedule: Schedule, row_gradient: str = "global-mean",
+          sources: dict[int, Iterable[PackedBatch]] | None = None) -> Trained:
     """Train `start`'s model in mode sync, gba (M = W, the default decay) or async (M = 1,
-    no decay); `start` itself is left as it was."""
-    gba = GBAConfig.plain_async() if mode == "async" else GBAConfig(schedule.workers)
+    no decay), averaging rows by `row_gradient` (aggregation.ROW_GRADIENTS); `start`
+    itself is left as it was. sources: each worker's batches (default: worker r reads
+    schedule.rows of planted stream schedule.stream_base + r)."""
+    gba = GBAConfig(1, NO_DECAY, row_gradient) if mode == "async" else \
+        GBAConfig(schedule.workers, row_gradient=row_gradient)
     shard, layout = build_shard(start, 0, 1, gba)
     call = in_process([shard])
     clients = [PSClient(layout, f"worker{r}/bench", max_in_flight=0, call=call) for r in range(schedule.workers)]
     config = start.config
-    computer = GradientComputer(build_model(config.model, start.spec, PackingPlan.from_spec(start.spec), config.hidden))
-    streams = {r: planted_batches(start.spec, schedule.rows, schedule.batch_size, schedule.stream_base + r)
-               for r in range(schedule.workers)}
+    # Each push says the configured batch, as gba-worker's do: a source's short last batch
+    # weighs its samples as a full one's.
+    computer = GradientComputer(config.build_model(start.spec, PackingPlan.from_spec(start.spec)), schedule.batch_size)
+    if sources is None:
+        sources = {r: planted_batches(start.spec, schedule.rows, schedule.batch_size, schedule.stream_base + r)
+                   for r in range(schedule.workers)}
+    streams = {r: iter(batches) for r, batches in sources.items()}
     rng = random.Random(schedule.order)
     in_flight = []  # (turn it lands at, worker, pulled, gradient, positions)
     staleness = []
