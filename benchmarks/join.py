@@ -2,17 +2,24 @@
 
 The planted model's impression and click streams (picasso.synthetic_events: Criteo's 39
 fields, clicks after an exponential delay with a mean of 5 minutes, 2% of them sent twice)
-are joined with W = 15 minutes by picasso's columnar core (picasso.sample_join) and by the
-same policy written the obvious way, one event at a time over dicts of row dicts
-(picasso.sample_join_reference), fed the very same calls: events in event-time order, cut
-into calls of --call-events, each followed by the watermark (the newest event time).
+are joined with W = 15 minutes by picasso's columnar core (picasso.sample_join) and by two
+joins of the same policy, one event at a time over dicts: the dict join a competent user
+would write, whose records point at their rows in the calls' Arrow tables and whose samples
+are one Arrow take per call (picasso.sample_join_dict), and the reference join, which holds
+every row as a Python dict and builds its samples from dicts (picasso.sample_join_reference).
+All three are fed the very same calls: events in event-time order, cut into calls of
+--call-events, each followed by the watermark (the newest event time), every event with its
+key's hash and the key itself (join_keys, join_ids: all three compare keys exactly).
 
-- Throughput, on one core: both joins take the same calls until 1M impressions wait for
+- Throughput, on one core: the joins take the same calls until 1M impressions wait for
   their label (15 minutes of traffic at 1,500 impressions a second); then the next
-  --timed-events events are timed. `vs_dict_join` is the dict join's time over picasso's.
+  --timed-events events are timed. `vs_dict_join` is the dict join's time over picasso's,
+  `vs_reference_join` the reference join's.
 - Memory per pending impression, at 1M pending: what the join's state allocated (Python
-  objects and numpy arrays, the feature rows among them, by tracemalloc), over the
-  impressions it holds; against the raw event's size as JSON on the topic.
+  objects and numpy arrays, the feature rows and the keys' text among them, by
+  tracemalloc; and for the dict join the Arrow tables its records hold, which tracemalloc
+  does not see), over the impressions it holds; against the raw event's size as JSON on
+  the topic.
 - Exactness: a whole stream joined to its end, every sample's label (and every correction)
   against an offline join of the stream's truth with the same policy. `label_errors` counts
   the impressions whose samples differ.
@@ -31,6 +38,7 @@ import json
 import os
 import time
 import tracemalloc
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -44,8 +52,9 @@ from picasso.delayed_feedback import late_share
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.sample_buffer import SampleBuffer
-from picasso.join_rules import CORRECTION_COLUMN, KEY_COLUMN, Impressions, JoinPolicy, Labels, join_keys
+from picasso.join_rules import CORRECTION_COLUMN, KEY_COLUMN, Impressions, JoinPolicy, Labels, join_ids, join_keys
 from picasso.sample_join import JoinState
+from picasso.sample_join_dict import ArrowDictJoin
 from picasso.sample_join_reference import DictJoin
 from picasso.synthetic import PlantedModel
 from picasso.synthetic_events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream
@@ -55,6 +64,10 @@ START_MS = 1_780_000_000_000
 WAIT_MS = 15 * 60_000
 QUALITY_WAITS = 12  # the quality stream's length, in waits W
 LATE_SHARE = "late_share"  # the benchmark's own column: d̂ when the sample was emitted
+JOINS = {"picasso": JoinState, "dict join": ArrowDictJoin, "reference join": DictJoin}
+# --smoke: a size that runs in seconds, to check the benchmark works (its figures mean nothing).
+SMOKE = {"pending": 3_000, "timed_events": 2_000, "call_events": 1_000, "quality_rows": 4_000,
+         "quality_call_events": 500, "held_out_rows": 1_000, "batch": 500}
 
 
 def decoded_features(spec, impressions: pa.Table) -> pa.Table:
@@ -67,8 +80,8 @@ def calls_of(spec, stream, call_events: int):
     """The stream as join calls: (Impressions | None, Labels | None, watermark), events in
     event-time order, the watermark the newest event time so far (one partition each)."""
     imp, lab = stream.impressions, stream.labels
-    imp_keys = join_keys([imp.column(REQUEST_ID)])
-    lab_keys = join_keys([lab.column(REQUEST_ID)])
+    imp_keys, imp_ids = join_keys([imp.column(REQUEST_ID)]), join_ids([imp.column(REQUEST_ID)])
+    lab_keys, lab_ids = join_keys([lab.column(REQUEST_ID)]), join_ids([lab.column(REQUEST_ID)])
     imp_times, lab_times = imp.column(EVENT_TIME).to_numpy(), lab.column(EVENT_TIME).to_numpy()
     features = decoded_features(spec, imp)
     values = lab.column(spec.label).to_numpy().astype(np.int8)
@@ -80,10 +93,22 @@ def calls_of(spec, stream, call_events: int):
         part = order[start:start + call_events]
         i = part[~is_label[part]]
         j = part[is_label[part]] - len(imp_times)
-        impressions = Impressions(imp_keys[i], imp_times[i], features.take(pa.array(i))) if len(i) else None
-        labels = Labels(lab_keys[j], lab_times[j], values[j]) if len(j) else None
+        impressions = (Impressions(imp_keys[i], imp_times[i], features.take(pa.array(i)), ids=imp_ids[i])
+                       if len(i) else None)
+        labels = Labels(lab_keys[j], lab_times[j], values[j], ids=lab_ids[j]) if len(j) else None
         calls.append((impressions, labels, int(times[part].max())))
     return calls
+
+
+def with_new_ids(call):
+    """The call with its ids made anew, as a host decodes them poll by poll: the strings a
+    join keeps are then allocations of its own, which tracemalloc counts."""
+    impressions, labels, watermark = call
+
+    def new(ids: np.ndarray) -> np.ndarray:
+        return np.array([text.encode().decode() for text in ids.tolist()], dtype=object)
+    return (replace(impressions, ids=new(impressions.ids)) if impressions is not None else None,
+            replace(labels, ids=new(labels.ids)) if labels is not None else None, watermark)
 
 
 def raw_event_bytes(stream, sample: int = 20_000) -> float:
@@ -107,17 +132,17 @@ def throughput(spec, args) -> dict:
     policy = JoinPolicy(wait_ms=WAIT_MS)
     schema = calls[0][0].rows.schema
     results = {}
-    for name, make in (("picasso", lambda: JoinState(policy, schema)), ("dict join", lambda: DictJoin(policy, schema))):
+    for name, join_class in JOINS.items():
         gc.collect()
         tracemalloc.start()
-        join = make()
+        join = join_class(policy, schema)
         filled = 0
-        while _pending(join) < args.pending:
-            join.advance(*calls[filled])
+        while join.pending < args.pending:
+            join.advance(*with_new_ids(calls[filled]))
             filled += 1
-        python_bytes = tracemalloc.get_traced_memory()[0]
+        state_bytes = tracemalloc.get_traced_memory()[0] + getattr(join, "arrow_bytes", 0)
         tracemalloc.stop()
-        pending = _pending(join)
+        pending = join.pending
         timed, events = calls[filled:], 0
         started = time.perf_counter()
         for call in timed:
@@ -127,16 +152,10 @@ def throughput(spec, args) -> dict:
                 break
         seconds = time.perf_counter() - started
         results[name] = {"events_per_s": events / seconds, "events": events, "pending": pending,
-                         "bytes_per_pending": python_bytes / pending}
+                         "bytes_per_pending": state_bytes / pending}
         del join
     results["raw_event_bytes"] = raw
     return results
-
-
-def _pending(join) -> int:
-    if isinstance(join, JoinState):
-        return join.pending
-    return sum(1 for record in join.records.values() if record.state in ("pending", "pending-late"))
 
 
 # -- exactness and quality ------------------------------------------------------------------
@@ -253,18 +272,24 @@ def main() -> None:
         p.add_argument("--quality-call-events", type=int, default=1_000,
                        help="events per join call in the quality runs (a poll's worth)"),
         p.add_argument("--held-out-rows", type=int, default=50_000),
-        p.add_argument("--batch", type=int, default=1_000)))
+        p.add_argument("--batch", type=int, default=1_000),
+        p.add_argument("--smoke", action="store_true", help="a size that runs in seconds (overrides the sizes)")))
+    if args.smoke:
+        vars(args).update(SMOKE)
     spec = criteo_spec()
     cpus = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {min(cpus)})  # the join on one core
     speed = throughput(spec, args)
     os.sched_setaffinity(0, cpus)
     quality_results = quality(spec, args)
-    core, plain, raw = speed["picasso"], speed["dict join"], speed["raw_event_bytes"]
+    core, plain, reference = speed["picasso"], speed["dict join"], speed["reference join"]
+    raw = speed["raw_event_bytes"]
     metrics = {
         "events_per_s": core["events_per_s"], "dict_join_events_per_s": plain["events_per_s"],
+        "reference_join_events_per_s": reference["events_per_s"],
         "pending": core["pending"], "bytes_per_pending": core["bytes_per_pending"],
-        "dict_join_bytes_per_pending": plain["bytes_per_pending"], "raw_event_bytes": raw,
+        "dict_join_bytes_per_pending": plain["bytes_per_pending"],
+        "reference_join_bytes_per_pending": reference["bytes_per_pending"], "raw_event_bytes": raw,
         "memory_over_raw": core["bytes_per_pending"] / raw,
         "label_errors": quality_results["label_errors@drop"] + quality_results["label_errors@correct"],
         **quality_results,
@@ -273,17 +298,20 @@ def main() -> None:
         "wait_ms": WAIT_MS, "call_events": args.call_events,
     }
     ratios = {"vs_dict_join": core["events_per_s"] / plain["events_per_s"],
+              "vs_reference_join": core["events_per_s"] / reference["events_per_s"],
               "memory_target_over_measured": 2 * raw / core["bytes_per_pending"]}
     rows = [
-        ["events/s, 1M pending (one core)", core["events_per_s"], plain["events_per_s"]],
-        ["bytes per pending impression", core["bytes_per_pending"], plain["bytes_per_pending"]],
-        ["raw impression event (JSON bytes)", raw, raw],
-        ["label errors (drop + correct)", metrics["label_errors"], "-"],
+        [f"events/s, {core['pending']:,} pending (one core)", core["events_per_s"], plain["events_per_s"],
+         reference["events_per_s"]],
+        ["bytes per pending impression", core["bytes_per_pending"], plain["bytes_per_pending"],
+         reference["bytes_per_pending"]],
+        ["raw impression event (JSON bytes)", raw, raw, raw],
+        ["label errors (drop + correct)", metrics["label_errors"], "-", "-"],
         ["AUC: true labels / drop / correct",
          f"{quality_results['auc@true']:.4f} / {quality_results['auc@drop']:.4f} / "
-         f"{quality_results['auc@correct']:.4f}", "-"],
+         f"{quality_results['auc@correct']:.4f}", "-", "-"],
     ]
-    report("join", ["", "picasso", "dict join"], rows, ratios, metrics, args.json)
+    report("join", ["", "picasso", "dict join", "reference join"], rows, ratios, metrics, args.json)
 
 
 if __name__ == "__main__":

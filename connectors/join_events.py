@@ -31,10 +31,14 @@ from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.decoding.message_formats import DecodedMessages, decode_messages
 from picasso.join_spec import JoinSpec
-from picasso.join_rules import Impressions, Labels, OrphanLabel, join_keys
+from picasso.join_rules import Impressions, Labels, OrphanLabel, join_ids, join_keys
 from picasso.spec import FeatureSpec
 
 KEY_COLUMN = "_join_key"  # uint64: the hash of the key fields
+# The key fields themselves, as one text (join_rules.join_ids): the join finds a record by
+# the hash and takes it only if these are equal too, since anyone can pick a key whose
+# unkeyed hash equals another's.
+ID_COLUMN = "_join_id"
 TIME_COLUMN = "_event_time_ms"  # int64
 KEY_TEXT_COLUMN = "_join_key_text"  # the key fields as text, for a label's dead letter
 POSITION_COLUMN = "_position"  # the message's offset, for a label's dead letter
@@ -61,7 +65,8 @@ class EventFields:
 
     @property
     def schema(self) -> list[pa.Field]:
-        fields = [pa.field(KEY_COLUMN, pa.uint64()), pa.field(TIME_COLUMN, pa.int64())]
+        fields = [pa.field(KEY_COLUMN, pa.uint64()), pa.field(ID_COLUMN, pa.string()),
+                  pa.field(TIME_COLUMN, pa.int64())]
         if self.for_dead_letters:
             fields += [pa.field(KEY_TEXT_COLUMN, pa.string())]
         if self.for_dead_letters or self.with_positions:
@@ -71,6 +76,7 @@ class EventFields:
     def validate(self, columns: dict, n: int, verdicts, positions: np.ndarray, label: np.ndarray) -> dict[str, pa.Array]:
         texts = [self._key_text(name, columns.get(name), n, verdicts) for name in self.key]
         out = {KEY_COLUMN: pa.array(join_keys(texts), pa.uint64()),
+               ID_COLUMN: pa.array(join_ids(texts), pa.string()),
                TIME_COLUMN: pa.array(self._times(columns.get(self.time), n, verdicts), pa.int64())}
         if self.binary_label:
             fractional = (label != 0) & (label != 1) & np.isfinite(label) & (label >= 0) & (label <= 1)
@@ -169,7 +175,7 @@ def impressions_of(table: pa.Table, feature_names: list[str], source: str | None
     samples' identity: decoded by JoinDecoders(identify=True))."""
     offsets = table.column(POSITION_COLUMN).to_numpy() if source is not None else None
     return Impressions(table.column(KEY_COLUMN).to_numpy(), table.column(TIME_COLUMN).to_numpy(),
-                       table.select(feature_names), source, offsets)
+                       table.select(feature_names), source, offsets, ids=_ids(table))
 
 
 def labels_of(table: pa.Table, source: str) -> Labels:
@@ -177,7 +183,11 @@ def labels_of(table: pa.Table, source: str) -> Labels:
     refs = [[source, position, text] for position, text in
             zip(table.column(POSITION_COLUMN).to_pylist(), table.column(KEY_TEXT_COLUMN).to_pylist())]
     return Labels(table.column(KEY_COLUMN).to_numpy(), table.column(TIME_COLUMN).to_numpy(),
-                  table.column("label").to_numpy().astype(np.int8), refs)
+                  table.column("label").to_numpy().astype(np.int8), refs, ids=_ids(table))
+
+
+def _ids(table: pa.Table) -> np.ndarray:
+    return table.column(ID_COLUMN).to_numpy(zero_copy_only=False).astype(object, copy=False)
 
 
 def orphan_dead_letter(orphan: OrphanLabel, join: JoinSpec, label_field: str) -> MessageDeadLetter:

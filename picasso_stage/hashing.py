@@ -13,6 +13,11 @@ maps to the same embedding row everywhere and in every version.
   share a key. Two distinct strings, or a string and an integer, share one with
   probability 2^-64 a pair: among n distinct string ids the chance that any two share a
   key is at most n^2 / 2^65 (about 3e-8 at a million ids, 3e-4 at a hundred million).
+  That bound holds for ids that are random with respect to the hash, not for chosen ones.
+  The hash is unkeyed and splitmix64 is invertible, so anyone who can choose ids can make
+  two share a hash, and a key, at will: 'aaaaaaaabbbbbbbb' and 'WnSYpkMCpr|VGy6A' do.
+  Where a collision must not matter, compare the ids themselves: the sample join finds a
+  record by hash and then compares the join keys exactly (picasso.join_rules.join_ids).
 
 A string "123" and an integer 123 are different ids. The vectorised forms below are
 tested to agree with the scalar ones, which are the definition.

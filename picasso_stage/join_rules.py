@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from picasso.hashing import hash_to_buckets, splitmix64_array
 
@@ -76,17 +77,33 @@ class JoinPolicy:
         return 2 * self.keep_ms
 
 
+def _event_ids(ids, n: int, what: str) -> np.ndarray:
+    """An event batch's exact keys as an object array; None: every one unknown (None)."""
+    if ids is None:
+        return np.full(n, None, dtype=object)
+    ids = np.asarray(ids, dtype=object)
+    if ids.shape != (n,):
+        raise ValueError(f"{len(ids)} ids for {n} {what}")
+    return ids
+
+
 @dataclass
 class Impressions:
     """Impression events, in arrival order: a key and an event time per row of `rows`
     (canonical features; its label column is ignored). `source` and `offsets`, where the
-    host knows them: where each came from, its samples' identity (picasso.sample_identity)."""
+    host knows them: where each came from, its samples' identity (picasso.sample_identity).
+
+    `keys` are the join keys' hashes (join_keys), `ids` the keys themselves (join_ids). The
+    join finds a record by its hash and takes it only if the ids are equal too: the hash
+    is unkeyed, so a key can be chosen to share another's hash. Without ids (None) a key is
+    its hash alone, and two keys of one hash are one key."""
 
     keys: np.ndarray  # uint64
     times: np.ndarray  # int64 ms
     rows: pa.Table
     source: str | None = None
     offsets: np.ndarray | None = None  # int64, one per row
+    ids: np.ndarray | None = None  # object: str per row (join_ids), or None
 
     def __post_init__(self):
         self.keys = np.asarray(self.keys, dtype=np.uint64)
@@ -97,6 +114,7 @@ class Impressions:
             self.offsets = np.asarray(self.offsets, dtype=np.int64)
             if len(self.offsets) != len(self.keys):
                 raise ValueError(f"{len(self.offsets)} offsets for {len(self.keys)} impressions")
+        self.ids = _event_ids(self.ids, len(self.keys), "impressions")
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -106,12 +124,13 @@ class Impressions:
 class Labels:
     """Label events, in arrival order. `refs` say where each came from (a source and
     position, or anything the host can turn back into a dead letter); only orphans keep
-    theirs."""
+    theirs. `keys` and `ids` as Impressions'."""
 
     keys: np.ndarray  # uint64
     times: np.ndarray  # int64 ms
     values: np.ndarray  # int8, 0 or 1
     refs: list | None = None
+    ids: np.ndarray | None = None  # object: str per label (join_ids), or None
 
     def __post_init__(self):
         self.keys = np.asarray(self.keys, dtype=np.uint64)
@@ -121,6 +140,7 @@ class Labels:
             raise ValueError(f"{len(self.keys)} keys, {len(self.times)} times and {len(self.values)} values")
         if self.refs is not None and len(self.refs) != len(self.keys):
             raise ValueError(f"{len(self.refs)} refs for {len(self.keys)} labels")
+        self.ids = _event_ids(self.ids, len(self.keys), "labels")
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -258,10 +278,13 @@ def unrecalled(times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndar
 def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
     """One uint64 key per row from the join-key columns (strings or integers).
 
-    Strings hash with picasso.hashing's FNV-1a (kept to 62 bits), integers as themselves,
-    then each column is mixed in with splitmix64, so ("a", 1) and (1, "a") differ. Two
-    distinct text keys collide with probability about 2^-62 per pair: about 1e-7 for any
-    collision among a million pending impressions."""
+    Strings hash with picasso.hashing's word-wise splitmix64 (hash_bytes: the UTF-8 bytes
+    as 64-bit words, each mixed in with splitmix64; kept to 62 bits), integers as
+    themselves, then each column is mixed in with splitmix64, so ("a", 1) and (1, "a")
+    differ. Two random text keys collide with probability about 2^-62 per pair (about 1e-7
+    for any collision among a million pending impressions), but the hash is unkeyed: keys
+    can be chosen to collide ('aaaaaaaabbbbbbbb' and 'WnSYpkMCpr|VGy6A' do). So the join
+    uses the hash to find a record and join_ids to confirm it."""
     key = np.zeros(len(columns[0]) if len(columns) else 0, dtype=np.uint64)
     for i, column in enumerate(columns):
         if isinstance(column, pa.ChunkedArray):
@@ -269,13 +292,44 @@ def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
         values = column if isinstance(column, np.ndarray) else None
         if values is None and (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
                                or pa.types.is_binary(column.type)):
-            values = hash_to_buckets(column, 1 << 62).astype(np.uint64)  # the FNV hash of the text
+            values = hash_to_buckets(column, 1 << 62).astype(np.uint64)  # the text's hash_bytes
         elif values is None:
             values = column.to_numpy(zero_copy_only=False)
         values = np.asarray(values).astype(np.int64, copy=False).view(np.uint64)
         with np.errstate(over="ignore"):
             key = splitmix64_array(key ^ splitmix64_array(values + np.uint64(i + 1)))
     return key
+
+
+def join_ids(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
+    """The join key of each row itself, as text (an object array of str), for the join to
+    confirm what join_keys' hashes find. One column: its value as text. Several: each
+    value's length, ':' and the value, joined by ':', so that no two tuples of values give
+    one text ("1:a:2:bc" is ("a", "bc"))."""
+    texts = [_key_text(i, column) for i, column in enumerate(columns)]
+    if not texts:
+        raise ValueError("a join key needs at least one column")
+    if len(texts) == 1:
+        joined = texts[0]
+    else:
+        parts = [part for text in texts for part in (pc.cast(pc.utf8_length(text), pa.string()), text)]
+        joined = pc.binary_join_element_wise(*parts, ":")
+    return joined.to_numpy(zero_copy_only=False).astype(object, copy=False)
+
+
+def _key_text(i: int, column: pa.Array | pa.ChunkedArray | np.ndarray) -> pa.Array:
+    if isinstance(column, np.ndarray):
+        column = pa.array(column)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
+            or pa.types.is_integer(column.type)):
+        raise ValueError(f"join key column {i} must hold strings or integers, got {column.type}")
+    if column.null_count:
+        raise ValueError(f"join key column {i} has {column.null_count} missing values")
+    return pc.cast(column, pa.string())
 
 
 def event_watermark(newest_ms: dict[str, int], allowed_lateness_ms: int) -> int | None:

@@ -35,10 +35,15 @@ verdict is one of event times, so the same events cut into other calls give them
 impressions a copy per call would cost more than the join.
 
 Keys are 64-bit hashes of the join-key fields (join_keys), and the state is numpy
-arrays: a key, a time and a state per record, the feature rows one after another
-(picasso.feature_rows), and one dict from key to slot. A pending impression costs its
-canonical feature row, a few dozen bytes of arrays and its dict entry; benchmarks.join
-measures the whole against the raw event.
+arrays: a key, a time, a state and an id per record, the feature rows one after another
+(picasso.feature_rows), and one dict from key to slot. The hash finds an event's record
+and the id (join_ids: the key itself, as text) confirms it, in one vectorised comparison:
+the hash is unkeyed, and a key chosen to share another user's hash must not take that
+user's impression. A record whose hash another key holds already (a collision, chosen or
+by chance) is indexed by (hash, id) in a second dict; events without ids (None) are
+compared by hash alone. A pending impression costs its canonical feature row, a few dozen
+bytes of arrays, its id and its dict entry; benchmarks.join measures the whole against
+the raw event.
 
 Over 400 lines, as one class: JoinState's arrays, slots and dict change together on every
 call, and its steps (take, decide, expire, forget, compact) are only correct together. The
@@ -49,6 +54,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 from dataclasses import asdict
 from itertools import repeat
 
@@ -84,14 +90,18 @@ class JoinState:
         self.times = np.zeros(0, np.int64)
         self.states = np.zeros(0, np.int8)
         self.label_times = np.zeros(0, np.int64)  # of the first label; -1 none
+        self.ids = np.full(0, None, object)  # the key itself (join_ids), or None
         self.rows = FeatureRows(schema, merge_rows=min(MERGE_ROWS, 8 * block))  # small blocks, small tables
-        self._index: dict[int, int] = {}  # key -> slot
+        self._index: dict[int, int] = {}  # key -> slot of the first record of that hash
+        # key -> {id: slot} of the other records of that hash: keys that share the hash of
+        # the record in _index (a collision); there is one only while _index holds the key.
+        self._colliding: dict[int, dict[object, int]] = {}
         self._block_due = np.zeros(0, np.int64)  # per block: the earliest time of a waiting record
         self._block_keep = np.zeros(0, np.int64)  # per block: the earliest time of a live record
         self._live = 0
-        # Labels waiting for their impression, by key, in arrival order: (time, value, ref, the
-        # time of an impression of the key when the label began to wait, held or forgotten, or None).
-        self._orphans: dict[int, list[tuple[int, int, object, int | None]]] = {}
+        # Labels waiting for their impression, by (key, id), in arrival order: (time, value, ref,
+        # the time of an impression of the key when the label began to wait, held or forgotten, or None).
+        self._orphans: dict[tuple[int, object], list[tuple[int, int, object, int | None]]] = {}
         self._forgotten = ForgottenKeys()  # the keys and times of forgotten impressions, for a while
 
     # -- what is held ------------------------------------------------------------------
@@ -112,11 +122,14 @@ class JoinState:
         return sum(map(len, self._orphans.values()))
 
     def nbytes(self) -> int:
-        """Bytes the records hold: features, arrays, the key index (an estimate of the
-        dict's share: its table and its two int objects per entry) and the forgotten keys."""
-        arrays = sum(a.nbytes for a in (self.keys, self.times, self.states, self.label_times))
+        """Bytes the records hold: features, arrays, the ids (their str objects), the key
+        index (an estimate of the dict's share: its table and its two int objects per entry)
+        and the forgotten keys."""
+        arrays = sum(a.nbytes for a in (self.keys, self.times, self.states, self.label_times, self.ids))
+        ids = self.ids[:self._size]
+        texts = sum(map(sys.getsizeof, ids[np.not_equal(ids, None)].tolist()))
         index = len(self._index) * (36 + 28) + _dict_table_bytes(len(self._index))
-        return self.rows.nbytes + arrays + index + self._forgotten.nbytes
+        return self.rows.nbytes + arrays + texts + index + self._forgotten.nbytes
 
     # -- the join ----------------------------------------------------------------------
 
@@ -141,28 +154,29 @@ class JoinState:
         return out.result()
 
     def _take_impressions(self, impressions: Impressions, counts: JoinCounts) -> Labels | None:
-        keys = impressions.keys
-        unique_keys, first = np.unique(keys, return_index=True)
-        first.sort()  # arrival order
-        known = self._lookup(keys[first])
+        keys, ids = impressions.keys, impressions.ids
+        first = _first_of_each(keys, ids)
+        known = self._lookup(keys[first], ids[first])
         new = first[known < 0]
         counts.duplicate_impressions += len(keys) - len(new)
         counts.impressions += len(new)
         if not len(new):
             return None
         rows = impressions.rows if len(new) == len(keys) else impressions.rows.take(pa.array(new))
-        self._append(keys[new], impressions.times[new], rows)
+        self._append(keys[new], impressions.times[new], rows, ids[new])
         if not self._orphans:
             return None
-        waiting = [(k, label) for k in keys[new].tolist() if k in self._orphans for label in self._orphans.pop(k)]
+        waiting = [(key, label) for key in zip(keys[new].tolist(), ids[new].tolist()) if key in self._orphans
+                   for label in self._orphans.pop(key)]
         if not waiting:
             return None
         # Joined anew, or back to waiting (beyond the horizon of the impression that came).
-        return Labels(keys=[k for k, _ in waiting], times=[w[0] for _, w in waiting],
-                      values=[w[1] for _, w in waiting], refs=[w[2] for _, w in waiting])
+        return Labels(keys=[k for (k, _), _ in waiting], times=[w[0] for _, w in waiting],
+                      values=[w[1] for _, w in waiting], refs=[w[2] for _, w in waiting],
+                      ids=[i for (_, i), _ in waiting])
 
     def _take_labels(self, labels: Labels, out: "_Emitted", from_waiting: bool = False) -> None:
-        slots = self._lookup(labels.keys)
+        slots = self._lookup(labels.keys, labels.ids)
         unknown = np.flatnonzero(slots < 0)
         if len(unknown):
             self._wait_for_impressions(labels, unknown)
@@ -218,9 +232,9 @@ class JoinState:
         """Labels whose impression is not known, or beyond the horizon. Each notes the time of
         the key's impression it can still be told about now: by the time it is an orphan the
         forgotten keys may have let it go."""
-        known = self._impression_times(labels.keys[unknown])
+        known = self._impression_times(labels.keys[unknown], labels.ids[unknown])
         for i, impression_ms in zip(unknown.tolist(), known.tolist()):
-            self._orphans.setdefault(int(labels.keys[i]), []).append(
+            self._orphans.setdefault((int(labels.keys[i]), labels.ids[i]), []).append(
                 (int(labels.times[i]), int(labels.values[i]), labels.refs[i] if labels.refs else None,
                  None if impression_ms == NOT_FOUND else impression_ms))
 
@@ -264,8 +278,7 @@ class JoinState:
             gone = live & (states > PENDING_LATE) & forgettable(times, watermark, self.policy)
             if gone.any():
                 slots = lo + np.flatnonzero(gone)
-                for key in self.keys[slots].tolist():
-                    del self._index[key]
+                self._unindex(slots)
                 self._forgotten.add(self.keys[slots], self.times[slots])
                 self._release(slots)
                 self.states[slots] = FORGOTTEN
@@ -281,12 +294,12 @@ class JoinState:
         heads = np.array([self._orphans[key][0][0] for key in keys], dtype=np.int64)
         orphans = []
         for key in (keys[i] for i in np.flatnonzero(orphaned(heads, self.watermark, self.policy)).tolist()):
-            queue = self._orphans.pop(key)
+            queue = self._orphans.pop(key)  # key: (hash, id)
             gone, echoes = settle_waiting(np.array([label[0] for label in queue], np.int64), self.watermark,
                                           self.policy)
             for time, value, ref, impression_ms in (queue[i] for i in np.flatnonzero(gone).tolist()):
                 told = impression_ms is not None and bool(recalled(np.array([time - impression_ms]), self.policy)[0])
-                orphans.append(OrphanLabel(key, time, value, ref, impression_ms if told else None))
+                orphans.append(OrphanLabel(key[0], time, value, ref, impression_ms if told else None))
             out.counts.duplicate_labels += int(np.count_nonzero(echoes))
             left = [label for label, stays in zip(queue, ~(gone | echoes)) if stays]
             if left:
@@ -294,10 +307,12 @@ class JoinState:
         out.orphans += sorted(orphans, key=lambda o: (o.time_ms, o.key))
         out.counts.orphan_labels += len(orphans)
 
-    def _impression_times(self, keys: np.ndarray) -> np.ndarray:
+    def _impression_times(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The time of each key's impression, held, or forgotten and not yet unrecalled;
-        NOT_FOUND for neither. A held one is the newer: a key forgotten and impressed again."""
-        slots = self._lookup(keys)
+        NOT_FOUND for neither. A held one is the newer: a key forgotten and impressed again.
+        (The forgotten keys are hashes only: an orphan's reason may name a forgotten
+        impression of another key of its hash.)"""
+        slots = self._lookup(keys, ids)
         held = slots >= 0
         times = self._forgotten.impression_times(keys)
         if self.watermark is not None:  # the runs drop their keys late: judge each time here
@@ -307,10 +322,55 @@ class JoinState:
 
     # -- storage of the records ---------------------------------------------------------
 
-    def _lookup(self, keys: np.ndarray) -> np.ndarray:
-        return np.fromiter(map(self._index.get, keys.tolist(), repeat(-1)), dtype=np.int64, count=len(keys))
+    def _lookup(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The slot of each (key, id)'s record, -1 for none: the hash finds a record, and
+        the ids, compared in one pass, confirm it."""
+        slots = np.fromiter(map(self._index.get, keys.tolist(), repeat(-1)), dtype=np.int64, count=len(keys))
+        found = np.flatnonzero(slots >= 0)
+        other = found[self.ids[slots[found]] != ids[found]]
+        if len(other):  # another key of the same hash: a colliding record of this one, or none
+            slots[other] = [self._colliding.get(key, {}).get(key_id, -1)
+                            for key, key_id in zip(keys[other].tolist(), ids[other].tolist())]
+        return slots
 
-    def _append(self, keys: np.ndarray, times: np.ndarray, rows: pa.Table | None) -> None:
+    def _index_slots(self, keys: np.ndarray, ids: np.ndarray, start: int) -> None:
+        """Index new records at slots start, start + 1, ...: the first of a hash in _index,
+        any later one (another id) in _colliding."""
+        keys_list, slots = keys.tolist(), range(start, start + len(keys))
+        if self._index.keys().isdisjoint(keys_list):
+            size = len(self._index)
+            self._index.update(zip(keys_list, slots))
+            if len(self._index) - size == len(keys_list):
+                return  # no hash twice: the common case
+            for key in keys_list:  # a hash twice among the new records: index them one by one
+                self._index.pop(key, None)
+        for key, key_id, slot in zip(keys_list, ids.tolist(), slots):
+            if key in self._index:
+                self._colliding.setdefault(key, {})[key_id] = slot
+            else:
+                self._index[key] = slot
+
+    def _unindex(self, slots: np.ndarray) -> None:
+        """Forget these records' index entries. Where one of a hash in _index goes while
+        others of it collide, the first of those takes its place."""
+        keys = self.keys[slots].tolist()
+        if not self._colliding:
+            for key in keys:
+                del self._index[key]
+            return
+        for key, key_id, slot in zip(keys, self.ids[slots].tolist(), slots.tolist()):
+            others = self._colliding.get(key)
+            if others is None:
+                del self._index[key]
+                continue
+            if self._index[key] == slot:  # the first of its hash: another of it takes its place
+                key_id = next(iter(others))
+                self._index[key] = others[key_id]
+            del others[key_id]
+            if not others:
+                del self._colliding[key]
+
+    def _append(self, keys: np.ndarray, times: np.ndarray, rows: pa.Table | None, ids: np.ndarray) -> None:
         start, n = self._size, len(keys)
         end = start + n
         if end > len(self.keys):
@@ -319,14 +379,16 @@ class JoinState:
             self.times = _grown(self.times, capacity, 0)
             self.states = _grown(self.states, capacity, FORGOTTEN)
             self.label_times = _grown(self.label_times, capacity, -1)
+            self.ids = _grown(self.ids, capacity, None)
         self.keys[start:end] = keys
         self.times[start:end] = times
         self.states[start:end] = PENDING
         self.label_times[start:end] = -1
+        self.ids[start:end] = ids
         if rows is not None:
             self.rows.add(np.arange(start, end), rows)
         self._size = end
-        self._index.update(zip(keys.tolist(), range(start, end)))
+        self._index_slots(keys, ids, start)
         self._live += n
         blocks = -(-end // self._block)
         if blocks > len(self._block_due):
@@ -350,15 +412,20 @@ class JoinState:
         """Drop forgotten slots from the arrays, and renumber the index."""
         alive = np.flatnonzero(self.states[:self._size] != FORGOTTEN)
         n = len(alive)
-        for name in ("keys", "times", "states", "label_times"):
+        fills = {"keys": 0, "times": 0, "states": FORGOTTEN, "label_times": -1, "ids": None}
+        for name, fill in fills.items():
             array = getattr(self, name)
             array[:n] = array[alive]
-            array[n:self._size] = -1 if name == "label_times" else (FORGOTTEN if name == "states" else 0)
+            array[n:self._size] = fill
         remap = np.full(self._size, -1, np.int64)
         remap[alive] = np.arange(n)
         self.rows.renumber(remap, len(self.keys))
         self._size = n
-        self._index = dict(zip(self.keys[:n].tolist(), range(n)))
+        first = {key: self._index[key] for key in self._colliding}
+        self._index = dict(zip(self.keys[:n].tolist(), range(n)))  # of a colliding hash: its last record
+        for key, others in self._colliding.items():
+            self._index[key] = int(remap[first[key]])
+            self._colliding[key] = {key_id: int(remap[slot]) for key_id, slot in others.items()}
         self._reblock()
 
     def _reblock(self) -> None:
@@ -387,12 +454,14 @@ class JoinState:
         records = pa.table({"key": np.r_[self.keys[slots], gone_keys], "time": np.r_[self.times[slots], gone_times],
                             "state": np.r_[self.states[slots], np.full(n, FORGOTTEN, np.int8)],
                             "label_time": np.r_[self.label_times[slots], np.full(n, -1, np.int64)],
-                            "has_row": np.r_[with_rows, np.zeros(n, bool)]})
+                            "has_row": np.r_[with_rows, np.zeros(n, bool)],
+                            "id": pa.array([*self.ids[slots].tolist(), *[None] * n], pa.string())})
         rest = {
             "policy": asdict(self.policy),
             "watermark": self.watermark,
             "counts": asdict(self.counts),
-            "waiting_labels": [[str(key), *label] for key, queue in self._orphans.items() for label in queue],
+            "waiting_labels": [[str(key), *label, key_id] for (key, key_id), queue in self._orphans.items()
+                               for label in queue],
         }
         return {"join-records.arrow": _ipc(records), "join-features.arrow": _ipc(features.combine_chunks()),
                 "join-state.json": json.dumps(rest, sort_keys=True).encode()}
@@ -412,7 +481,10 @@ class JoinState:
         state._forgotten.add(keys[gone], times[gone])
         held = ~gone
         has_row = records.column("has_row").to_numpy(zero_copy_only=False)[held]
-        state._append(keys[held], times[held], None)
+        # A checkpoint from before the join compared ids has none: its keys are hashes alone.
+        ids = (records.column("id").to_numpy(zero_copy_only=False).astype(object) if "id" in records.column_names
+               else np.full(records.num_rows, None, object))
+        state._append(keys[held], times[held], None, ids[held])
         n = int(np.count_nonzero(held))
         state.states[:n] = states[held]
         state.label_times[:n] = records.column("label_time").to_numpy()[held]
@@ -420,9 +492,11 @@ class JoinState:
         state._reblock()
         state.watermark = rest["watermark"]
         state.counts = JoinCounts(**rest["counts"])
-        for key, time, value, ref, *impression_ms in rest["waiting_labels"]:
-            # A checkpoint from before forgotten impressions were recalled has no impression times.
-            state._orphans.setdefault(int(key), []).append((time, value, ref, (impression_ms or [None])[0]))
+        for key, time, value, ref, *later in rest["waiting_labels"]:
+            # A checkpoint from before forgotten impressions were recalled has no impression
+            # times, and one from before ids were compared no ids.
+            impression_ms, key_id = (*later, None, None)[:2]
+            state._orphans.setdefault((int(key), key_id), []).append((time, value, ref, impression_ms))
         return state
 
 
@@ -461,15 +535,11 @@ class _Emitted:
             self.counts.positives += len(slots)
         else:
             self.counts.negatives += len(slots)
-        rows = state.rows.take(slots)
         n = len(slots)
-        rows = rows.set_column(rows.schema.get_field_index("label"), "label",
-                               pa.array(np.full(n, label, dtype=np.float32)))
         delay = np.where((state.label_times[slots] >= 0) & (not by_watermark),
                          state.label_times[slots] - state.times[slots], -1)
-        rows = rows.append_column(CORRECTION_COLUMN, pa.array(np.full(n, int(correction), dtype=np.int8)))
-        rows = rows.append_column(DELAY_COLUMN, pa.array(delay.astype(np.int64)))
-        self.parts.append(rows.append_column(KEY_COLUMN, pa.array(state.keys[slots], pa.uint64())))
+        self.parts.append(as_samples(state.rows.take(slots), np.full(n, label), np.full(n, int(correction)), delay,
+                                     state.keys[slots]))
 
     def result(self) -> JoinOutput:
         if self.parts:
@@ -480,11 +550,35 @@ class _Emitted:
         return JoinOutput(samples=samples, orphans=self.orphans, counts=self.counts, delays_ms=delays)
 
 
+def as_samples(rows: pa.Table, labels, corrections, delays, keys) -> pa.Table:
+    """Feature rows as samples (sample_schema): each row's label set, then its
+    CORRECTION_COLUMN, DELAY_COLUMN and KEY_COLUMN (one value per row in each argument)."""
+    rows = rows.set_column(rows.schema.get_field_index("label"), "label", pa.array(np.asarray(labels, np.float32)))
+    return (rows.append_column(CORRECTION_COLUMN, pa.array(np.asarray(corrections, np.int8)))
+            .append_column(DELAY_COLUMN, pa.array(np.asarray(delays, np.int64)))
+            .append_column(KEY_COLUMN, pa.array(np.asarray(keys, np.uint64))))
+
+
 def sample_schema(feature_schema: pa.Schema) -> pa.Schema:
     """The schema of the samples a join emits: the canonical features and their label,
     then CORRECTION_COLUMN, DELAY_COLUMN and KEY_COLUMN."""
     return (feature_schema.append(pa.field(CORRECTION_COLUMN, pa.int8())).append(pa.field(DELAY_COLUMN, pa.int64()))
             .append(pa.field(KEY_COLUMN, pa.uint64())))
+
+
+def _first_of_each(keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """The first event of each distinct (key, id), in arrival order."""
+    unique_keys, first = np.unique(keys, return_index=True)
+    if len(first) < len(keys):
+        # Events of one hash are one key if their ids are equal; any other id is another key.
+        other = np.flatnonzero(ids != ids[first[np.searchsorted(unique_keys, keys)]])
+        if len(other):
+            firsts: dict[tuple[int, object], int] = {}
+            for key, key_id, i in zip(keys[other].tolist(), ids[other].tolist(), other.tolist()):
+                firsts.setdefault((key, key_id), i)
+            first = np.r_[first, np.fromiter(firsts.values(), np.int64, len(firsts))]
+    first.sort()  # arrival order
+    return first
 
 
 def _grown(array: np.ndarray, capacity: int, fill) -> np.ndarray:

@@ -163,3 +163,20 @@ def test_a_bad_join_section_names_every_problem():
 def test_decoded_times_are_int64_even_from_float_json(decoders):
     decoded = decode_poll(decoders.impressions, "json", poll("imps", encoded([impression(0, event_time_ms=float(NOW))])))
     assert impressions_of(decoded.table, decoders.feature_names).times.dtype == np.int64
+
+
+def test_decoded_events_carry_their_keys_so_a_colliding_key_joins_nothing_of_another(decoders):
+    """The decoders give the join each key itself beside its hash: a label whose key was
+    chosen to share another user's hash does not take that user's impression."""
+    from picasso.join_rules import JoinPolicy
+    from picasso.sample_join import JoinState
+
+    victim, crafted = "aaaaaaaabbbbbbbb", "WnSYpkMCpr|VGy6A"  # one word-wise splitmix64 hash
+    imps = decode_poll(decoders.impressions, "json", poll("imps", encoded([impression(0, request_id=victim)])))
+    labs = decode_poll(decoders.labels, "json", poll("labs", encoded([label(0, request_id=crafted)])))
+    impressions, labels = impressions_of(imps.table, decoders.feature_names), labels_of(labs.table, "labs/0")
+    assert impressions.keys.tolist() == labels.keys.tolist()  # the hashes collide: the ids must tell
+    assert (impressions.ids.tolist(), labels.ids.tolist()) == ([victim], [crafted])
+    join = JoinState(JoinPolicy(wait_ms=10_000), decoders.feature_schema)
+    join.advance(impressions, labels, watermark=NOW)
+    assert join.pending == 1 and join.waiting_labels == 1 and join.counts.positives == 0

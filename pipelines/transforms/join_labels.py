@@ -31,6 +31,12 @@ timeout still joins it; here the watermark has passed that impression's timeout 
 arrives, its timer fires at once, and the label is late. Streams whose impressions come
 before their timeouts get the same samples from both hosts.
 
+The state is keyed by the join key's hash and the key itself (the events' `ids`,
+join_rules.join_ids), so that a key chosen to share another's hash has state of its own,
+as the core compares them; events without ids are keyed by their hash alone. (A key's
+forgotten impression is its own here, where the core remembers forgotten impressions by
+hash: with colliding keys an orphan's reason may differ between the hosts.)
+
 Everything a worker needs travels in the transform (the policy and the schema) or in the
 keyed state, so any streaming runner can run, restart and rebalance it.
 """
@@ -61,13 +67,14 @@ from picasso.sample_join import sample_schema
 IMPRESSIONS, LABELS = "impressions", "labels"  # the input's keys
 SAMPLES, ORPHANS = "samples", "orphans"  # the output's keys
 
-# One event of one key, from the chunks to the keyed join: (key, (kind, time_ms, value,
+# One event of one key, from the chunks to the keyed join: ((key, id), (kind, time_ms, value,
 # payload, source, offset)). The key is the uint64 join key seen as int64, so that Beam's
-# VarIntCoder (deterministic, as keys must be) takes it. The payload is the encoded feature
-# row of an impression, or the encoded ref of a label; source and offset say where the
-# event came from ("" and -1: not known).
+# VarIntCoder (deterministic, as keys must be) takes it; the id is the key itself (or None).
+# The payload is the encoded feature row of an impression, or the encoded ref of a label;
+# source and offset say where the event came from ("" and -1: not known).
 _IMPRESSION, _LABEL = 0, 1
-_KeyedEvent = typehints.KV[int, typehints.Tuple[int, int, int, bytes, str, int]]
+_KeyedEvent = typehints.KV[typehints.Tuple[int, typehints.Optional[str]],
+                           typehints.Tuple[int, int, int, bytes, str, int]]
 # One sample of the join, before it is batched: (feature row, label, correction, delay_ms,
 # key, its impression's source, offset).
 _Sample = typehints.Tuple[bytes, int, int, int, int, str, int]
@@ -146,7 +153,7 @@ _WAITING_CODER = ListCoder(TupleCoder([VarIntCoder(), VarIntCoder(), BytesCoder(
 
 
 def _impression_events(chunk: Impressions, names: list[str]):
-    keys = chunk.keys.view(np.int64).tolist()
+    keys = zip(chunk.keys.view(np.int64).tolist(), chunk.ids.tolist())
     columns = [chunk.rows.column(name).to_pylist() for name in names]  # in the order _SampleTables reads them
     source = chunk.source or ""
     offsets = chunk.offsets.tolist() if chunk.offsets is not None else [-1] * len(chunk)
@@ -157,8 +164,8 @@ def _impression_events(chunk: Impressions, names: list[str]):
 
 def _label_events(chunk: Labels):
     refs = chunk.refs or [None] * len(chunk)
-    for key, time_ms, value, ref in zip(chunk.keys.view(np.int64).tolist(), chunk.times.tolist(),
-                                        chunk.values.tolist(), refs):
+    for key, time_ms, value, ref in zip(zip(chunk.keys.view(np.int64).tolist(), chunk.ids.tolist()),
+                                        chunk.times.tolist(), chunk.values.tolist(), refs):
         # A label's ref (connectors.join_events.labels_of) starts with its source and offset.
         source, offset = (ref[0], int(ref[1])) if isinstance(ref, (list, tuple)) and len(ref) >= 2 else ("", -1)
         yield beam.window.TimestampedValue((key, (_LABEL, time_ms, value, _VALUES.encode(ref), source, offset)),
@@ -179,9 +186,9 @@ class _KeyJoin:
     """One key's join over its state and timers, for one callback: the core's steps for a
     single record. What it emits gathers in `out`."""
 
-    def __init__(self, policy: JoinPolicy, counts: _Counts, key: int, record_state, waiting_state, forgotten_state,
-                 timeout, forget, orphan, identify: bool = False):
-        self.policy, self.counts, self.key, self.identify = policy, counts, key, identify
+    def __init__(self, policy: JoinPolicy, counts: _Counts, key: tuple[int, str | None], record_state, waiting_state,
+                 forgotten_state, timeout, forget, orphan, identify: bool = False):
+        self.policy, self.counts, self.key, self.identify = policy, counts, key[0], identify  # the hash, as int64
         self.record_state, self.waiting_state, self.forgotten_state = record_state, waiting_state, forgotten_state
         # The forget timer also drops a forgotten impression's time, once no record holds the key.
         self.timeout, self.forget, self.orphan = timeout, forget, orphan
