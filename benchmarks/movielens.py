@@ -35,7 +35,14 @@ Over 400 lines as one file, so that the benchmark reads top to bottom: fetching 
 the split, the baseline's tuning, picasso's day-by-day run and the CLI check. Its figures
 are in the README ("On real data").
 
-    python -m benchmarks.movielens [--wheel PATH] [--seeds 3] [--check-cli N] [--regularisation] [--json]
+    python -m benchmarks.movielens [--wheel PATH] [--seeds 3] [--check-cli N] [--sweep NAME ...] [--json]
+
+`--sweep NAME` (repeatable) also scores one family of settings on the validation days,
+each the mean of --seeds runs, beside picasso's defaults (SWEEPS: batch-mean, batch-size,
+learning-rates, embedding-dim, mlp, model, passes, regularisation). `--batch-mean` is
+`--sweep batch-mean`: each step's loss over its own batch (TrainConfig.loss_batch_size
+None, as a library caller that cuts its own batches gets it) against one over
+--batch-size, as `picasso daily` weighs; `--regularisation` is `--sweep regularisation`.
 
 `--stream` replays the training days through Kafka, `picasso produce` and `picasso stream`
 instead, against `picasso daily --dates` on the same rows (benchmarks/movielens_stream.py).
@@ -49,7 +56,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -227,6 +234,11 @@ class LRResult:
     test: EvalMetrics
     grid: dict  # (crosses, C) -> validation AUC
 
+    @property
+    def validation_auc_no_crosses(self) -> float:
+        """The best validation AUC of the one-hot fields alone (any C)."""
+        return max(score for (crosses, _), score in self.grid.items() if crosses == "none")
+
 
 def _one_hot(train: pd.DataFrame, others: list[pd.DataFrame], crosses):
     """The one-hot matrices of train and of the other rows, over train's features (a value
@@ -274,6 +286,11 @@ class DailySettings:
     batch_size: int = 2048
     holdout_fraction: float = 0.1
     passes_per_day: int = 1  # 1 is what `picasso daily` does; more reruns each day's steps
+    # False: a step's loss is summed over its batch and divided by batch_size, as `picasso
+    # daily` sets TrainConfig.loss_batch_size from its --batch-size. True: each batch's own
+    # mean (loss_batch_size None), so a small day's few samples each weigh up to 57 times
+    # one of a full chunk (--batch-mean measures what that costs).
+    batch_mean: bool = False
 
 
 def day_batches(root: str | Path, date: str, spec: FeatureSpec, batch_size: int, holdout: float, train: bool):
@@ -295,6 +312,9 @@ def day_batches(root: str | Path, date: str, spec: FeatureSpec, batch_size: int,
 
 def train_daily(root: str | Path, spec: FeatureSpec, dates: list[str], config: TrainConfig,
                 settings: DailySettings = DailySettings(), trainer: Trainer | None = None) -> Trainer:
+    if config.loss_batch_size is None and not settings.batch_mean:
+        # as `picasso daily` weighs: every sample one over its --batch-size
+        config = replace(config, loss_batch_size=settings.batch_size)
     trainer = trainer or Trainer(spec, config)
     for date in dates:
         batches = list(day_batches(root, date, spec, settings.batch_size, settings.holdout_fraction, train=True))
@@ -314,42 +334,112 @@ def picasso_run(root, spec, split: Split, config: TrainConfig, settings: DailySe
     return evaluate_days(trainer, root, split.validation if on == "validation" else split.test)
 
 
-# The training flags' regularisation, one at a time, at strengths around where such
-# options usually start (--regularisation); each scored on the validation days.
-REGULARISATION = {
-    "none (the defaults)": {},
-    "--weight-decay 1e-5": {"weight_decay": 1e-5},
-    "--weight-decay 1e-4": {"weight_decay": 1e-4},
-    "--embedding-l2 1e-4": {"embedding_l2": 1e-4},
-    "--embedding-l2 1e-3": {"embedding_l2": 1e-3},
-    "--dropout 0.1": {"dropout": 0.1},
-    "--dropout 0.3": {"dropout": 0.3},
+# -- sweeps: settings scored on the validation days -----------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of a sweep: what it changes from picasso's defaults."""
+
+    config: dict = field(default_factory=dict)  # TrainConfig fields
+    daily: dict = field(default_factory=dict)  # DailySettings fields
+    embedding_dim: int | None = None  # every field's, in place of the spec's 16
+
+    @property
+    def is_default(self) -> bool:
+        return self == Setting()
+
+
+DEFAULTS = "the defaults"
+# Each family of settings `--sweep NAME` scores, one change at a time from the defaults
+# (the first row of each), at values around where such options usually start. The labels
+# name the `picasso daily` flag where there is one.
+SWEEPS: dict[str, dict[str, Setting]] = {
+    "batch-mean": {
+        f"{DEFAULTS}: one over --batch-size (loss_batch_size {DailySettings.batch_size})": Setting(),
+        "each batch's own mean (loss_batch_size None)": Setting(daily={"batch_mean": True}),
+    },
+    "batch-size": {
+        f"{DEFAULTS} (--batch-size {DailySettings.batch_size})": Setting(),
+        **{f"--batch-size {size}": Setting(daily={"batch_size": size}) for size in (512, 1024, 4096)},
+    },
+    "learning-rates": {
+        f"{DEFAULTS} (--lr-dense {TrainConfig.lr_dense:g}, --lr-sparse {TrainConfig.lr_sparse:g})": Setting(),
+        **{f"--lr-dense {lr}": Setting(config={"lr_dense": float(lr)}) for lr in ("3e-4", "3e-3")},
+        **{f"--lr-sparse {lr}": Setting(config={"lr_sparse": lr}) for lr in (0.02, 0.1, 0.2)},
+    },
+    "embedding-dim": {
+        f"{DEFAULTS} (the spec's embedding_dim, 16)": Setting(),
+        **{f"embedding_dim {dim}": Setting(embedding_dim=dim) for dim in (4, 8, 32)},
+    },
+    "mlp": {
+        f"{DEFAULTS} (--hidden {','.join(map(str, TrainConfig.hidden))})": Setting(),
+        **{f"--hidden {','.join(map(str, hidden))}": Setting(config={"hidden": hidden})
+           for hidden in ((64, 32), (128, 64), (512, 256), (256, 128, 64))},
+    },
+    "model": {
+        f"{DEFAULTS} (--model {TrainConfig.model})": Setting(),
+        **{f"--model {model}": Setting(config={"model": model}) for model in ("deepfm", "dlrm", "dcn_v2")},
+    },
+    "passes": {
+        f"{DEFAULTS} (each day's steps once)": Setting(),
+        **{f"each day's steps {n} times": Setting(daily={"passes_per_day": n}) for n in (2, 3)},
+    },
+    "regularisation": {
+        f"{DEFAULTS} (none)": Setting(),
+        **{f"--{flag.replace('_', '-')} {value}": Setting(config={flag: value})
+           for flag, values in (("weight_decay", (1e-5, 1e-4)), ("embedding_l2", (1e-4, 1e-3)), ("dropout", (0.1, 0.3)))
+           for value in values},
+    },
 }
 
 
-def regularisation_sweep(root, spec, split: Split, seeds: int) -> dict[str, EvalMetrics]:
-    """Per setting, the validation metrics of picasso's defaults with it, the mean of `seeds` runs."""
-    swept = {}
-    for name, settings in REGULARISATION.items():
-        runs = [picasso_run(root, spec, split, TrainConfig(seed=seed, log_every=0, **settings), DailySettings(),
-                            on="validation") for seed in range(seeds)]
-        swept[name] = EvalMetrics(*(float(np.mean([getattr(m, f) for m in runs])) for f in
-                                    ("auc", "logloss", "samples", "mean_prediction", "mean_label")))
-    return swept
+def with_embedding_dim(spec: FeatureSpec, dim: int | None) -> FeatureSpec:
+    if dim is None:
+        return spec
+    return replace(spec, sparse=tuple(replace(f, embedding_dim=dim) for f in spec.sparse))
+
+
+def sweep(root, spec, split: Split, settings: dict[str, Setting], seeds: int,
+          done: dict[str, list[EvalMetrics]] | None = None) -> dict[str, list[EvalMetrics]]:
+    """Per setting, the validation metrics of `seeds` runs (seeds 0..seeds-1). `done` keeps
+    the runs of each setting already scored (by its repr), so that the defaults every sweep
+    shows train once."""
+    done = {} if done is None else done
+    for s in settings.values():
+        if repr(s) not in done:
+            done[repr(s)] = [picasso_run(root, with_embedding_dim(spec, s.embedding_dim), split,
+                                         TrainConfig(seed=seed, log_every=0, **s.config), DailySettings(**s.daily),
+                                         on="validation") for seed in range(seeds)]
+    return {name: done[repr(s)] for name, s in settings.items()}
+
+
+def sweep_summary(settings: dict[str, Setting], runs: dict[str, list[EvalMetrics]]) -> dict[str, dict]:
+    """Per setting: the seeds' mean AUC, its lowest and highest, the mean's difference from
+    the defaults', log loss and mean prediction."""
+    mean = {name: float(np.mean([m.auc for m in ms])) for name, ms in runs.items()}
+    default = next(mean[name] for name, s in settings.items() if s.is_default)
+    return {name: {"auc": mean[name], "auc_min": min(m.auc for m in ms), "auc_max": max(m.auc for m in ms),
+                   "auc_delta_vs_defaults": mean[name] - default,
+                   "logloss": float(np.mean([m.logloss for m in ms])),
+                   "mean_prediction": float(np.mean([m.mean_prediction for m in ms]))}
+            for name, ms in runs.items()}
 
 
 # -- the real CLI, to confirm the driver is the product ----------------------------------------
 
 
 def cli_daily(root: str | Path, spec_path: str | Path, dates: list[str], workdir: str | Path,
-              settings: DailySettings = DailySettings()) -> Trainer:
+              settings: DailySettings = DailySettings(), env: dict[str, str] | None = None) -> Trainer:
     """The model `picasso daily --dates FIRST..LAST` makes over `dates` (one process, each
     day warm-started from the one before; the days between without ratings skipped), one
-    version at the end."""
-    from benchmarks.backfill import picasso  # it imports this module
+    version at the end. `env`: the process's environment (default: backfill.kernels_ready's,
+    which loads the kernels this process built)."""
+    from benchmarks.backfill import kernels_ready, picasso  # it imports this module
 
-    picasso("daily", "--spec", str(spec_path), "--data", str(root), "--dates", f"{dates[0]}..{dates[-1]}",
-            "--missing", "skip", "--publish-every", str(len(dates)), "--workdir", str(workdir),
+    picasso(env or kernels_ready()[0], "daily", "--spec", str(spec_path), "--data", str(root),
+            "--dates", f"{dates[0]}..{dates[-1]}", "--missing", "skip", "--publish-every", str(len(dates)),
+            "--workdir", str(workdir),
             "--holdout", str(settings.holdout_fraction), "--batch-size", str(settings.batch_size), "--device", "cpu")
     return restored(load_spec(spec_path), latest_checkpoint(Path(workdir) / "checkpoints"))
 
@@ -386,6 +476,13 @@ def _row(name: str, m: EvalMetrics) -> list:
     return [name, f"{m.auc:.4f}", f"{m.logloss:.4f}", f"{m.mean_prediction:.3f}"]
 
 
+def sweeps_asked(args) -> list[str]:
+    """The sweeps' names in SWEEPS' order, each once: --sweep's, --batch-mean's and --regularisation's."""
+    asked = {*args.sweep, *(["batch-mean"] if args.batch_mean else []),
+             *(["regularisation"] if args.regularisation else [])}
+    return [name for name in SWEEPS if name in asked]
+
+
 def main() -> None:
     from benchmarks.harness import parse_args, print_table, report
     from benchmarks.movielens_stream import add_stream_args, stream_benchmark  # it imports this module
@@ -396,8 +493,12 @@ def main() -> None:
         parser.add_argument("--seeds", type=int, default=3, help="picasso runs, seeds 0..N-1 (the mean is reported)")
         parser.add_argument("--check-cli", type=int, default=0, metavar="N",
                             help="also run `picasso daily --dates` over the first N days and compare with the driver")
-        parser.add_argument("--regularisation", action="store_true",
-                            help="also score each regularisation flag on the validation days (--seeds runs each)")
+        parser.add_argument("--sweep", action="append", default=[], choices=sorted(SWEEPS), metavar="NAME",
+                            help="also score this family of settings on the validation days, --seeds runs each "
+                                 f"(repeatable): {', '.join(SWEEPS)}")
+        parser.add_argument("--batch-mean", action="store_true",
+                            help="--sweep batch-mean: each batch's own mean as the loss, against one over --batch-size")
+        parser.add_argument("--regularisation", action="store_true", help="--sweep regularisation")
         add_stream_args(parser)
 
     args = parse_args(__doc__.splitlines()[0], extra, smoke={"seeds": 1})
@@ -419,21 +520,28 @@ def main() -> None:
         runs = [picasso_run(root, spec, split, TrainConfig(seed=seed, log_every=0), DailySettings())
                 for seed in range(args.seeds)]
         cli = cli_check(root, SPEC_PATH, split.train[: args.check_cli], Path(scratch) / "work") if args.check_cli else None
-        swept = regularisation_sweep(root, spec, split, args.seeds) if args.regularisation else None
+        done: dict[str, list[EvalMetrics]] = {}
+        swept = {name: sweep_summary(SWEEPS[name], sweep(root, spec, split, SWEEPS[name], args.seeds, done))
+                 for name in sweeps_asked(args)}
     picasso_auc = float(np.mean([m.auc for m in runs]))
     picasso_logloss = float(np.mean([m.logloss for m in runs]))
     metrics = {"lr": vars(lr.test), "lr_C": lr.C, "lr_crosses": lr.crosses, "lr_validation_auc": lr.validation_auc,
+               "lr_validation_auc_no_crosses": lr.validation_auc_no_crosses,
                "picasso": [vars(m) for m in runs], "picasso_auc": picasso_auc, "picasso_logloss": picasso_logloss,
                "split": {"train_days": len(split.train), "test_days": len(split.test), "test_rows": lr.test.samples,
                          "first_test_day": split.test[0]}}
     if cli is not None:
         metrics["cli_check"] = cli
-    if swept is not None:
-        metrics["regularisation_validation"] = {name: vars(m) for name, m in swept.items()}
-        print_table(f"regularisation on the validation days ({split.validation[0]}..{split.validation[-1]}), "
-                    f"mean of {args.seeds} seeds; LR tuned {lr.validation_auc:.4f}",
-                    ["setting", "validation AUC", "log loss", "mean prediction"],
-                    [_row(name, m) for name, m in swept.items()])
+    for name, summary in swept.items():
+        metrics[f"sweep_{name}"] = summary
+        print_table(f"--sweep {name}: the validation days ({split.validation[0]}..{split.validation[-1]}), "
+                    f"mean of {args.seeds} seeds; LR tuned {lr.validation_auc:.4f}, "
+                    f"without crosses {lr.validation_auc_no_crosses:.4f}",
+                    ["setting", "validation AUC", "vs the defaults", "seeds' lowest..highest", "log loss",
+                     "mean prediction"],
+                    [[setting, f"{m['auc']:.4f}", f"{m['auc_delta_vs_defaults']:+.4f}",
+                      f"{m['auc_min']:.4f}..{m['auc_max']:.4f}", f"{m['logloss']:.4f}", f"{m['mean_prediction']:.3f}"]
+                     for setting, m in summary.items()])
     report(
         f"movielens-100k: the last {len(split.test)} days ({split.test[0]}..{split.test[-1]})",
         ["model", "test AUC", "test log loss", "mean prediction"],

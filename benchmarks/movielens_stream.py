@@ -41,7 +41,7 @@ import pandas as pd
 import pyarrow as pa
 
 from benchmarks import movielens as ml
-from benchmarks.backfill import picasso
+from benchmarks.backfill import kernels_ready, picasso
 from benchmarks.freshness import version_metrics
 from benchmarks.harness import report
 from benchmarks.kafka_bench import kafka_broker
@@ -118,24 +118,24 @@ def write_events(days: dict[str, pd.DataFrame], out: Path) -> np.ndarray:
 
 
 def stream(run: str, bootstrap: str, scratch: Path, dates: list[str], batch_size: int,
-           max_cycle_messages: int | None) -> dict:
+           max_cycle_messages: int | None, env: dict[str, str]) -> dict:
     """Fill the run's topics with `picasso produce`, then `picasso stream` them until caught
-    up; the stream's summary (its last version, checkpoint, counts)."""
+    up (each a process in `env`); the stream's summary (its last version, checkpoint, counts)."""
     suffix = f"{run}-{int(time.time())}"  # fresh topics on a broker given with --bootstrap too
     when = [flag for date in dates for flag in ("--date", date)]
     kafka = ["--bootstrap-servers", bootstrap]
     if run == "plain":
         topics = [f"movielens-{suffix}"]
-        picasso("produce", "--data", str(scratch / "labelled"), *when, "--topic", topics[0], *kafka)
+        picasso(env, "produce", "--data", str(scratch / "labelled"), *when, "--topic", topics[0], *kafka)
         reads = ["--topic", topics[0]]
     else:
         topics = [f"movielens-impressions-{suffix}", f"movielens-labels-{suffix}"]
-        picasso("produce", "--data", str(scratch / "events"), *when, "--impressions-topic", topics[0],
+        picasso(env, "produce", "--data", str(scratch / "events"), *when, "--impressions-topic", topics[0],
                 "--labels-topic", topics[1], *kafka)
         reads = ["--impressions", topics[0], "--labels", topics[1], "--label-wait", LABEL_WAIT, "--late-labels", run]
     cap = ["--max-cycle-messages", str(max_cycle_messages)] if max_cycle_messages else []
     # One version, when the stream is caught up: publish-every is longer than the run.
-    summary, _, seconds = picasso("stream", "--spec", str(ml.SPEC_PATH), *reads, *kafka, *cap,
+    summary, _, seconds = picasso(env, "stream", "--spec", str(ml.SPEC_PATH), *reads, *kafka, *cap,
                                   "--workdir", str(scratch / f"stream-{run}"), "--group-id", f"movielens-{suffix}",
                                   "--batch-messages", str(batch_size), "--until-caught-up",
                                   "--publish-every", "86400", "--device", "cpu")
@@ -158,6 +158,7 @@ def stream_benchmark(args, rows: pd.DataFrame, split: ml.Split, root: str, scrat
     write_labelled(days, scratch / "labelled")
     delays = write_events(days, scratch / "events")
 
+    env, _ = kernels_ready()  # every `picasso` process below loads the kernels built here
     started = time.perf_counter()
     daily = ml.train_daily(root, spec, split.train, TrainConfig(device="cpu", log_every=0), settings)
     daily_s = time.perf_counter() - started
@@ -171,12 +172,12 @@ def stream_benchmark(args, rows: pd.DataFrame, split: ml.Split, root: str, scrat
                          "first_test_day": split.test[0], "test_rows": daily_test.samples}}
     table = [_row("picasso daily --dates (driver)", daily, daily_test, daily_test)]
     if args.daily_cli:
-        cli = ml.cli_daily(root, ml.SPEC_PATH, split.train, scratch / "daily-cli", settings)
+        cli = ml.cli_daily(root, ml.SPEC_PATH, split.train, scratch / "daily-cli", settings, env)
         metrics["daily_cli_identical"] = ml.same_weights(cli, daily)
     ratios = {}
     with kafka_broker(args.bootstrap) as bootstrap:
         for run in runs:
-            summary = stream(run, bootstrap, scratch, split.train, args.batch_size, args.max_cycle_messages)
+            summary = stream(run, bootstrap, scratch, split.train, args.batch_size, args.max_cycle_messages, env)
             trainer = ml.restored(spec, summary["checkpoint"])
             test = ml.evaluate_days(trainer, root, split.test)
             key, name = RUNS[run]

@@ -14,7 +14,10 @@ batches, decoding included:
   (the three rivals: benchmarks/train_rivals.py)
 - picasso: RecordDecoder + pack, then Trainer.train with its defaults (no hot-row cache:
   on a CPU its fast tier would be the same memory; interleaving where it pays,
-  interleave.worth_interleaving), and the same with interleaving on;
+  interleave.worth_interleaving), and the same with interleaving on. `--cache CAPACITY`
+  gives every picasso run the hot-row cache (`--cache-capacity`'s values: rows, bytes or a
+  share of each table, e.g. 10%), to measure interleaving where a step also stages rows
+  and refreshes the cache (picasso_cache_hit_rate@F in the metrics);
 - dense only: the dense part alone stepped on ready-made inputs of the same shapes, the
   compute no data path avoids: the limit.
 
@@ -48,6 +51,7 @@ from benchmarks.train_rivals import NaiveRival, PlainRival, TorchRecRival
 from picasso import kernels
 from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
+from picasso.cache import CacheConfig, parse_capacity
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.interleave import worth_interleaving
 from picasso.metrics import auc
@@ -81,11 +85,14 @@ class Data:
 class Outcome:
     samples_per_s: float
     auc: float
+    cache_hit_rate: float | None = None  # picasso's, with --cache
 
 
-def train_config(model_name: str, precision: str, interleave: bool | None = None) -> TrainConfig:
+def train_config(model_name: str, precision: str, interleave: bool | None = None,
+                 cache: CacheConfig | None = None) -> TrainConfig:
     return TrainConfig(model=model_name, hidden=HIDDEN, lr_dense=1e-3, lr_sparse=0.05,
-                       sparse_optimizer="adagrad_elementwise", log_every=0, interleave=interleave, precision=precision)
+                       sparse_optimizer="adagrad_elementwise", log_every=0, interleave=interleave, precision=precision,
+                       cache=cache)
 
 
 def timed(train: Callable[[list[pa.RecordBatch]], int], batches: list[pa.RecordBatch]) -> float:
@@ -103,11 +110,12 @@ def run_rival(name: str, model_name: str, data: Data, precision: str) -> Outcome
     return Outcome(rate, auc(data.labels, rival.predict(data.test)))
 
 
-def run_picasso(model_name: str, data: Data, precision: str, interleave: bool | None) -> Outcome:
+def run_picasso(model_name: str, data: Data, precision: str, interleave: bool | None,
+                cache: CacheConfig | None) -> Outcome:
     spec = data.spec
     plan = PackingPlan.from_spec(spec)
     decoder = RecordDecoder(spec)
-    trainer = Trainer(spec, train_config(model_name, precision, interleave))
+    trainer = Trainer(spec, train_config(model_name, precision, interleave, cache))
 
     def train(batches) -> int:
         # Lazily: with interleaving on, decoding and packing run in the worker thread.
@@ -116,7 +124,8 @@ def run_picasso(model_name: str, data: Data, precision: str, interleave: bool | 
 
     rate = timed(train, data.train)
     held_out = pack(decoder.decode_table(data.test, "bench").table, spec, plan)
-    return Outcome(rate, auc(data.labels, trainer.predict(held_out)))
+    hit_rate = trainer.cache.stats.hit_rate if trainer.cache is not None else None
+    return Outcome(rate, auc(data.labels, trainer.predict(held_out)), hit_rate)
 
 
 def dense_part(model_name: str, spec, plan: PackingPlan) -> torch.nn.Module:
@@ -156,12 +165,13 @@ def run_dense_only(model_name: str, data: Data, precision: str) -> float:
     return timed(train, data.train)
 
 
-def contenders(model_name: str, data: Data, precision: str, other: str, rivals: list[str]) -> dict[str, Callable]:
+def contenders(model_name: str, data: Data, precision: str, other: str, rivals: list[str],
+               cache: CacheConfig | None) -> dict[str, Callable]:
     """name -> a function that trains once from scratch and returns an Outcome."""
     runs = {name: (lambda name=name: run_rival(name, model_name, data, precision)) for name in rivals}
-    runs["picasso"] = lambda: run_picasso(model_name, data, precision, None)
-    runs["picasso_interleaved"] = lambda: run_picasso(model_name, data, precision, True)
-    runs[f"picasso_{other}"] = lambda: run_picasso(model_name, data, other, None)
+    runs["picasso"] = lambda: run_picasso(model_name, data, precision, None, cache)
+    runs["picasso_interleaved"] = lambda: run_picasso(model_name, data, precision, True, cache)
+    runs[f"picasso_{other}"] = lambda: run_picasso(model_name, data, other, None, cache)
     runs["dense_only"] = lambda: Outcome(run_dense_only(model_name, data, precision), float("nan"))
     return runs
 
@@ -176,7 +186,11 @@ def main() -> None:
         parser.add_argument("--fields", default="39,400", help="39, 400 or both")
         parser.add_argument("--precision", choices=("fp32", "bf16"), default=TrainConfig().precision,
                             help="the dense part's precision for every contender (picasso also runs the other)")
-        parser.add_argument("--rivals", default=",".join(RIVALS), help="comma-separated: naive, plain, torchrec")
+        parser.add_argument("--rivals", default=",".join(RIVALS),
+                            help="comma-separated: naive, plain, torchrec; \"\": none")
+        parser.add_argument("--cache", default="off", metavar="CAPACITY",
+                            help="the hot-row cache for every picasso run: rows, bytes or a share of each table "
+                                 "(10%%); off (the default): none")
         parser.set_defaults(repeat=3)
 
     # --smoke: Wide&Deep at 39 fields, two timed batches after the warm-up ones.
@@ -187,8 +201,18 @@ def main() -> None:
     # Build or load the C++ kernels now: a one-off per machine, not part of any run's time.
     kernels.backend_for(torch.device("cpu"))
     absent = torchrec_absent()
-    rivals = [name for name in args.rivals.split(",") if not (name == "torchrec" and absent)]
-    ratios, metrics, table_rows = {}, {"precision": precision}, []
+    asked = [name for name in args.rivals.split(",") if name]  # "": picasso and the dense part alone
+    unknown = sorted(set(asked) - set(RIVALS))
+    if unknown:
+        raise SystemExit(f"--rivals: unknown {', '.join(unknown)} (choose from {', '.join(RIVALS)}, or none: \"\")")
+    rivals = [name for name in asked if not (name == "torchrec" and absent)]
+    cache = None if args.cache == "off" else CacheConfig(capacity=args.cache)
+    if cache is not None:
+        try:  # a bad capacity fails here, not after the data is drawn
+            parse_capacity(cache.capacity, 1, 1)
+        except ValueError as err:
+            raise SystemExit(f"--cache: {err}") from None
+    ratios, metrics, table_rows = {}, {"precision": precision, "cache": args.cache}, []
     if absent:
         metrics["torchrec"] = "absent: " + absent
     metrics["interleaving_by_default"] = float(worth_interleaving(torch.device("cpu")))
@@ -205,7 +229,7 @@ def main() -> None:
             rows = row_counts[fields, model_name]
             data = Data(spec, all_rows.slice(0, rows).to_batches(max_chunksize=BATCH), test)
             key = fields if model_name == "wide_deep" else f"{fields},{model_name}"
-            runs = contenders(model_name, data, precision, other, rivals)
+            runs = contenders(model_name, data, precision, other, rivals, cache)
             outcomes: dict[str, list[Outcome]] = {name: [] for name in runs}
             for _ in range(args.repeat):
                 for name, run in runs.items():
@@ -228,6 +252,8 @@ def main() -> None:
                 metrics[f"{name}_samples_per_s@{key}"] = rate[name]
                 if name in scores:
                     metrics[f"{name}_auc@{key}"] = scores[name]
+            if cache is not None:
+                metrics[f"picasso_cache_hit_rate@{key}"] = outcomes["picasso"][0].cache_hit_rate
             table_rows.append([fields, model_name, rows,
                                *(f"{rate[name]:,.0f} ({scores[name]:.4f})" if name in rate else "absent"
                                  for name in ("naive", "plain", "torchrec", "picasso", f"picasso_{other}")),
@@ -235,7 +261,7 @@ def main() -> None:
     report("train", ["fields", "model", "rows", "naive", "plain PyTorch", "torchrec", f"picasso {precision}",
                      f"picasso {other}", "dense only", f"AUC within {AUC_TOLERANCE}"],
            table_rows, ratios, metrics, args.json,
-           caption=f"samples/s (held-out AUC); the comparison in {precision}")
+           caption=f"samples/s (held-out AUC); the comparison in {precision}; picasso's hot-row cache: {args.cache}")
 
 
 if __name__ == "__main__":
