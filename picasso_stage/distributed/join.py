@@ -15,6 +15,9 @@ import os
 import uuid
 from dataclasses import dataclass
 
+import torch
+
+from picasso import kernels
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import JobDescription, ParameterServerError, ServerAddress
 from picasso.distributed.ps_client import PSClient, over_grpc
@@ -91,6 +94,10 @@ class Joined:
 def join_job(address: ServerAddress, settings: JoinSettings = JoinSettings(),
              spec: FeatureSpec | None = None) -> Joined:
     """spec: the one the caller packs its batches with; refused unless it is the server's."""
+    # Load (or build) the kernels before joining, as the server does before serving: loading
+    # takes their build lock, which other processes of this machine may hold for seconds,
+    # and a worker that joined first would be silent meanwhile and could outlive its lease.
+    kernels.backend_for(torch.device("cpu"))
     first = address.connect(0)
     connections = [first]
     try:
