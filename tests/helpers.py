@@ -146,3 +146,24 @@ def venv_seeing_these_packages(path: Path, env: dict | None = None, timeout: flo
     outer = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
     (inner / "_outer_environment.pth").write_text(
         "".join(f"import site; site.addsitedir({p!r})\n" for p in outer))
+
+
+CLI_PROCESS = [sys.executable, "-m", "picasso.pipelines.cli"]
+
+
+def refusal_in_process(command: list, capsys) -> tuple[int, str]:
+    """A `picasso` command that is refused before it does any work (bad flags), run by
+    this process rather than a new one, which would spend seconds importing what this one
+    has: (the exit status, stderr). The status is main's, which its process leaves with
+    (run_command: tests/test_process_exit.py). `command` may start as CLI_PROCESS does."""
+    from picasso.pipelines.cli import main as cli
+
+    argv = [str(arg) for arg in command]
+    if argv[:len(CLI_PROCESS)] == CLI_PROCESS:
+        argv = argv[len(CLI_PROCESS):]
+    capsys.readouterr()  # only this command's output
+    try:
+        status = cli.main(argv)
+    except SystemExit as stop:  # argparse's own refusals
+        status = stop.code
+    return status, capsys.readouterr().err

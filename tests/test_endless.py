@@ -36,6 +36,7 @@ from picasso.models import build_model
 from picasso.pipelines.runs.planted import planted_batches
 from picasso.trainer import Trainer
 
+from helpers import refusal_in_process
 from test_trainer import CONFIG, SPEC
 
 PARTITIONS = 2
@@ -228,11 +229,10 @@ def test_a_parameter_server_killed_mid_stream_stops_the_job_and_a_resubmit_train
 
 
 @pytest.mark.parametrize("flag", [["--until-caught-up"], ["--max-cycles", "3"], ["--max-seconds", "5"]])
-def test_an_endless_job_refuses_the_options_of_a_stream_in_cycles(flag, tmp_path):
-    result = subprocess.run(stream_command(write_spec(tmp_path), "127.0.0.1:1", "events", tmp_path / "w",
-                                           "--endless", *flag), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and flag[0] in result.stderr and "only for a stream in cycles" in result.stderr, \
-        result.stderr[-2000:]
+def test_an_endless_job_refuses_the_options_of_a_stream_in_cycles(flag, tmp_path, capsys):
+    status, stderr = refusal_in_process(stream_command(write_spec(tmp_path), "127.0.0.1:1", "events", tmp_path / "w",
+                                                       "--endless", *flag), capsys)
+    assert status == 2 and flag[0] in stderr and "only for a stream in cycles" in stderr, stderr[-2000:]
 
 
 def test_an_endless_job_on_a_topic_that_does_not_exist_exits_with_its_name(kafka_bootstrap, tmp_path):
@@ -242,10 +242,10 @@ def test_an_endless_job_on_a_topic_that_does_not_exist_exits_with_its_name(kafka
     assert result.returncode == 2 and "'no-such-topic' does not exist" in result.stderr, result.stderr[-2000:]
 
 
-def test_ps_is_only_for_an_endless_job(tmp_path):
-    result = subprocess.run(stream_command(write_spec(tmp_path), "127.0.0.1:1", "events", tmp_path / "w",
-                                           "--ps", "127.0.0.1:29500"), capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and "--ps: only for the endless job" in result.stderr, result.stderr[-2000:]
+def test_ps_is_only_for_an_endless_job(tmp_path, capsys):
+    status, stderr = refusal_in_process(stream_command(write_spec(tmp_path), "127.0.0.1:1", "events", tmp_path / "w",
+                                                       "--ps", "127.0.0.1:29500"), capsys)
+    assert status == 2 and "--ps: only for the endless job" in stderr, stderr[-2000:]
 
 
 # -- the server's side, in this process ------------------------------------------------------
@@ -302,14 +302,25 @@ def test_a_repeated_bundle_trains_nothing_twice(kafka_bootstrap, tmp_path):
     fill_topic(kafka_bootstrap, topic, values, PARTITIONS)
     spec = write_spec(tmp_path)
     ends = {f"{topic}/{p}": len(values) // PARTITIONS for p in range(PARTITIONS)}
+    # The two jobs run side by side (each its own workdir, server and dead-letter topic;
+    # they only read the topic), and are stopped one after the other once trained.
+    jobs = {}
+    try:
+        for repeat in (0, 1):
+            workdir, log = tmp_path / f"repeat-{repeat}", tmp_path / f"repeat-{repeat}.log"
+            command = stream_command(spec, kafka_bootstrap, topic, workdir, "--endless", "--batch-messages", "100",
+                                     "--checkpoint-every-s", "1", "--publish-every", "0", "--deterministic",
+                                     "--json", "--max-batch-delay", "600", "--dead-letter-topic",
+                                     f"{topic}-{repeat}.dead", f"--direct_runner_bundle_repeat={repeat}")
+            jobs[repeat] = (start_process(command, log), workdir, log)
+        summaries = {repeat: stop_when_trained(process, workdir, ends, log)
+                     for repeat, (process, workdir, log) in jobs.items()}
+    finally:
+        for process, _, _ in jobs.values():
+            if process.poll() is None:
+                process.kill()
     states = {}
-    for repeat in (0, 1):
-        workdir, log = tmp_path / f"repeat-{repeat}", tmp_path / f"repeat-{repeat}.log"
-        command = stream_command(spec, kafka_bootstrap, topic, workdir, "--endless", "--batch-messages", "100",
-                                 "--checkpoint-every-s", "1", "--publish-every", "0", "--deterministic", "--json",
-                                 "--max-batch-delay", "600",
-                                 "--dead-letter-topic", f"{topic}.dead", f"--direct_runner_bundle_repeat={repeat}")
-        summary = stop_when_trained(start_process(command, log), workdir, ends, log)
+    for repeat, summary in summaries.items():
         final = Path(summary["checkpoint"])
         assert read_applied(final) == {source: [[0, end]] for source, end in ends.items()}
         states[repeat] = load_checkpoint(final).state

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import random
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from apache_beam.runners.runner import PipelineState
 from apache_beam.testing import test_stream
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.utils.timestamp import Timestamp
+from helpers import refusal_in_process
 from kafka_broker import create_topic
 from stream_helpers import SPEC, start_process, wait_until_serving, write_spec
 
@@ -446,9 +446,9 @@ def test_positions_a_joined_batch_settles_reach_the_ledger_after_its_samples_unt
     (["--impressions", "i:json", "--labels", "l:json"], "--runner FnApiRunner does not fire by the watermark"),
     (["--impressions", "i:arrow", "--labels", "l:json", "--runner", "DataflowRunner"], "one impression per message"),
 ])
-def test_a_joined_endless_job_refuses_what_cannot_run_it_by_name(flags, refusal, tmp_path):
+def test_a_joined_endless_job_refuses_what_cannot_run_it_by_name(flags, refusal, tmp_path, capsys):
     command = [sys.executable, "-m", "picasso.pipelines.cli", "stream", "--endless", "--spec",
                str(write_spec(tmp_path)), "--workdir", str(tmp_path / "w"), "--bootstrap-servers", "127.0.0.1:1",
                *flags]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and refusal in result.stderr, result.stderr[-2000:]
+    status, stderr = refusal_in_process(command, capsys)
+    assert status == 2 and refusal in stderr, stderr[-2000:]

@@ -41,8 +41,10 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -181,13 +183,19 @@ class DailyReferences:
     root: Path
     fixture: Callable[[str], object]
     runs: dict[str, Learned] = field(default_factory=dict)
+    # Modes train side by side (trained_modes): one run per spec, by whoever asks first.
+    locks: dict[str, threading.Lock] = field(default_factory=dict)
+    locking: threading.Lock = field(default_factory=threading.Lock)
 
     def of(self, spec: FeatureSpec) -> Learned:
-        if spec.name not in self.runs:
-            run = Run(spec, self.root / spec.name, self.planted, self.fixture)
-            checkpoint = daily(run, "--date", DAY, "--eval-date", HELD_OUT_DAY)
-            self.runs[spec.name] = Learned(checkpoint, held_out_auc(spec, checkpoint))
-        return self.runs[spec.name]
+        with self.locking:
+            lock = self.locks.setdefault(spec.name, threading.Lock())
+        with lock:
+            if spec.name not in self.runs:
+                run = Run(spec, self.root / spec.name, self.planted, self.fixture)
+                checkpoint = daily(run, "--date", DAY, "--eval-date", HELD_OUT_DAY)
+                self.runs[spec.name] = Learned(checkpoint, held_out_auc(spec, checkpoint))
+            return self.runs[spec.name]
 
 
 @pytest.fixture(scope="module")
@@ -287,33 +295,60 @@ class Mode:
     spec: FeatureSpec = SPEC
     # Settings its checkpoint must record (TrainConfig's, as saved): it trained as named.
     saved: dict = field(default_factory=dict)
+    # The module's fixtures its training reads (Run.fixture), made before any mode trains.
+    reads: tuple[str, ...] = ()
 
 
+LABELLED_TOPIC = ("kafka_bootstrap", "labelled_topic")
 MODES = [
-    Mode("daily --date", daily_date),
+    Mode("daily --date", daily_date, reads=("references",)),
     Mode("daily --dates", daily_dates),
-    Mode("stream --topic", cycle_stream),
+    Mode("stream --topic", cycle_stream, reads=LABELLED_TOPIC),
     # A fifth of each table hot, refreshed every other step: rows move between the tiers
     # while they train.
     Mode("stream --topic, hot-row cache", partial(cycle_stream, flags=("--cache-capacity", "20%",
                                                                         "--cache-refresh-every", "2")),
-         saved={"cache": {"capacity": "20%", "refresh_every": 2}}),
-    Mode("stream --topic, a dynamic table", cycle_stream, spec=DYNAMIC_SPEC),
-    Mode("stream --topic, bf16", partial(cycle_stream, flags=("--precision", "bf16")), saved={"precision": "bf16"}),
-    Mode("endless job", endless_job),
-    Mode("joined stream, late labels dropped", partial(joined_stream, late_labels="drop")),
-    Mode("joined stream, late labels corrected", partial(joined_stream, late_labels="correct")),
+         saved={"cache": {"capacity": "20%", "refresh_every": 2}}, reads=LABELLED_TOPIC),
+    Mode("stream --topic, a dynamic table", cycle_stream, spec=DYNAMIC_SPEC, reads=LABELLED_TOPIC),
+    Mode("stream --topic, bf16", partial(cycle_stream, flags=("--precision", "bf16")), saved={"precision": "bf16"},
+         reads=LABELLED_TOPIC),
+    Mode("endless job", endless_job, reads=LABELLED_TOPIC),
+    Mode("joined stream, late labels dropped", partial(joined_stream, late_labels="drop"),
+         reads=("kafka_bootstrap", "joined_topics")),
+    Mode("joined stream, late labels corrected", partial(joined_stream, late_labels="correct"),
+         reads=("kafka_bootstrap", "joined_topics")),
     Mode("gba, 1 worker", gba_one_worker),
     Mode("gba, 2 workers", gba_two_workers),
     Mode("sync, 2 ranks", sync),
 ]
+# Modes trained at once. Nearly every mode is one process busy on one core for most of its
+# run, and CI has two cores: two side by side take about half as long as one after another.
+LANES = 2
+
+
+@pytest.fixture(scope="module")
+def trained_modes(request, planted, references, tmp_path_factory) -> dict[str, Future]:
+    """The last checkpoint of every mode this session runs a case of, trained LANES at a
+    time, each from scratch in its own work folder as it would be alone, and the daily
+    references beside them; by mode name, as a future (its failure is its case's)."""
+    selected = [item.callspec.params["mode"] for item in request.session.items
+                if getattr(item, "module", None) is sys.modules[__name__] and hasattr(item, "callspec")]
+    fixtures = {name: request.getfixturevalue(name) for mode in selected for name in mode.reads}
+    pool = ThreadPoolExecutor(LANES)
+    try:
+        for spec in {mode.spec.name: mode.spec for mode in selected}.values():
+            pool.submit(references.of, spec)
+        yield {mode.name: pool.submit(mode.train, Run(mode.spec, tmp_path_factory.mktemp("mode"), planted,
+                                                      fixtures.__getitem__))
+               for mode in selected}
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=[m.name for m in MODES])
-def test_the_mode_trains_every_table_and_ranks_held_out_rows_as_daily_does(mode, planted, references, request,
-                                                                          tmp_path):
+def test_the_mode_trains_every_table_and_ranks_held_out_rows_as_daily_does(mode, references, trained_modes):
     spec = mode.spec
-    checkpoint = mode.train(Run(spec, tmp_path / "work", planted, request.getfixturevalue))
+    checkpoint = trained_modes[mode.name].result()
     reference, best = references.of(spec), ceiling(spec)
     learned, state = held_out_auc(spec, checkpoint), load_checkpoint(checkpoint).state
     print(json.dumps({"mode": mode.name, "auc": round(learned, 4), "daily_auc": round(reference.auc, 4),

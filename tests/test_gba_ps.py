@@ -309,7 +309,10 @@ def test_a_worker_without_a_server_says_so(tmp_path):
 def test_a_worker_whose_server_dies_says_so(tiny_spec, tmp_path):
     port = free_port()
     server = _ps(tiny_spec, tmp_path, port, 1, 1)
-    worker = _worker(port, 0, 200_000)
+    # Started once the server serves, the worker finds it at once, and may give up on a
+    # call the dead server never answers after 5 s rather than 30 (what it says is the same).
+    _wait_for_log(server, "shard 0: serving")
+    worker = _worker(port, 0, 200_000, "--timeout", "5")
     _wait_for_log(worker, "training from step")
     server.send_signal(signal.SIGKILL)
     server.wait(timeout=30)

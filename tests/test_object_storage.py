@@ -36,10 +36,33 @@ TESTS = Path(__file__).parent
 DAY_1, DAY_2 = "2026-11-01", "2026-11-02"
 
 
+def one_botocore_loader():
+    """botocore's create_loader, giving one Loader per data path for the whole process.
+
+    Beam's S3 filesystem makes a new S3IO, so a new boto3 session and a new botocore
+    Loader, for every call it serves (s3filesystem.py), and each new Loader parses
+    botocore's JSON models and endpoint tables again: about 0.1 s of CPU a call, most of
+    this module's time. With one Loader they are parsed once and shared, as the clients of
+    one session share them (read-only). Every request still goes to the server."""
+    import botocore.session
+
+    create, loaders = botocore.session.create_loader, {}
+
+    def shared(search_path_string=None):
+        if search_path_string not in loaders:
+            loaders[search_path_string] = create(search_path_string)
+        return loaders[search_path_string]
+
+    return shared
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """The server, with this process's boto3 (Beam's S3 filesystem) pointed at it."""
+    import botocore.session
+
     with S3Server(tmp_path_factory.mktemp("moto")) as server, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(botocore.session, "create_loader", one_botocore_loader())
         for key, value in server.env().items():
             patch.setenv(key, value)
         use_beam_filesystems(PipelineOptions(server.beam_args))
@@ -133,12 +156,14 @@ SPEC = small_spec()
 CONFIG = TrainConfig(hidden=(16, 8), lr_dense=1e-2, lr_sparse=0.1, log_every=0, device="cpu")
 _SAVER = """
 import sys, time
+import botocore.session
 from apache_beam.options.pipeline_options import PipelineOptions
 from picasso import checkpoint, storage
 from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.trainer import Trainer
-from test_object_storage import CONFIG, SPEC, batches
+from test_object_storage import CONFIG, SPEC, batches, one_botocore_loader
 
+botocore.session.create_loader = one_botocore_loader()  # as in this module's s3 fixture
 root, ready = sys.argv[1], sys.argv[2]
 use_beam_filesystems(PipelineOptions(sys.argv[3:]))
 trainer = Trainer(SPEC, CONFIG)

@@ -4,8 +4,6 @@ training flags to every place the model trains."""
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
@@ -22,7 +20,7 @@ from picasso.pipelines.cli.main import build_parser
 from picasso.pipelines.cli.stream import stream_config
 from picasso.trainer import TrainConfig, Trainer
 
-from helpers import planted_batches
+from helpers import planted_batches, refusal_in_process
 from test_trainer import CONFIG, SPEC
 
 
@@ -145,8 +143,7 @@ def test_the_parameter_server_command_passes_the_flags_to_every_shard(tmp_path):
 
 @pytest.mark.parametrize("flag, value", [("--dropout", "1"), ("--dropout", "-0.1"), ("--weight-decay", "nan"),
                                          ("--embedding-l2", "-1"), ("--hidden", "64,x"), ("--hidden", "0")])
-def test_bad_flags_are_refused_by_name(flag, value, tmp_path):
-    result = subprocess.run([sys.executable, "-m", "picasso.pipelines.cli", "daily", "--data", str(tmp_path),
-                             "--date", "2026-11-01", "--workdir", str(tmp_path / "w"), flag, value],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2 and flag in result.stderr and value in result.stderr
+def test_bad_flags_are_refused_by_name(flag, value, tmp_path, capsys):
+    status, stderr = refusal_in_process(["daily", "--data", tmp_path, "--date", "2026-11-01", "--workdir",
+                                         tmp_path / "w", flag, value], capsys)
+    assert status == 2 and flag in stderr and value in stderr

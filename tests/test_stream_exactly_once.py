@@ -362,13 +362,16 @@ def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp
     bad = {(events, i % 2, i // 2) for i in bad_indices}  # produce_values goes round-robin by index
     topics = ("--topic", f"{events}:json", "--topic", f"{batches}:arrow")
 
-    # The reference: one uninterrupted run, which publishes nothing.
-    reference_dir = tmp_path / "reference"
-    done = run_stream_process(stream_command(spec_path, kafka_bootstrap, topics[1], reference_dir, *topics[2:],
-                                             *CYCLE_ARGS, "--publish-every", "0", "--dead-letter-topic",
-                                             f"{events}-reference-dead"), tmp_path / "reference.log")
-    assert done.returncode == 0, (tmp_path / "reference.log").read_text()[-3000:]
-    reference_path, reference = _final(reference_dir)
+    # The reference: one uninterrupted run, which publishes nothing. It runs beside the
+    # killed ones (its own workdir, dead-letter topic and consumer group; it only reads the
+    # topics), which it cannot disturb: the chosen kill points are found frozen, and the
+    # random ones are random anyway.
+    reference_dir, reference_log = tmp_path / "reference", tmp_path / "reference.log"
+    with open(reference_log, "ab") as out:
+        reference_run = subprocess.Popen(
+            stream_command(spec_path, kafka_bootstrap, topics[1], reference_dir, *topics[2:], *CYCLE_ARGS,
+                           "--publish-every", "0", "--dead-letter-topic", f"{events}-reference-dead",
+                           "--group-id", "exactly-once-reference"), stdout=out, stderr=subprocess.STDOUT)
 
     # The same messages, killed with SIGKILL at random points (while importing, training,
     # checkpointing, committing offsets or publishing) and at chosen ones; each cycle
@@ -382,8 +385,13 @@ def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp
     try:
         killer = KilledStream(command, log, killed_dir, watch, bad, rng)
         landed = [killer.kill_once(kind) for kind in KILL_PLAN]
+        reference_code = reference_run.wait(timeout=300)
     finally:
         watch.close()
+        if reference_run.poll() is None:
+            reference_run.kill()
+    assert reference_code == 0, reference_log.read_text()[-3000:]
+    reference_path, reference = _final(reference_dir)
     phases = Counter(phase for phase in landed if phase)
     why = f"seed {seed}; kills by plan {list(zip(KILL_PLAN, landed))}"
     print(f"kills by phase: {dict(phases)}")

@@ -83,11 +83,13 @@ def test_sigkilled_joined_stream_ends_with_the_uninterrupted_model_and_samples(k
     produce_values(kafka_bootstrap, topics[1], [json.dumps(row).encode() for row in events.labels.to_pylist()], 1)
     spec_path = write_spec(tmp_path)
 
+    # The reference runs beside the killed runs (its own workdir, store and consumer group;
+    # it only reads the topics): the kills wait for the killed runs' own cycles.
     reference_dir = tmp_path / "reference"
     with open(tmp_path / "reference.log", "wb") as out:
-        done = subprocess.run(_command(spec_path, kafka_bootstrap, topics, reference_dir), stdout=out,
-                              stderr=subprocess.STDOUT, timeout=HANG_S, env=_default_store_env())
-    assert done.returncode == 0, (tmp_path / "reference.log").read_text()[-3000:]
+        reference_run = subprocess.Popen([*_command(spec_path, kafka_bootstrap, topics, reference_dir), "--group-id",
+                                          "joined-exactly-once-reference"], stdout=out, stderr=subprocess.STDOUT,
+                                         env=_default_store_env())
 
     killed_dir, log = tmp_path / "killed", tmp_path / "killed.log"
     command = _command(spec_path, kafka_bootstrap, topics, killed_dir)
@@ -98,18 +100,24 @@ def test_sigkilled_joined_stream_ends_with_the_uninterrupted_model_and_samples(k
     waits = [rng.randint(0, 2) for _ in range(KILLS)]
     if not any(waits[1:]):
         waits[rng.randrange(1, KILLS)] = rng.randint(1, 2)
-    for wait in waits:
+    try:
+        for wait in waits:
+            with open(log, "ab") as out:
+                process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=_default_store_env())
+            if _wait_for_cycles(log, _cycles(log) + wait, process):
+                time.sleep(rng.uniform(0, KILL_WITHIN_S))
+            if process.poll() is None:
+                process.send_signal(signal.SIGKILL)
+                killed_at.add(_cycles(log))
+            process.wait(timeout=HANG_S)
         with open(log, "ab") as out:
-            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=_default_store_env())
-        if _wait_for_cycles(log, _cycles(log) + wait, process):
-            time.sleep(rng.uniform(0, KILL_WITHIN_S))
-        if process.poll() is None:
-            process.send_signal(signal.SIGKILL)
-            killed_at.add(_cycles(log))
-        process.wait(timeout=HANG_S)
-    with open(log, "ab") as out:
-        last = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_S,
-                              env=_default_store_env())
+            last = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=HANG_S,
+                                  env=_default_store_env())
+        reference_code = reference_run.wait(timeout=HANG_S)
+    finally:
+        if reference_run.poll() is None:
+            reference_run.kill()
+    assert reference_code == 0, (tmp_path / "reference.log").read_text()[-3000:]
     assert last.returncode == 0, log.read_text()[-3000:]
     assert len(killed_at) >= 2, f"kills landed after {sorted(killed_at)} cycles only: the test proved little"
 
