@@ -61,7 +61,9 @@ def _local(step: int, rank: int, id_dtype: torch.dtype) -> LocalGradient:
         dense["b"] = torch.randn(4, generator=generator)
     row_grads = {t.key: torch.randn(rows[t.key].numel(), t.dim, generator=generator) for t in TABLES}
     mean_loss = float(torch.rand(1, generator=generator))  # float32, as a computed loss is
-    return LocalGradient(mean_loss * samples, samples, dense, rows, row_grads)
+    # Every rank configured with local batches of 16, all short of it: B = 16 W, which the
+    # exchange's header must carry for the dense part and the rows to be divided by it.
+    return LocalGradient(mean_loss * samples, samples, dense, rows, row_grads, batch_size=16)
 
 
 def _positions(step: int, rank: int) -> dict[str, int]:
@@ -82,7 +84,8 @@ def _gba(step: int, world: int, id_dtype: torch.dtype):
         local = _local(step, rank, id_dtype)
         sparse = {key: RowGradient(rows, local.row_grads[key], torch.zeros_like(rows))
                   for key, rows in local.rows.items()}
-        _, gradient = control.push(Contribution(name, step, local.samples, local.dense, sparse),
+        _, gradient = control.push(Contribution(name, step, local.samples, local.dense, sparse,
+                                                batch_size=local.batch_size),
                                    {key: torch.zeros_like(rows) for key, rows in local.rows.items()})
     return gradient
 

@@ -164,7 +164,7 @@ class _RankPart:
 class Exchanged:
     """One step's gradients, as every rank holds them after the exchange."""
 
-    dense: dict[str, torch.Tensor]  # already reduced: aggregation's weighted mean
+    dense: dict[str, torch.Tensor]  # already reduced: aggregation's sum n_i g_i / B
     contributions: tuple[Contribution, ...]  # per rank: its samples and row gradients (no dense)
     loss_sum: float  # over every rank
     positions: tuple[dict[str, int], ...]  # per rank: where its batch ends in its sources
