@@ -37,6 +37,13 @@ import torch
 ROW_GRADIENTS = ("global-mean", "touched-mean")
 
 
+def check_batch_size(batch_size: object, whose: str) -> int:
+    """A configured local batch size as pushes carry it: an integer >= 0 (0: unsaid)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
+        raise ValueError(f"{whose} batch_size must be an integer >= 0 (0: unsaid), got {batch_size!r}")
+    return batch_size
+
+
 def check_row_gradient(rule: str) -> str:
     if rule not in ROW_GRADIENTS:
         raise ValueError(f"row gradient must be one of {', '.join(ROW_GRADIENTS)}, got {rule!r}")
@@ -93,9 +100,7 @@ class Contribution:
     def __post_init__(self):
         if self.samples <= 0:
             raise ValueError(f"a contribution needs samples > 0, got {self.samples} (worker {self.worker!r})")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 0:
-            raise ValueError(f"a contribution's batch_size must be an integer >= 0 (0: unsaid), got "
-                             f"{self.batch_size!r} (worker {self.worker!r})")
+        check_batch_size(self.batch_size, f"worker {self.worker!r}: a contribution's")
 
     @property
     def weight_samples(self) -> int:

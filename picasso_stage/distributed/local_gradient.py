@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from picasso.batch import TorchBatch
+from picasso.distributed.aggregation import check_batch_size
 from picasso.embedding import lookup_with_row_gradients
 from picasso.models.common import PackedModel
 
@@ -50,9 +51,7 @@ class GradientComputer:
         """batch_size: the local batch the worker is configured with, which its gradients
         carry to the aggregation (so that a short batch's samples weigh what a full one's
         do); 0: unsaid, each batch counts its own samples."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0:
-            raise ValueError(f"a worker's batch size must be an integer >= 0 (0: unsaid), got {batch_size!r}")
-        self.model, self.batch_size = model, batch_size
+        self.model, self.batch_size = model, check_batch_size(batch_size, "a worker's")
         self.lookups = [Lookup(f"{prefix}.table_{g.name}", prefix, g.name, g.num_fields)
                         for prefix in model.lookups for g in getattr(model, prefix).plan.groups]
         self.params = dict(model.named_parameters())
