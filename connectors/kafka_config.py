@@ -56,14 +56,27 @@ class TopicNotFound(RuntimeError):
     pass
 
 
+def topics_missing_message(missing: Iterable[str], existing: Iterable[str], bootstrap_servers: str) -> str:
+    """"topic 'x' does not exist at HOST:PORT; the topics there: a, b". Internal topics
+    (named _... or __..., such as __consumer_offsets) are left out of the list."""
+    missing = list(missing)
+    shown = sorted(topic for topic in existing if not topic.startswith("_"))
+    names = ", ".join(f"'{topic}'" for topic in missing)
+    what = f"topic {names} does not exist" if len(missing) == 1 else f"topics {names} do not exist"
+    return f"{what} at {bootstrap_servers}; the topics there: {', '.join(shown) or 'none'}"
+
+
 def topic_partitions(consumer: KafkaConsumer, topics: Iterable[str]) -> list[TopicPartition]:
     """Every partition of the topics, in (topic, partition) order; a missing topic is an
-    error (the cycle retries it: a broker that has just restarted may not know it yet)."""
+    error (in a running stream the cycle retries it: a broker that has just restarted may
+    not know it yet; commands check their topics before they start: connectors.kafka_wait)."""
     out = []
     for topic in topics:
         partitions = consumer.partitions_for_topic(topic)
         if not partitions:
-            raise TopicNotFound(f"topic '{topic}' does not exist or has no partitions")
+            servers = consumer.config["bootstrap_servers"]
+            servers = servers if isinstance(servers, str) else ",".join(servers)
+            raise TopicNotFound(topics_missing_message([topic], consumer.topics(), servers))
         out += [TopicPartition(topic, p) for p in sorted(partitions)]
     return out
 

@@ -80,7 +80,9 @@ class CtrModel(mlflow.pyfunc.PythonModel):
         # has every field, so every decoding and hashing path runs once too.
         self.predict(context, _row_of_every_field(self.spec))
 
-    def predict(self, context, model_input, params=None):
+    # The hint is what MLflow asks for (it warns at class creation without one): a DataFrame
+    # hint asks for no validation and infers no signature, the logged one stands (publication.py).
+    def predict(self, context, model_input: pd.DataFrame, params=None):
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         on_bad_row = (params or {}).get("on_bad_row", "error")
         if problem := on_bad_row_problem(on_bad_row):

@@ -18,6 +18,11 @@ the lock means the last build was cut short, and we first wait for its leftovers
 working in the build directory (torch runs ninja there, the compilers inherit it) that were
 started in the dead builder's session after it. Not its process group: ninja gives each
 command a group of its own. They are found through /proc, so on Linux only.
+
+A process that finds the lock taken says so only while the holder is really building: it
+has such processes at work (ninja, the compilers). Most of the time the holder is only
+loading a build that is there already (torch runs ninja for a moment to check it), and a
+"waiting for the kernel build" then would name a build that does not exist.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ log = logging.getLogger(__name__)
 LOCK_FILE = "picasso-build.lock"
 TORCH_LOCK_FILE = "lock"  # torch's FileBaton, see torch/utils/cpp_extension.py: _jit_compile
 _LEFTOVER_POLL_SECONDS = 0.2
+_LOCK_POLL_SECONDS = 0.1  # how often a process that found the lock taken tries again
 
 
 @contextmanager
@@ -77,19 +83,44 @@ class Builder:
         return f"{self.pid} {self.session} {self.started}"
 
     def left_behind(self, pid: int, directory: str) -> bool:
-        return (pid != os.getpid() and os.readlink(f"/proc/{pid}/cwd") == directory
+        """Whether `pid` works in `directory` for this builder: its build (ninja and the
+        compilers), running or, once the builder is dead, left behind."""
+        return (pid != os.getpid() and pid != self.pid and os.readlink(f"/proc/{pid}/cwd") == directory
                 and os.getsid(pid) == self.session and _start_time(pid) >= self.started)
 
 
 def _acquire(fd: int, directory: Path) -> None:
+    """Take the lock, waiting for its holder; say so once the holder is seen building."""
+    said = noted = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        if not said:
+            holder, building = _holder_at_work(fd, directory)
+            if building:
+                # A warning, so that it shows without logging set up: a process waiting here
+                # is otherwise silent for as long as the build takes.
+                log.warning("waiting for the kernel build of process %s in %s (%s)", holder, directory,
+                            ", ".join(building))
+                said = True
+            elif not noted:
+                log.debug("the kernel build lock of %s is taken by process %s, which is not building: waiting",
+                          directory, holder)
+                noted = True
+        time.sleep(_LOCK_POLL_SECONDS)
+
+
+def _holder_at_work(fd: int, directory: Path) -> tuple[str, list[str]]:
+    """The holder's pid, and its build processes at work ([]: it is not building)."""
+    record = _read_record(fd)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = _read_record(fd).split(" ")[0] or "unknown"
-        # A warning, so that it shows without logging set up: a process waiting here is
-        # otherwise silent for as long as the build takes.
-        log.warning("waiting for the kernel build of process %s in %s", holder, directory)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        holder = Builder.parse(record)
+    except (TypeError, ValueError):  # no record yet, or one being written
+        return record.split(" ")[0] or "unknown", []
+    return str(holder.pid), _leftovers_of(holder, directory)
 
 
 def _read_record(fd: int) -> str:
@@ -112,7 +143,7 @@ def _wait_for_leftovers(builder: Builder, directory: Path) -> None:
 
 
 def _leftovers_of(builder: Builder, directory: Path) -> list[str]:
-    """'name pid' of each process the dead `builder` left working in `directory`."""
+    """'name pid' of each process working in `directory` for `builder` (Builder.left_behind)."""
     here = os.path.realpath(directory)
     found = []
     for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():

@@ -8,13 +8,15 @@ import numpy as np
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """Area under the ROC curve via the rank-sum (Mann-Whitney) statistic.
 
-    Tied scores share their average rank. NaN when only one class is present.
+    Tied scores share their average rank. NaN when only one class is present, or when a
+    score is NaN (a model that diverged ranks nothing; np.unique would tie its NaNs into an
+    AUC of 0.5, which the run-health gate would take for a model that learned nothing).
     """
     labels = np.asarray(labels, dtype=np.float64) > 0.5
     scores = np.asarray(scores, dtype=np.float64)
     positives = int(labels.sum())
     negatives = labels.size - positives
-    if positives == 0 or negatives == 0:
+    if positives == 0 or negatives == 0 or np.isnan(scores).any():
         return float("nan")
     distinct, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
     first_rank = np.cumsum(counts) - counts + 1

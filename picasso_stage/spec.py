@@ -142,6 +142,11 @@ class FeatureSpec:
         return [f.name for f in self.sparse]
 
     @property
+    def feature_names(self) -> tuple[str, ...]:
+        """Every feature, dense then sparse (the label is not one)."""
+        return (*self.dense_names, *self.sparse_names)
+
+    @property
     def dynamic_fields(self) -> list[SparseField]:
         return [f for f in self.sparse if f.dynamic is not None]
 

@@ -134,10 +134,15 @@ def planted_batches(spec, rows: int, batch_size: int, stream: int = 0, source: s
 
 def venv_seeing_these_packages(path: Path, env: dict | None = None, timeout: float = 600) -> None:
     """A virtual environment at `path` (without pip of its own) that sees the packages of the
-    interpreter running the tests, after its own. --system-site-packages alone sees the
-    base interpreter's, which are not these when the tests run inside a venv themselves:
-    a .pth then adds this environment's site-packages as a site directory (so that its own
-    .pth files, an editable install's among them, work there too)."""
+    interpreter running the tests after its own, as system site-packages.
+
+    --system-site-packages alone sees the base interpreter's, which are not these when the
+    tests run inside a venv themselves. A .pth then adds this venv's site-packages twice over:
+    - a path line, which pip's build isolation also reads, and so hides it as it hides
+      system site-packages (its sitecustomize re-reads their .pth files with known_paths of
+      its own and drops every path they add): a build sees torch only where picasso's
+      setup.py undoes the isolation, as on a worker;
+    - site.addsitedir, which reads this venv's own .pth files (an editable install's)."""
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)],
                    check=True, timeout=timeout, env=env)
     if sys.prefix == sys.base_prefix:
@@ -145,7 +150,7 @@ def venv_seeing_these_packages(path: Path, env: dict | None = None, timeout: flo
     (inner,) = Path(path).glob("lib/python*/site-packages")
     outer = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
     (inner / "_outer_environment.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in outer))
+        "".join(f"{p}\nimport site; site.addsitedir({p!r})\n" for p in outer))
 
 
 CLI_PROCESS = [sys.executable, "-m", "picasso.pipelines.cli"]

@@ -20,7 +20,8 @@ import uuid
 
 import pytest
 
-from picasso.connectors.testing.kafka_broker import TansuBroker, wait_for_kafka
+from picasso.connectors.local_broker import wait_for_kafka
+from picasso.connectors.testing.kafka_broker import TansuBroker
 
 
 @pytest.fixture(scope="session")

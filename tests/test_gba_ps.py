@@ -207,7 +207,9 @@ def _wait_for_log(process: subprocess.Popen, text: str) -> None:
             return
 
 
-def _finish(process: subprocess.Popen, timeout: float = 90) -> tuple[int, dict | None, str]:
+def _finish(process: subprocess.Popen, timeout: float = 600) -> tuple[int, dict | None, str]:
+    """The process's exit status, its --json summary and its stderr. The timeout is a hang
+    guard: a straggler's 30,000 rows took over 90 s on a busy 2-core machine."""
     out, err = process.communicate(timeout=timeout)
     lines = out.strip().splitlines()
     return process.returncode, json.loads(lines[-1]) if lines else None, err
@@ -281,7 +283,9 @@ def test_a_worker_that_stalls_past_its_lease_rejoins(tiny_spec, tmp_path):
     port = free_port()
     # No hard staleness limit: a gradient dropped as too stale would advance the positions
     # without its samples, and the count below could not be exact.
-    server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "2", "--decay", "exp:limit=none")
+    # A lease that a busy machine's steady worker never outlasts between two calls; the
+    # frozen one outlasts it for certain.
+    server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "5", "--decay", "exp:limit=none")
     steady = _worker(port, 0, 30_000, "--straggler", "0:4")
     frozen = _worker(port, 1, 2_000)
     _wait_for_log(frozen, "training from step")

@@ -38,6 +38,9 @@ NOT_BUILT = "kernels were not built at install: run python -m picasso.kernels.bu
 # command without the test and bench extras, which a worker does not need (triton alone is
 # about 1 GB). The Dockerfile runs exactly this.
 IMAGE_SETUP = "pip install torch==2.13.0 && pip install -e ."
+# What the README's set-up command does before it: make a virtual environment and enter it
+# (an image has its own Python; a user's machine and CI do not).
+VENV_SETUP = "python3 -m venv .venv && . .venv/bin/activate && "
 
 # A tiny fused lookup on the cpu backend (PICASSO_KERNELS=cpu: no fallback to the reference
 # kernels), checked against the reference; prints where the kernels are and which picasso ran.
@@ -178,6 +181,32 @@ def test_the_build_entry_point_confirms_a_build(built):
     assert f"already built in {directory}" in confirmed.stdout
 
 
+PROBE_SETUP = """
+import importlib.util
+from pathlib import Path
+from setuptools import setup
+Path(__file__).with_name("torch-seen").write_text(str(importlib.util.find_spec("torch") is not None))
+setup(name="isolation-probe", version="0")
+"""
+
+
+def test_the_environments_see_torch_and_their_builds_do_not_as_on_a_worker(skipped, build_requirements, tmp_path):
+    """What the installs above stand for: the environment has torch (from the packages it
+    sees), and pip's build isolation hides it from a setup.py, so that picasso's setup.py
+    builds the kernels only by undoing the isolation. Also where the tests run inside a venv, whose
+    packages the environments see through a .pth (helpers.venv_seeing_these_packages)."""
+    assert skipped.run(["-c", "import torch"]).returncode == 0
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "setup.py").write_text(PROBE_SETUP)
+    (probe / "pyproject.toml").write_text('[build-system]\nrequires = ["setuptools"]\n'
+                                          'build-backend = "setuptools.build_meta"\n')
+    installed = run([skipped.python, "-m", "pip", "install", "--no-deps", "--no-cache-dir", "--no-index",
+                     "--find-links", build_requirements, probe], env=skipped.env)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert (probe / "torch-seen").read_text() == "False"
+
+
 def test_an_install_with_PICASSO_SKIP_KERNEL_BUILD_leaves_them_to_first_use(skipped):
     assert skipped.build_directories() == []
     first_use = skipped.run(["-c", USE_KERNELS], PICASSO_KERNELS_PREBUILT="1")
@@ -203,11 +232,41 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
             for line in lines if line and not line.startswith("#")]
 
 
-def readme_setup_command() -> str:
-    """The command under "Set up a fresh machine" in README.md."""
+def readme_command(after: str) -> str:
+    """The first command (an indented line) after the paragraph that starts with `after`
+    in README.md."""
     lines = (REPO / "README.md").read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith("Set up a fresh machine"))
-    return next(line.strip() for line in lines[start + 1:] if line.strip())
+    start = next(i for i, line in enumerate(lines) if line.startswith(after))
+    return next(line.strip() for line in lines[start + 1:] if line.startswith("    "))
+
+
+def readme_setup_command() -> str:
+    return readme_command("Set up a fresh machine")
+
+
+def ci_commands() -> list[str]:
+    """What .ci/run runs: its lines less comments, shell settings and its guard."""
+    return [line for line in (REPO / ".ci" / "run").read_text().splitlines()
+            if line.strip() and not line.startswith(("#", "set ", "cd ", " ", "if ", "fi"))]
+
+
+def test_ci_runs_the_readme_set_up_and_test_commands_in_a_fresh_venv():
+    assert ci_commands() == [readme_setup_command(), readme_command("Run the tests")]
+    assert readme_setup_command().startswith(VENV_SETUP)  # so the tests run in that venv
+    assert "pip install torch==2.13.0 " in readme_setup_command()
+
+
+def test_ci_refuses_a_venv_that_is_there_already(tmp_path):
+    """A fresh environment each run, and never one of someone's own removed: .ci/run stops
+    before it installs anything where .venv exists (run from a copy of it, in a folder that
+    has one)."""
+    (tmp_path / ".ci").mkdir()
+    (tmp_path / ".ci" / "run").write_text((REPO / ".ci" / "run").read_text())
+    (tmp_path / ".venv").mkdir()
+    result = run(["bash", tmp_path / ".ci" / "run"], env=offline_env())
+    assert result.returncode == 2
+    assert "rm -rf .venv" in result.stderr
+    assert list((tmp_path / ".venv").iterdir()) == []
 
 
 def test_the_image_builds_on_the_beam_sdk_image_of_the_installed_beam():
@@ -218,8 +277,9 @@ def test_the_image_builds_on_the_beam_sdk_image_of_the_installed_beam():
 def test_the_image_installs_with_the_readme_set_up_command_and_builds_the_kernels():
     runs = [args for instruction, args in dockerfile_instructions() if instruction == "RUN"]
     assert runs == [IMAGE_SETUP, "python -m picasso.kernels.build"]
-    # The README's set-up command, but for the extras.
-    assert readme_setup_command() == IMAGE_SETUP.replace("pip install -e .", 'pip install -e ".[test,bench]"')
+    # The README's set-up command, but for its venv and the extras.
+    assert readme_setup_command() == VENV_SETUP + IMAGE_SETUP.replace("pip install -e .",
+                                                                      'pip install -e ".[test,bench]"')
 
 
 def test_the_readme_gives_the_image_set_up_command():

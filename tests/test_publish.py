@@ -240,7 +240,8 @@ for name in ("apache_beam", "kafka"):
     sys.modules[name] = None  # importing either now fails
 # Hide the installed (editable) picasso: the model must bring its own copy.
 sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
-sys.path = [p for p in sys.path if not (p == {repo!r} or p.startswith({repo!r} + "/"))]  # the repo, not /repo-venv
+# The repo's own paths go, but not the venv's site-packages, which CI makes inside it (.venv).
+sys.path = [p for p in sys.path if not (p == {repo!r} or p.startswith({repo!r} + "/")) or p.startswith(sys.prefix)]
 try:
     import picasso
     raise SystemExit("picasso is still importable")

@@ -114,3 +114,14 @@ def test_stream_resumes_from_its_checkpoint_with_nothing_to_do(streamed):
     config, summary, _, _, _ = streamed
     again = run_stream(config)
     assert again.cycles == 0 and again.lag == 0 and again.ledger == summary.ledger
+
+
+def test_a_stream_stopped_after_its_cycle_says_the_lag_that_cycle_left(kafka_bootstrap, tmp_path):
+    topic = "stream-test-lag-left"
+    fill_topic(kafka_bootstrap, topic, json_messages(150, stream=5), partitions=1)
+    config = StreamConfig(connection=KafkaConnection(kafka_bootstrap), topics={topic: "json"}, workdir=str(tmp_path),
+                          spec=SPEC, mlflow=None, train=TrainConfig(hidden=(8,), device="cpu"),
+                          dead_letter_topic=f"{topic}.dead", batch_messages=100, max_cycle_messages=100, max_cycles=1)
+    summary = run_stream(config)
+    # One cycle of 100 of 150 messages, then the stop: 50 behind (not the 150 it started behind).
+    assert summary.cycles == 1 and summary.messages == 100 and summary.lag == 50

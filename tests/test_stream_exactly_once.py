@@ -57,7 +57,9 @@ MODEL = "exactly-once-ctr"
 # A chosen kill lands in the first cycle or publish it can, so the chosen ones come first,
 # while the topic is still far from done; a random kill may come after many cycles, and
 # the last ones may find the topic done (the process then ends by itself: no kill).
-KILL_PLAN = ("dead_letters", "publish", "registered", "random", "dead_letters", "publish", "random", "random")
+# Each chosen kind once and two random kills: every kill is a process started and killed,
+# about half a minute of the suite's time on a busy machine.
+KILL_PLAN = ("dead_letters", "publish", "registered", "random", "random")
 RANDOM_KILL_S = 3.0  # a random kill lands this long at most after the process starts its loop
 PUBLISH_DELAY_S = 0.4  # a publish kill lands this long at most after the publish began
 REGISTERED_TRIES = 3  # publishes watched for the moment between registering and recording

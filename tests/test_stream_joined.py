@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from kafka_broker import create_topic, produce_values
 from stream_helpers import SPEC, assert_same_state, load_state
+from test_run_metrics import labelled, scrape
 
 from picasso.checkpoint import latest_checkpoint, read_checkpoint_file
 from picasso.connectors.kafka_config import KafkaConnection
@@ -18,6 +19,7 @@ from picasso.connectors.kafka_sink import MessageDeadLetter
 from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.join_spec import JoinSpec
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
+from picasso.pipelines.runs.run_metrics import MetricsAddress, MetricsEndpoint, StreamMetrics
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.connectors.join_events import JoinDecoders
 from picasso.sample_buffer import SampleBuffer
@@ -76,9 +78,12 @@ def joined(kafka_bootstrap, topics, mlflow_server, tmp_path_factory):
     # One version, at the end (the forced publish of a stream that stops): its run carries the join's metrics.
     target = MLflowTarget(mlflow_server, experiment="joined-stream", model_name="joined-stream-model")
     config = _config(kafka_bootstrap, topics, tmp_path_factory.mktemp("joined"), mlflow=target, publish_every_s=3600)
-    reports = []
-    summary = run_stream(config, on_cycle=lambda report, _: reports.append(report))
-    return config, summary, reports
+    reports, scrapes = [], []  # each cycle's report, and its /metrics scraped right after it
+    with MetricsEndpoint(MetricsAddress(0, "127.0.0.1")) as endpoint:
+        summary = run_stream(config, on_cycle=lambda report, _: (reports.append(report),
+                                                                 scrapes.append(scrape(endpoint.url))),
+                             watch=StreamMetrics(endpoint.registry).watch)
+    return config, summary, reports, scrapes
 
 
 def _final_join(config) -> tuple[str, JoinState]:
@@ -88,7 +93,7 @@ def _final_join(config) -> tuple[str, JoinState]:
 
 
 def test_every_impression_is_decided_once_with_the_label_an_offline_join_gives(joined, events):
-    config, summary, reports = joined
+    config, summary, reports, _ = joined
     assert summary.failures == 0 and summary.cycles == len(reports) > 2
     _, join = _final_join(config)
     counts = join.counts
@@ -117,7 +122,7 @@ def test_every_impression_is_decided_once_with_the_label_an_offline_join_gives(j
 def test_bad_events_and_orphan_labels_reach_the_dead_letter_topic(joined, kafka_bootstrap):
     from kafka import KafkaConsumer, TopicPartition
 
-    config, summary, reports = joined
+    config, summary, reports, _ = joined
     consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
     tp = TopicPartition(config.dead_letter_topic, 0)
     consumer.assign([tp])
@@ -130,6 +135,17 @@ def test_bad_events_and_orphan_labels_reach_the_dead_letter_topic(joined, kafka_
     assert any("label must be 0 or 1" in r for r in reasons)
     orphan = [record for record, reason in zip(letters, reasons) if reason.startswith("orphan label")]
     assert len(orphan) == 1 and json.loads(orphan[0].value) == ORPHAN
+
+
+def test_the_joins_metrics_are_what_each_cycle_reports(joined):
+    """--metrics-port on a joined stream: after each cycle /metrics says what the join
+    holds, and the orphan label is a dead letter of its own kind."""
+    _, summary, reports, scrapes = joined
+    for report, samples in zip(reports, scrapes, strict=True):
+        assert samples[("picasso_join_pending_impressions", ())] == report.join["pending"]
+        assert samples[("picasso_join_pending_bytes", ())] == report.join["pending_bytes"] > 0
+    letters = labelled(scrapes[-1], "picasso_dead_letters_total", "reason")
+    assert letters["orphan_label"] == 1 and sum(letters.values()) == summary.dead_letters == 4
 
 
 def test_a_stream_restarted_between_cycles_joins_and_trains_as_one_that_never_stopped(
@@ -157,7 +173,7 @@ def test_a_checkpoint_of_an_unjoined_stream_is_refused(kafka_bootstrap, topics, 
 def test_the_published_version_reports_the_join(joined, mlflow_server):
     from mlflow.tracking import MlflowClient
 
-    config, summary, reports = joined
+    config, summary, reports, _ = joined
     assert len(summary.versions) == 1
     client = MlflowClient(mlflow_server)
     version = client.get_model_version(config.mlflow.model_name, summary.versions[0])

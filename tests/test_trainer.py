@@ -306,6 +306,8 @@ def test_auc_edge_cases():
     assert auc([0, 0, 1], [0.2, 0.7, 0.7]) == pytest.approx(0.75)
     assert math.isnan(auc([1, 1], [0.1, 0.2]))
     assert math.isnan(auc([0, 0], [0.1, 0.2]))
+    assert math.isnan(auc([0, 1, 0], [0.1, math.nan, 0.3]))  # a NaN score ranks nothing
+    assert math.isnan(auc([0, 1], [math.nan, math.nan]))  # not the 0.5 of a tie
     # only the order matters
     labels = [0, 1, 1, 0, 1]
     scores = np.array([0.1, 0.4, 0.35, 0.8, 0.7])

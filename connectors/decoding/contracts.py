@@ -3,7 +3,7 @@ parsed columns a parser hands the validator, the verdicts both write, and the re
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,15 +22,37 @@ class DecodeOptions:
             raise ValueError(f"unknown_fields must be 'ignore' or 'reject', got {self.unknown_fields!r}")
 
 
+def summed_counts(counts: Iterable[dict[str, int]]) -> dict[str, int]:
+    """Per-name counts (a DecodeResult's absent fields) of parts, added up."""
+    total: dict[str, int] = {}
+    for part in counts:
+        for name, n in part.items():
+            total[name] = total.get(name, 0) + n
+    return total
+
+
 @dataclass
 class DecodeResult:
     table: pa.Table  # valid rows only, canonical schema (see decoding.validation)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     valid_mask: np.ndarray | None = None  # which input rows are in `table`, in order
+    # Per field of the spec: the valid rows that lack it (null or missing), for the
+    # run-health gate's warnings (pipelines/runs/run_health.py).
+    absent: dict[str, int] = field(default_factory=dict)
 
     @property
     def rows_in(self) -> int:
         return self.table.num_rows + len(self.dead_letters)
+
+    @staticmethod
+    def concatenated(parts: list["DecodeResult"]) -> "DecodeResult":
+        """One result of parts decoded one after the other."""
+        return DecodeResult(
+            table=pa.concat_tables([p.table for p in parts]),
+            dead_letters=[letter for p in parts for letter in p.dead_letters],
+            valid_mask=np.concatenate([p.valid_mask for p in parts]),
+            absent=summed_counts(p.absent for p in parts),
+        )
 
 
 class Verdicts:

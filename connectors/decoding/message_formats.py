@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from picasso.connectors.decoding.contracts import DecodeResult
+from picasso.connectors.decoding.contracts import DecodeResult, summed_counts
 from picasso.connectors.decoding.json_fast_path import read_poll
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_config import source_name
@@ -40,6 +40,7 @@ class DecodedMessages:
     dead_letters: list[MessageDeadLetter] = field(default_factory=list)
     records_in: int = 0
     records_refused: int = 0
+    absent: dict[str, int] = field(default_factory=dict)  # DecodeResult.absent, over the poll
 
 
 def decode_messages(decoder: RecordDecoder, fmt: str, messages: Messages) -> DecodedMessages:
@@ -77,6 +78,7 @@ def _decode_one_by_one(decoder: RecordDecoder, fmt: str, messages: Messages) -> 
         dead_letters=[letter for part in parts for letter in part.dead_letters],
         records_in=sum(part.records_in for part in parts),
         records_refused=sum(part.records_refused for part in parts),
+        absent=summed_counts(part.absent for part in parts),
     )
 
 
@@ -98,6 +100,7 @@ def _decode_poll(decoder: RecordDecoder, fmt: str, messages: Messages) -> Decode
         dead_letters=_dead_letters(messages, result, row_offsets, {**empty, **broken}, per_row=fmt == "arrow"),
         records_in=result.rows_in + len(empty) + len(broken),
         records_refused=len(result.dead_letters) + len(empty) + len(broken),
+        absent=result.absent,
     )
 
 
@@ -139,12 +142,7 @@ def _decode_arrow(decoder: RecordDecoder, values: Sequence[bytes], source: str, 
     # Schemas that cannot be combined: one message at a time.
     bounds = np.cumsum([0] + [t.num_rows for t in tables])
     parts = [decoder.decode_table(t, source, positions=row_offsets[a:b]) for t, a, b in zip(tables, bounds[:-1], bounds[1:])]
-    result = DecodeResult(
-        table=pa.concat_tables([p.table for p in parts]),
-        dead_letters=[letter for p in parts for letter in p.dead_letters],
-        valid_mask=np.concatenate([p.valid_mask for p in parts]),
-    )
-    return result, row_offsets, broken
+    return DecodeResult.concatenated(parts), row_offsets, broken
 
 
 _END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"

@@ -79,6 +79,7 @@ class ColumnValidator:
         events = self.events.validate(columns, n, verdicts, positions, label) if self.events else {}
 
         good = ~verdicts.bad
+        absent = self._absent(columns, n, good)
         if verdicts.bad.any():
             keep = pa.array(good)
             arrays = [pa.array(out["label"][good])] + [pa.array(out[f.name][good]) for f in spec.dense]
@@ -93,7 +94,24 @@ class ColumnValidator:
             DeadLetter(source=source, position=int(positions[i]), payload=payload_of(i), reason=verdicts.reasons[i])
             for i in sorted(verdicts.reasons)
         ]
-        return DecodeResult(table=table, dead_letters=dead, valid_mask=good)
+        return DecodeResult(table=table, dead_letters=dead, valid_mask=good, absent=absent)
+
+    def _absent(self, columns: dict[str, object], n: int, good: np.ndarray) -> dict[str, int]:
+        """Per feature of the spec, the valid rows without it (null, or no such column)."""
+        absent = {}
+        valid = None
+        for name in self.spec.feature_names:
+            values = columns.get(name)
+            if isinstance(values, (pa.Array, pa.ChunkedArray)) and values.null_count == 0:
+                continue  # the usual case, without making a mask
+            if values is None:
+                valid = int(np.count_nonzero(good)) if valid is None else valid
+                missing = valid
+            else:
+                missing = int(np.count_nonzero(null_mask(values, n) & good))
+            if missing:
+                absent[name] = missing
+        return absent
 
     def _label(self, values, n: int, verdicts: Verdicts) -> tuple[np.ndarray, np.ndarray]:
         """The labels as read (float64, for the join fields' checks) and the label column."""

@@ -164,7 +164,6 @@ class _Publication:
         client.log_batch(run_id, params=[Param(k, v) for k, v in self.params().items()])
         client.log_artifacts(run_id, str(artifacts))
         with active_run(run_id), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*type hints to the `predict` method")
             # An input example would make MLflow run the model at logging time (seconds);
             # the inputs are stated from the spec instead (connectors/model_signature.py).
             warnings.filterwarnings("ignore", message=".*input example was not provided")

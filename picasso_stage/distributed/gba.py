@@ -102,6 +102,7 @@ class TokenControl:
         self.counts = {"accepted": 0, "accepted_samples": 0, "dropped_stale": 0, "refused_dropped_worker": 0,
                        "refused_unknown_worker": 0, "discarded_failed_worker": 0, "refused_budget_spent": 0,
                        "duplicate": 0, "refused_partly_trained": 0, "steps": 0}
+        self.staleness_sum = 0  # over the accepted pushes: with counts["accepted"], their mean staleness
 
     @property
     def buffered(self) -> int:
@@ -164,6 +165,7 @@ class TokenControl:
         self._buffer.append(Weighted(contribution, weight, row_weights))
         self.counts["accepted"] += 1
         self.counts["accepted_samples"] += contribution.samples
+        self.staleness_sum += staleness
         name = worker.split("/", 1)[0]
         self.contributed[name] = self.contributed.get(name, 0) + 1
         if len(self._buffer) < self.config.global_batches:

@@ -173,6 +173,8 @@ class ShardService:
         self.shard.retire(worker)
         with self._lock:
             self.finished.add(worker.split("/", 1)[0])
+        if self.shard.index == 0:  # every shard hears it; shard 0 keeps the membership, and says it
+            log.info("shard 0: %s finished and left", worker)
         self.settle()
 
     def stashed(self, step: int, take: bool):
@@ -232,7 +234,9 @@ def serve_shard(shard: Shard, address: ServerAddress, num_workers: int, lease_s:
     methods = service.methods()
     server = transport.serve(methods, host, address.port + shard.index, address.security, threads=num_workers + 4)
     peers = [address.connect(s) for s in range(1, num_shards)] if shard.index == 0 else []
-    log.info("shard %d: serving on %s:%d for %d workers", shard.index, host, address.port + shard.index, num_workers)
+    log.info("shard %d: serving %s, listening on %s:%d", shard.index,
+             f"{num_workers} worker{'s' * (num_workers > 1)}" if num_workers else "an endless job", host,
+             address.port + shard.index)
     try:
         local_transport.register(address.port + shard.index, methods)
         if ready is not None:

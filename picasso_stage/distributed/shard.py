@@ -79,6 +79,15 @@ class Scored:
         return cls(torch.zeros(0), torch.zeros(0))
 
 
+@dataclass(frozen=True)
+class ShardStatus:
+    step: int
+    samples: int
+    workers: list[str]  # the live workers' ids (name/incarnation): those that pulled within their lease
+    counts: dict[str, int]  # what the pushes came to (TokenControl.counts)
+    staleness_sum: int  # of the accepted pushes (steps between their pull and their push)
+
+
 class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
                  train: TrainConfig, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
@@ -233,6 +242,13 @@ class Shard:
         """What the pushes came to: accepted, duplicates, refusals by reason, steps."""
         with self._lock:
             return dict(self.control.counts)
+
+    def status(self) -> "ShardStatus":
+        """Where this shard stands, for monitoring (a metrics scrape, from any thread)."""
+        with self._lock:
+            control = self.control
+            return ShardStatus(control.step, self.samples, control.workers, dict(control.counts),
+                               control.staleness_sum)
 
     def stash_at(self, step: int) -> bool:
         """Stash a snapshot when the model reaches `step` (a wall-clock checkpoint: shard 0

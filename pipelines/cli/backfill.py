@@ -10,23 +10,19 @@ partition on the next one (test-then-train) instead of a holdout slice of its ow
 from __future__ import annotations
 
 import argparse
-import logging
 import time
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from picasso.connectors.partitions import MISSING_POLICIES, partition_range, with_hours
-from picasso.pipelines.cli.output import CommandResult
+from picasso.pipelines.cli.output import CommandResult, print_warnings
+from picasso.pipelines.cli.progress import Progress, number
 
 if TYPE_CHECKING:  # backfill imports Beam and MLflow: at run time only once a range runs
     from picasso.pipelines.runs.backfill import RangeProgress
-
-log = logging.getLogger(__name__)
-
 
 def add_range_args(daily: argparse.ArgumentParser) -> None:
     which = daily.add_mutually_exclusive_group(required=True)
@@ -71,16 +67,13 @@ def run_daily_range(args, partitions: list[str], config, console: Console) -> Co
     """Run the range: its results as the command's output, or where it stopped and why."""
     from picasso.pipelines.runs.backfill import RangeStopped, run_range  # Beam and MLflow: only for a run
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task(f"daily {partitions[0]}..{partitions[-1]}", total=len(partitions))
+    with Progress(console, f"daily {partitions[0]}..{partitions[-1]}") as progress:
         finished_at = []  # the wall clock (epoch seconds) as each partition ends
 
         def on_partition(p: RangeProgress) -> None:
             finished_at.append(time.time())
-            line = progress_line(p)
-            log.info(line)
-            progress.update(task, completed=p.done, description=line)
+            progress.line(progress_line(p))
+            print_warnings(p.result)
 
         try:
             results = run_range(replace(config, date=partitions[0]), partitions, args.publish_every, on_partition,
@@ -105,7 +98,7 @@ def progress_line(p: RangeProgress) -> str:
     version = f"version {r.version}" if r.version else r.status
     left = "" if p.eta_s is None or p.done == p.total else f"; about {p.eta_s:.0f} s left"
     pace = f" at {p.rows_per_s:,.0f} rows/s" if p.rows_per_s else ""
-    return f"[{p.done}/{p.total}] {r.date}: {what}{pace}, AUC {r.auc:.4f} on {r.scored_on}, {version}{left}"
+    return f"[{p.done}/{p.total}] {r.date}: {what}{pace}, AUC {number(r.auc)} on {r.scored_on}, {version}{left}"
 
 
 def summary_table(results) -> Table:

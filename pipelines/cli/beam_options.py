@@ -10,11 +10,12 @@ warning.
 from __future__ import annotations
 
 import argparse
-import difflib
 import functools
 
 import apache_beam  # noqa: F401 - registers the options classes of the runners and IOs
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+
+from picasso.pipelines.cli.parser import did_you_mean
 
 BEAM_EPILOG = ("Options this command does not know are handed to Beam's PipelineOptions (e.g. "
                "--direct_num_workers=2, --project, --region, --temp_location, --flink_master, "
@@ -24,12 +25,10 @@ BEAM_EPILOG = ("Options this command does not know are handed to Beam's Pipeline
 
 def add_pipeline_command(commands, name: str, **kwargs) -> argparse.ArgumentParser:
     """A subcommand that runs a Beam pipeline: its leftovers go through split_beam_args."""
-    # No abbreviations: `--work` must not be taken for --workdir, and a Beam option must
-    # never be taken for an abbreviation of a picasso flag.
-    parser = commands.add_parser(name, allow_abbrev=False, epilog=BEAM_EPILOG, **kwargs)
-    # The parser rides along in the namespace so that the leftovers' errors come from it
-    # (its usage line, its flags to suggest); beam_args is () until split_beam_args runs.
-    parser.set_defaults(beam_args=(), pipeline_parser=parser)
+    # A CommandParser (cli/parser.py): no abbreviations, and its leftovers come here.
+    parser = commands.add_parser(name, epilog=BEAM_EPILOG, **kwargs)
+    parser.takes_beam_options = True
+    parser.set_defaults(beam_args=())  # until split_beam_args says what they are
     return parser
 
 
@@ -46,7 +45,7 @@ def split_beam_args(leftovers: list[str], parser: argparse.ArgumentParser) -> tu
     except _BeamArgumentError as err:  # a Beam option with a bad or missing value
         parser.error(f"Beam option: {err}")
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}{_suggestion(unknown, parser, beam)}")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{did_you_mean(unknown, parser, beam)}")
     return tuple(leftovers)
 
 
@@ -76,22 +75,3 @@ def _options_classes(base: type):
         if "_add_argparse_args" in cls.__dict__:
             yield cls
         yield from _options_classes(cls)
-
-
-def _suggestion(unknown: list[str], parser: argparse.ArgumentParser, beam: argparse.ArgumentParser) -> str:
-    """' (did you mean --workdir?)' for the first unknown option close to a picasso flag
-    (or else to a Beam option); '' when none is."""
-    for arg in unknown:
-        if not arg.startswith("--"):
-            continue
-        name = arg.split("=", 1)[0]
-        for flags in (_option_strings(parser), _option_strings(beam)):
-            close = difflib.get_close_matches(name, flags, n=1)
-            if close:
-                return f" (did you mean {close[0]}?)"
-    return ""
-
-
-def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    # argparse has no public list of a parser's flags; _actions is what its help is made of.
-    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]

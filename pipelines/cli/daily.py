@@ -14,8 +14,10 @@ from picasso.pipelines.cli.backfill import add_range_args, range_partitions, run
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config, interleave_setting
 from picasso.pipelines.cli.generate import DEMO_DATE, add_generate_args, generate_rows
-from picasso.pipelines.cli.output import CommandResult, console, reported, summary
+from picasso.pipelines.cli.health_args import add_health_args, health_limits
+from picasso.pipelines.cli.output import CommandResult, console, print_warnings, reported, summary
 from picasso.pipelines.cli.publish import add_publish_args, publish_policy
+from picasso.pipelines.cli.spec_arg import add_spec_arg
 from picasso.pipelines.cli.train_args import add_model_args, model_settings
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.spec_refs import load_spec
@@ -42,12 +44,13 @@ def _add_daily_args(parser: argparse.ArgumentParser) -> None:
                         help="start from the latest checkpoint, the champion version's checkpoint, or scratch")
     parser.add_argument("--force", action="store_true", help="run a date again although it is done")
     add_publish_args(parser)
+    add_health_args(parser)
 
 
 def add_daily_command(commands) -> argparse.ArgumentParser:
     daily = add_pipeline_command(commands, "daily", help="train on one partition, or a range of them, and publish "
                                                         "a model version of each")
-    daily.add_argument("--spec", default="criteo")
+    add_spec_arg(daily, default="criteo")
     daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD[/hour=HH] partitions")
     add_range_args(daily)
     daily.add_argument("--eval-date", default=None,
@@ -60,7 +63,7 @@ def add_daily_command(commands) -> argparse.ArgumentParser:
 
 def add_demo_command(commands) -> argparse.ArgumentParser:
     demo = add_pipeline_command(commands, "demo", help="generate a small day, then run daily on embedded defaults")
-    demo.add_argument("--spec", default="criteo")
+    add_spec_arg(demo, default="criteo")
     add_generate_args(demo)
     _add_daily_args(demo)
     demo.set_defaults(run=reported(_demo_command))
@@ -95,6 +98,7 @@ def daily_config(args, data: str, date: str):
         warm_start=args.warm_start,
         force=args.force,
         policy=publish_policy(args),
+        health=health_limits(args),
         runner=args.runner,
         beam_args=args.beam_args,
     )
@@ -123,5 +127,14 @@ def _one_partition(args, data: str, date: str, auc_ceiling: float | None = None)
         result = replace(result, auc_ceiling=auc_ceiling)
     output = {**asdict(result), "tracking_uri": config.mlflow.tracking_uri}
     summary(f"daily {result.date}" + (" (done before: nothing trained)" if result.skipped else ""),
-            {k: v for k, v in output.items() if k != "counters"})
+            {k: v for k, v in output.items() if k not in ("counters", "warnings")})
+    print_warnings(result)
+    if result.refused:
+        return CommandResult(output, stopped=refusal(result))
     return CommandResult(output, pending=result.status != "published")
+
+
+def refusal(result) -> str:
+    """Why the gate refused a partition, in one line, and what follows from it."""
+    return (f"{result.date} refused: {result.refused}. Nothing was published and the partition is not done: "
+            "fix the data or the spec and run it again")

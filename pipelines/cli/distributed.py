@@ -11,6 +11,10 @@ optimizers and the global batch (M local batches) are the same flags in every mo
 
 `add_ps_commands(subparsers)` registers both commands on the `picasso` command line;
 `python -m picasso.pipelines.cli.distributed` runs them on their own.
+
+Without --json they say what they do in plain lines on stderr, as it happens: where the
+server listens, each worker that joins, leaves or is dropped (the server's log), each
+checkpoint, and what a worker waits for. --json adds one summary line on stdout.
 """
 
 from __future__ import annotations
@@ -41,7 +45,10 @@ from picasso.distributed.staleness import parse_decay
 from picasso.distributed.sync import SyncReplica
 from picasso.distributed.transport import Security
 from picasso.pipelines.cli.endless import add_ps_endless_args, run_ps_endless
+from picasso.pipelines.cli.metrics_args import add_metrics_arg
+from picasso.pipelines.cli.parser import CommandParser
 from picasso.pipelines.cli.process_exit import run_command
+from picasso.pipelines.cli.spec_arg import add_spec_arg
 from picasso.pipelines.cli.train_args import (MODEL_FLAGS, add_model_args, add_row_gradient_arg, flag_value,
                                               model_settings)
 from picasso.pipelines.runs.planted import planted_batches, planted_source
@@ -50,7 +57,9 @@ from picasso.spec import SpecError
 from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
-log = logging.getLogger(__name__)
+# By name: run with `python -m` (a shard process, torchrun's ranks) __name__ is "__main__",
+# outside the "picasso" loggers that say_progress lets speak.
+log = logging.getLogger("picasso.pipelines.cli.distributed")
 MODES = ("gba", "async")
 COMMANDS = ("ps", "gba-worker", "sync-worker")  # each sets args.run
 
@@ -79,7 +88,7 @@ def _add_group_args(parser: argparse.ArgumentParser, server: bool) -> None:
 
 def add_ps_commands(commands) -> None:
     ps = commands.add_parser("ps", help="serve parameter-server shards for GBA or plain async workers")
-    ps.add_argument("--spec", required=True)
+    add_spec_arg(ps, required=True)
     ps.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
     _add_checkpoint_every(ps)
     ps.add_argument("--mode", choices=MODES, default="gba", help="gba: global batches with token control; "
@@ -98,6 +107,7 @@ def add_ps_commands(commands) -> None:
     add_row_gradient_arg(ps)
     _add_group_args(ps, server=True)
     add_ps_endless_args(ps)
+    add_metrics_arg(ps)
     ps.set_defaults(run=run_ps)
 
     worker = commands.add_parser("gba-worker", help="train as one worker against `picasso ps` on planted data")
@@ -116,7 +126,7 @@ def add_ps_commands(commands) -> None:
 
     sync = commands.add_parser("sync-worker", help="one rank of sync training; launch N with "
                                "torchrun --nproc-per-node N -m picasso.pipelines.cli.distributed sync-worker ...")
-    sync.add_argument("--spec", required=True)
+    add_spec_arg(sync, required=True)
     sync.add_argument("--workdir", required=True, help="checkpoints are read from and written to WORKDIR/checkpoints")
     _add_checkpoint_every(sync)
     _add_model_args(sync)
@@ -204,6 +214,7 @@ def _gba_config(args):
 
 
 def run_ps(args) -> int:
+    say_progress()
     if args.endless:
         if args.workers is not None:
             raise SystemExit("error: --workers: an endless job's workers come and go (no count)")
@@ -228,18 +239,27 @@ def run_ps(args) -> int:
     summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe(),
                "row_gradient": gba.row_gradient}
 
-    def write_checkpoint(snapshots, lost_workers) -> None:
+    def checkpoint(snapshots, last: bool = False):
         path, state = save_ps_checkpoint(root, layout, snapshots, trainer, {"mode": args.mode})
+        log.info("%scheckpoint at step %d (%d samples): %s", "last " if last else "", state["step"], state["samples"],
+                 path)
+        return path, state
+
+    def write_checkpoint(snapshots, lost_workers) -> None:
+        path, state = checkpoint(snapshots, last=True)
         summary.update(step=state["step"], samples=state["samples"], counts=snapshots[0].counts,
                        contributed=snapshots[0].contributed, positions=snapshots[0].positions, checkpoint=str(path),
                        dropped_workers=sorted(shard.control.dropped), lost_workers=lost_workers)
 
     description = JobDescription(spec, config, layout, args.lease)
+    from picasso.pipelines.runs.run_metrics import ShardMetrics, serving_metrics
+
     try:
-        serve_shard(shard, address, args.workers, args.lease, description=description, on_stop=write_checkpoint,
-                    on_checkpoint=lambda snapshots: save_ps_checkpoint(root, layout, snapshots, trainer,
-                                                                       {"mode": args.mode}),
-                    num_shards=args.shards)
+        with serving_metrics(args.metrics_port) as registry:  # this shard's; None: no --metrics-port
+            if registry is not None:
+                ShardMetrics(registry, shard)
+            serve_shard(shard, address, args.workers, args.lease, description=description,
+                        on_stop=write_checkpoint, on_checkpoint=checkpoint, num_shards=args.shards)
     except (ValueError, OSError, ParameterServerError) as err:  # a bad address or credentials, a shard that never came
         for child in children:
             child.terminate()
@@ -265,6 +285,7 @@ def _shard_argv(args, index: int) -> list[str]:
 
 
 def run_worker(args) -> int:
+    say_progress()
     address = _address(args, server=False)
     if args.rank < 0:
         raise SystemExit(f"error: --rank must be >= 0, got {args.rank}")
@@ -277,6 +298,9 @@ def run_worker(args) -> int:
         raise SystemExit(f"error: {err}") from None
     settings = JoinSettings(name=f"worker{args.rank}", max_in_flight=args.max_in_flight, row_cache=row_cache,
                             slowdown=_slowdown(args, args.rank), seed=args.rank, batch_size=args.batch_size)
+    # At once: with no server yet, join_job waits for it, up to the timeout, with nothing to say.
+    log.info("worker%d: joining the parameter server at %s:%d (waiting up to %g s for it to listen)", args.rank,
+             address.host, address.port, address.timeout_s)
     try:
         joined = join_job(address, settings)
     except (ParameterServerError, ValueError) as err:
@@ -300,6 +324,8 @@ def run_worker(args) -> int:
         raise SystemExit(f"error: {err}") from None
     finally:
         joined.close()
+    log.info("%s: done: %d batches, %d samples, mean loss %.4f", joined.name, stats.batches, stats.samples,
+             stats.mean_loss)
     if args.json:
         client = joined.client
         saved = {f"row_cache_{k}": v for k, v in client.stats.as_metrics().items()} if row_cache else {}
@@ -312,9 +338,7 @@ def run_worker(args) -> int:
 
 
 def run_sync(args) -> int:
-
-
-
+    say_progress()
     if "RANK" not in os.environ:
         raise SystemExit("error: sync-worker runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR unset)")
     trainer, root, _ = _trainer(args, sync=True)
@@ -328,7 +352,7 @@ def run_sync(args) -> int:
 
         def save(replica) -> None:  # the replicas are identical: rank 0 writes
             if rank == 0:
-                save_checkpoint(root, replica.state(), trainer.spec, replica.positions, {"mode": "sync"})
+                _said(save_checkpoint(root, replica.state(), trainer.spec, replica.positions, {"mode": "sync"}))
 
         dist.barrier()  # every rank has its data: time the training alone, from a common start
         began = time.time()
@@ -336,7 +360,8 @@ def run_sync(args) -> int:
         seconds = time.time() - began
         state = replica.state()
         dist.barrier()  # every rank has taken its last step before rank 0 writes
-        path = save_checkpoint(root, state, trainer.spec, replica.positions, {"mode": "sync"}) if rank == 0 else None
+        path = _said(save_checkpoint(root, state, trainer.spec, replica.positions, {"mode": "sync"}), "last ") \
+            if rank == 0 else None
     finally:
         dist.destroy_process_group()
     if args.json:  # one write, so that the ranks' lines (torchrun merges their stdout) never interleave
@@ -346,6 +371,28 @@ def run_sync(args) -> int:
                      "step": state["step"], "checkpoint": str(path) if path else None,
                      "state_hash": _state_hash(state["model"])})
     return 0
+
+
+def _said(path, last: str = ""):
+    log.info("%scheckpoint: %s", last, path)
+    return path
+
+
+def say_progress() -> None:
+    """What the distributed commands say, as it happens: picasso's own log records (the
+    server's joins, leaves and drops, the worker's steps, the checkpoints above), one plain
+    line each on stderr; other libraries stay at warnings. A root logger set up with
+    logging's defaults (Beam's import does it, logging its apitools notice through
+    logging.warning: cli/noise.py) gets the plain format; one set up otherwise (a test's
+    capture, an embedding program) is left as it is."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(format="%(message)s")
+    for handler in root.handlers:
+        # "LEVEL:name:message", logging's default: a setting nobody chose.
+        if handler.formatter is not None and handler.formatter._fmt == logging.BASIC_FORMAT:
+            handler.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger("picasso").setLevel(logging.INFO)
 
 
 def _print_line(summary: dict) -> None:
@@ -364,8 +411,7 @@ def _state_hash(model_state: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: for a hung group
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    parser = argparse.ArgumentParser(prog="picasso")
+    parser = CommandParser(prog="picasso")
     add_ps_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return args.run(args)

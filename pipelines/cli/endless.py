@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from contextlib import ExitStack
 import json
 import logging
 
@@ -21,6 +22,7 @@ from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.staleness import parse_decay
 from picasso.distributed.transport import Security
+from picasso.pipelines.cli.health_args import add_health_args, health_limits
 from picasso.pipelines.cli.publish import add_publish_args, add_target_args, publish_policy
 from picasso.pipelines.cli.train_args import add_row_gradient_arg, model_settings
 from picasso.pipelines.transforms.gba_train import PSAddress
@@ -133,6 +135,7 @@ def add_ps_endless_args(ps: argparse.ArgumentParser) -> None:
     group.add_argument("--publish-every", type=float, default=300.0, help="seconds between model versions; 0: never")
     add_target_args(group)
     add_publish_args(group)
+    add_health_args(group)
 
 
 def endless_server_config(args, spec, topics: dict[str, str]):
@@ -151,7 +154,8 @@ def endless_server_config(args, spec, topics: dict[str, str]):
         workdir=workdir, topics=topics, gba=GBAConfig(args.global_batches or 1, parse_decay(args.decay),
                                                           args.row_gradient),
         lease_s=args.lease, checkpoint_every_s=args.checkpoint_every_s, keep_checkpoints=args.keep_checkpoints,
-        mlflow=target, publish_every_s=args.publish_every, publish_policy=publish_policy(args))
+        mlflow=target, publish_every_s=args.publish_every, publish_policy=publish_policy(args),
+        health=health_limits(args))
 
 
 def endless_config(args, topics: dict[str, str], connection, spec, joined=None):
@@ -192,7 +196,19 @@ def run_endless_command(args, console, topics, connection, spec, joined=None) ->
     where = f"the parameter server at {args.ps}" if args.ps else "a parameter server in this process"
     console.log(f"endless job: {', '.join(f'{t} ({f})' for t, f in topics.items())} from "
                 f"{connection.bootstrap_servers}, training against {where}; SIGTERM or SIGINT stops it")
-    summary = run_endless(config)
+    from picasso.pipelines.runs.run_metrics import EndlessJobMetrics, EndlessServerMetrics, serving_metrics
+
+    with ExitStack() as stack:
+        registry = stack.enter_context(serving_metrics(args.metrics_port, console.log))  # None: no --metrics-port
+
+        def watch(server, positions) -> None:
+            # The server's metrics where it runs in this process (with --ps, `picasso ps
+            # --endless --metrics-port` serves them); the reads' always.
+            if server is not None:
+                EndlessServerMetrics(registry, server)
+            stack.callback(EndlessJobMetrics(registry, config.connection, config.topics, positions).close)
+
+        summary = run_endless(config, watch=watch if registry is not None else None)
     return {"endless": True, "started_at": summary.started_at, "positions": summary.positions, "step": summary.step,
             "samples": summary.samples, "checkpoint": summary.checkpoint, "versions": summary.versions,
             "stopped": summary.stopped, "pushes": summary.pushes}
@@ -213,7 +229,16 @@ def run_ps_endless(args, address) -> int:
         server = EndlessServer(endless_server_config(args, load_spec(args.spec), {}), address)
     except (SpecError, ValueError) as err:
         raise SystemExit(f"error: {err}") from None
-    server.serve_until_signalled()
+    from picasso.pipelines.runs.run_metrics import EndlessServerMetrics, serving_metrics
+
+    with ExitStack() as stack:
+        try:
+            registry = stack.enter_context(serving_metrics(args.metrics_port))  # None: no --metrics-port
+        except ValueError as err:  # the port is taken
+            raise SystemExit(f"error: {err}") from None
+        if registry is not None:
+            EndlessServerMetrics(registry, server)
+        server.serve_until_signalled()
     if args.json:
         model = server.model
         print(json.dumps({"endless": True, "positions": server.positions(), "step": model.trainer.step,

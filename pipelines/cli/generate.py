@@ -14,6 +14,7 @@ from picasso.connectors.partitions import with_hours
 from picasso.durations import duration_arg
 from picasso.packing import PackingPlan
 from picasso.pipelines.cli.output import CommandResult, console, reported, summary
+from picasso.pipelines.cli.spec_arg import add_spec_arg
 from picasso.pipelines.runs.generate import dates_from, generate_days, generate_event_days, whole_day_rate
 from picasso.spec import SPARSE_OPTIMIZERS
 from picasso.spec_refs import load_spec
@@ -55,8 +56,7 @@ def _add_event_args(parser: argparse.ArgumentParser) -> None:
 
 def add_generate_command(commands) -> argparse.ArgumentParser:
     generate = commands.add_parser("generate", help="write synthetic day partitions in a spec's schema")
-    generate.add_argument("--spec", default=None,
-                          help="YAML file, or built-in: criteo, criteo:N, churn (default: criteo; churn with --churn)")
+    add_spec_arg(generate, also=" (default: criteo; churn with --churn)")
     generate.add_argument("--out", required=True, help="root of the date=YYYY-MM-DD partitions")
     generate.add_argument("--start-date", default=DEMO_DATE)
     generate.add_argument("--days", type=int, default=1)
@@ -74,7 +74,7 @@ def add_generate_command(commands) -> argparse.ArgumentParser:
 
 def add_plan_command(commands) -> argparse.ArgumentParser:
     plan = commands.add_parser("plan", help="print the packing plan of a spec: groups, rows and bytes")
-    plan.add_argument("--spec", default="criteo", help="YAML file, or built-in: criteo, criteo:N")
+    add_spec_arg(plan, default="criteo")
     plan.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default="adagrad",
                       help="the default sparse optimizer (it sizes the optimizer state)")
     plan.set_defaults(run=reported(_plan_command))

@@ -6,6 +6,9 @@ last line of stdout, and an exit status a scheduler can act on.
   1  stopped: the command gave up on an error no retry mends (STOPPED_EXIT)
   2  bad input, or an MLflow that cannot be reached: a message, not a traceback
   3  done, but versions wait in WORKDIR/publish for MLflow (PENDING_EXIT): a retry publishes them
+
+An error of status 2 is one line; `picasso --debug` prints its traceback before it (and
+the library's log of it: cli/noise.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import json
 import logging
 import math
 import os
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,9 +57,11 @@ def reported(command: Callable[..., CommandResult]) -> Callable[..., int]:
                 cache_config(args)  # a bad cache option fails here, before any work
             result = command(args)
         except Exception as err:  # noqa: BLE001 - bad input and an unreachable MLflow: a message
-            if not isinstance(err, BAD_INPUT) and not type(err).__module__.startswith("mlflow"):
+            if not is_bad_input(err):
                 raise
-            console.print(f"[red]error:[/red] {err}")
+            if getattr(args, "debug", False):
+                traceback.print_exc(file=sys.stderr)
+            console.print(f"[red]error:[/red] {err}", soft_wrap=True)  # one line, however long
             if args.json:
                 print(json.dumps({"error": str(err)}))
             return BAD_INPUT_EXIT
@@ -63,7 +70,7 @@ def reported(command: Callable[..., CommandResult]) -> Callable[..., int]:
             print(json.dumps(finite(result.output)))
         if result.stopped:
             # Not 0, and not 3 either, since rerunning as it is would fail the same way.
-            console.print(f"[red]{args.command} stopped:[/red] {result.stopped}")
+            console.print(f"[red]{args.command} stopped:[/red] {result.stopped}", soft_wrap=True)  # one line
             return STOPPED_EXIT
         if result.pending:
             # Not 0: a scheduler sees it and retries, and the retry publishes what is pending.
@@ -73,6 +80,11 @@ def reported(command: Callable[..., CommandResult]) -> Callable[..., int]:
         return 0
 
     return run
+
+
+def is_bad_input(err: BaseException) -> bool:
+    """Whether a command ends on this error with one line and status 2."""
+    return isinstance(err, BAD_INPUT) or type(err).__module__.startswith("mlflow")
 
 
 def _configure_logging() -> None:
@@ -89,6 +101,12 @@ def summary(title: str, values: dict) -> None:
             value = f"{value:.4f}"
         table.add_row(key, str(value))
     console.print(table)
+
+
+def print_warnings(result) -> None:
+    """The run-health gate's warnings on a partition (a DailyResult), one line each."""
+    for warning in result.warnings:
+        console.print(f"[yellow]warning:[/yellow] {result.date}: {warning}", highlight=False, soft_wrap=True)
 
 
 def finite(value):

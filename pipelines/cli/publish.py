@@ -7,6 +7,7 @@ import argparse
 import os
 from pathlib import Path
 
+from picasso.connectors.local_store import sqlite_path
 from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget
 from picasso.connectors.publishing.policy import PublishPolicy
 from picasso.connectors.retry import RetryPolicy
@@ -43,7 +44,8 @@ def add_publish_commands(commands) -> list[argparse.ArgumentParser]:
     apply.add_argument("--base", help="local weights of the base version (with --delta)")
     apply.add_argument("--delta", help="a local delta.pt (with --base)")
     apply.add_argument("--version", help="fetch the base weights and this version's delta from MLflow instead")
-    apply.add_argument("--workdir", default=".", help="for the default local MLflow store")
+    apply.add_argument("--workdir", default=".", help="the run's work folder, whose MLflow store "
+                       "(WORKDIR/mlflow.db) holds --version, unless --mlflow-uri names another (default: .)")
     add_target_args(apply)
     apply.set_defaults(run=reported(_apply_delta_command))
 
@@ -74,13 +76,19 @@ def run_apply_delta(args) -> dict:
     from picasso.connectors.publishing.delta_store import rebuild, rebuild_version
 
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     if args.version:
         if args.base or args.delta:
             raise ValueError("give either --version (fetched from MLflow) or --base and --delta (local files)")
-        target = MLflowTarget.for_workdir(args.workdir, args.mlflow_uri, args.experiment, args.model_name)
+        target = _existing_store(args)
+        out.parent.mkdir(parents=True, exist_ok=True)
         client = MlflowClient(target.tracking_uri, target.tracking_uri)
-        return rebuild_version(client, target.model_name, args.version, out)
+        try:
+            return rebuild_version(client, target.model_name, args.version, out)
+        except Exception as err:  # noqa: BLE001 - MLflow's errors: said with where they were looked for
+            if not type(err).__module__.startswith("mlflow"):
+                raise
+            raise ValueError(f"{err} (in the MLflow store {target.tracking_uri}; {_STORE_CHOICE})") from err
+    out.parent.mkdir(parents=True, exist_ok=True)
     if not (args.base and args.delta):
         raise ValueError("apply-delta needs --version, or both --base and --delta")
     for path in (args.base, args.delta):
@@ -89,6 +97,19 @@ def run_apply_delta(args) -> dict:
     sha = rebuild(Path(args.base), Path(args.delta), out)
     return {"sha256": sha, "out": str(out), "delta_bytes": Path(args.delta).stat().st_size,
             "full_bytes": out.stat().st_size}
+
+
+_STORE_CHOICE = "--workdir (its WORKDIR/mlflow.db) or --mlflow-uri chooses the store"
+
+
+def _existing_store(args) -> MLflowTarget:
+    """The MLflow store apply-delta reads a version from: it must be there already, since a
+    store made here (./mlflow.db, say, for a forgotten --workdir) could hold no version."""
+    default = args.mlflow_uri is None
+    path = Path(args.workdir).resolve() / "mlflow.db" if default else sqlite_path(args.mlflow_uri)
+    if path is not None and not path.is_file():
+        raise FileNotFoundError(f"no MLflow store at {path if default else args.mlflow_uri}: {_STORE_CHOICE}")
+    return MLflowTarget.for_workdir(args.workdir, args.mlflow_uri, args.experiment, args.model_name)
 
 
 def run_publish_pending(args) -> dict:

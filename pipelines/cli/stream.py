@@ -9,24 +9,31 @@ from dataclasses import asdict
 
 import yaml
 from rich.console import Console
-from rich.progress import Progress
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.message_formats import FORMATS
 from picasso.connectors.join_events import JOIN_FORMATS
 from picasso.connectors.kafka_config import KafkaConnection
+from picasso.connectors.kafka_wait import BrokerWait, BrokerWaiter, check_topics
 from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.durations import duration_arg
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config
 from picasso.pipelines.cli.endless import (add_endless_args, check_endless_args, refuse_endless_only,
                                           run_endless_command)
+from picasso.pipelines.cli.metrics_args import add_metrics_arg
 from picasso.pipelines.cli.output import CommandResult, console, reported, summary
+from picasso.pipelines.cli.produce_progress import PERIOD_S, ProduceProgress
+from picasso.pipelines.cli.progress import Progress
+from picasso.pipelines.cli.health_args import add_health_args, health_limits
 from picasso.pipelines.cli.publish import add_publish_args, publish_policy
+from picasso.pipelines.cli.spec_arg import add_spec_arg
 from picasso.pipelines.cli.train_args import add_model_args, model_settings
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
-from picasso.pipelines.runs.produce import EventReplayConfig, ProduceConfig, produce, replay_events
+from picasso.pipelines.runs.produce import (EventReplayConfig, ProduceConfig, produce, produce_total, replay_events,
+                                            replay_total)
+from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.join_rules import LATE_LABEL_POLICIES
 from picasso.spec_refs import load_join_spec, load_spec
 from picasso.trainer import TrainConfig
@@ -37,6 +44,20 @@ def _kafka_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
                         help="any kafka-python client setting, e.g. security_protocol=SASL_SSL, "
                              "sasl_mechanism=PLAIN, ssl_cafile=/path; repeatable")
+
+
+def quiet_kafka_client(args) -> None:
+    """kafka-python logs each failed connection as ERROR and WARNING lines, a dozen a try,
+    and each connection at INFO: the commands say one line a retry instead
+    (connectors.kafka_wait). --debug shows them."""
+    if not getattr(args, "debug", False):
+        logging.getLogger("kafka").setLevel(logging.CRITICAL)
+
+
+def say(text: str) -> None:
+    """One plain line on stderr, flushed: a log file reads as the terminal does."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    console.file.flush()
 
 
 def kafka_connection(args):
@@ -63,7 +84,7 @@ def _topic_formats(items: list[str]) -> dict[str, str]:
 def add_stream_parser(commands) -> argparse.ArgumentParser:
     stream = add_pipeline_command(commands, "stream",
                                   help="train continuously from Kafka topics; publish versions as it goes")
-    stream.add_argument("--spec", default="criteo")
+    add_spec_arg(stream, default="criteo")
     stream.add_argument("--topic", action="append", default=[], metavar="TOPIC[:FORMAT]",
                         help="a topic of labelled events and its message format (json, arrow or tsv; default json); "
                              "repeatable")
@@ -106,11 +127,27 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     stream.add_argument("--max-cycles", type=int, default=None, help="0: no limit")
     stream.add_argument("--max-seconds", type=float, default=None, help="0: no limit")
     stream.add_argument("--max-failures", type=int, default=None, help="consecutive failed cycles before exiting")
+    stream.add_argument("--wait-for-topic", action="store_true",
+                        help="a topic that does not exist yet is waited for (said once) rather than an error (exit 2)")
     add_publish_args(stream)
+    add_health_args(stream)
     add_endless_args(stream)
+    add_metrics_arg(stream)
     stream.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     stream.set_defaults(run=reported(_stream_command))
     return stream
+
+
+def _seconds_arg(least: float, above: bool = False):
+    """An argparse type: a number of seconds >= least (> least with above)."""
+
+    def seconds(text: str) -> float:
+        value = float(text)
+        if not (value > least if above else value >= least):
+            raise argparse.ArgumentTypeError(f"{text}: seconds must be {'>' if above else '>='} {least:g}")
+        return value
+
+    return seconds
 
 
 def add_produce_parser(commands) -> argparse.ArgumentParser:
@@ -134,21 +171,33 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
                         help="event time runs S times faster than the wall clock (3600: an hour a second); "
                              "0: as fast as possible (default)")
     _kafka_args(produce)
+    produce.add_argument("--broker-timeout-s", type=_seconds_arg(0), default=60.0, metavar="SECONDS",
+                         help="how long to wait for a Kafka broker to answer, one line a retry, before exiting with "
+                              "status 2 (default 60)")
+    produce.add_argument("--progress-every", type=_seconds_arg(0, above=True), default=PERIOD_S, metavar="SECONDS",
+                         help=f"a progress line per this many seconds of producing (default {PERIOD_S:g})")
+    add_metrics_arg(produce)
     produce.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     produce.set_defaults(run=reported(_produce_command))
     return produce
 
 
 def _stream_command(args) -> CommandResult:
+    quiet_kafka_client(args)
     if args.endless:
         check_endless_args(args)
         topics, joined = _stream_topics(args)
+        # Without --wait-for-topic the job checks its topics itself (runs/endless.start_ranges).
+        if args.wait_for_topic and not topics_ready(args, kafka_connection(args), topics):
+            return CommandResult({"endless": True, "stopped_before_start": True})
         output = run_endless_command(args, console, topics, kafka_connection(args), load_spec(args.spec), joined)
         summary("endless job", {k: v for k, v in output.items() if k not in ("started_at", "positions", "pushes")})
         return CommandResult(output, stopped=output["stopped"])
     refuse_endless_only(args)
     output = run_stream_command(args, console)
-    summary("stream", {k: v for k, v in output.items() if k not in ("ledger", "versions")})
+    # The versions made, those published as the stream stopped too (no cycle line shows them).
+    summary("stream", {**{k: v for k, v in output.items() if k not in ("ledger", "versions")},
+                       "versions": ", ".join(output["versions"]) or "-"})
     # pending: a stream that ended with versions in the outbox; stopped: one that gave up
     # on an error no retry mends (pipelines/runs/cycle_failures.py).
     return CommandResult(output, pending=bool(output.get("pending")), stopped=output.get("stopped"))
@@ -223,33 +272,52 @@ def stream_config(args):
         max_seconds=args.max_seconds or None,
         max_failures=args.max_failures,
         publish_policy=publish_policy(args),
+        health=health_limits(args),
     )
 
 
 def run_stream_command(args, console: Console) -> dict:
     # MLflow (the outbox) and the stream's run: seconds of start-up the other commands skip.
     from picasso.connectors.publishing.outbox import PublishOutbox
-    from picasso.pipelines.runs.stream import run_stream
+    from picasso.pipelines.runs.stream import StreamSummary, one_worker_in_this_process, run_stream
 
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
     config = stream_config(args)
+    # Options the stream cannot run with are refused before any wait for a broker or a topic.
+    one_worker_in_this_process(config.pipeline_options())
     workdir, target = config.workdir, config.mlflow
+    shown = set()  # the versions cycle lines have shown
 
     def progress(report, summary):
         version = summary.versions[-1] if summary.versions else "-"
+        shown.add(version)
         join = report.join
         joined = (f" · joined {join['positives']:,}+ {join['negatives']:,}- {join['late_labels']:,} late, "
                   f"{join['pending']:,} pending" if join else "")
-        console.log(f"cycle {report.cycle}: {report.messages:,} messages, {report.samples:,} samples, "
-                    f"{report.dead_letters} dead letters in {report.seconds:.1f}s · lag {report.lag - report.messages:,} · "
-                    f"{report.events_per_s:,.0f} events/s{joined} · version {version}")
+        # One plain line a cycle (say), whole in a log file, where rich's log would wrap it.
+        say(f"cycle {report.cycle}: {report.messages:,} messages, {report.samples:,} samples, "
+            f"{report.dead_letters} dead letters in {report.seconds:.1f}s · lag {report.lag - report.messages:,} · "
+            f"{report.events_per_s:,.0f} events/s{joined} · version {version}")
+        # The run-health gate: one bad cycle never stops a live stream, but it says so.
+        if report.refused:
+            say(f"cycle {report.cycle} refused: {report.refused} (the stream trains on)")
+        for warning in report.warnings:
+            say(f"warning: cycle {report.cycle}: {warning}")
+        # A version the gate withholds is said by the publisher, once per due version.
 
     joined = config.joined
     how = (f", joined on {','.join(joined.join.key)} with a {joined.join.wait_ms / 60_000:g} min wait, late labels "
            f"{joined.join.late_labels}" if joined else "")
     console.log(f"streaming {', '.join(f'{t} ({f})' for t, f in config.topics.items())} from "
                 f"{config.connection.bootstrap_servers} into {workdir}{how}")
-    summary = run_stream(config, progress)
+    from picasso.pipelines.runs.run_metrics import StreamMetrics, serving_metrics
+
+    summary = StreamSummary()  # stopped before it started: nothing done
+    if topics_ready(args, config.connection, config.topics):
+        with serving_metrics(args.metrics_port, console.log) as registry:  # None: no --metrics-port
+            summary = run_stream(config, progress, watch=StreamMetrics(registry).watch if registry else None)
+    unshown = [version for version in summary.versions if version not in shown]
+    if unshown:  # published between cycles, or as the stream stopped
+        say(f"version {', '.join(unshown)} published after the last cycle")
     return {**asdict(summary), "workdir": workdir,
             "tracking_uri": target.tracking_uri if target else None,
             # Versions MLflow did not take: they wait in the outbox (the main loop's exit
@@ -257,8 +325,22 @@ def run_stream_command(args, console: Console) -> dict:
             "pending": len(PublishOutbox(config.folders.publish).pending())}
 
 
+def topics_ready(args, connection: KafkaConnection, topics) -> bool:
+    """Before a stream's first cycle: a broker that answers, waited for with one line a
+    retry (for ever, or up to --max-seconds), and every topic there. A topic that does not
+    exist is an error (exit 2) naming the topics that do, or with --wait-for-topic, waited
+    for. False: SIGTERM or SIGINT came first. (Once running, a cycle that finds a topic
+    gone retries: a broker that has just restarted may not know it yet.)"""
+    stopping = []
+    wait = BrokerWait(timeout_s=getattr(args, "max_seconds", None) or None, first_backoff_s=args.backoff,
+                      max_backoff_s=args.backoff_max)
+    with stopped_by_signals(lambda: stopping.append(True)):
+        waiter = BrokerWaiter(connection, wait, say, stopped=lambda: bool(stopping))
+        return check_topics(waiter, topics, args.wait_for_topic)
+
+
 def run_produce_command(args, console: Console) -> dict:
-    logging.getLogger("kafka").setLevel(logging.WARNING)
+    quiet_kafka_client(args)
     if args.impressions_topic or args.labels_topic:
         return _run_event_replay(args, console)
     if not args.topic:
@@ -271,8 +353,10 @@ def run_produce_command(args, console: Console) -> dict:
         fmt=args.format, rows_per_message=args.rows_per_message, rate=args.rate, partitions=args.partitions,
         max_records=args.max_records,
     )
-    result = _with_progress(console, f"producing into {args.topic}", args.max_records,
-                            lambda on_progress: produce(config, on_progress=on_progress))
+    total = produce_total(config)  # bad day files are refused before any wait
+    _wait_for_broker(args, config.connection)
+    result = _with_progress(f"producing into {args.topic}", total,
+                            lambda on_progress: produce(config, on_progress=on_progress), args)
     return {**asdict(result), "records_per_s": result.records_per_s}
 
 
@@ -293,15 +377,29 @@ def _run_event_replay(args, console: Console) -> dict:
         impressions_topic=args.impressions_topic, labels_topic=args.labels_topic, speedup=args.speedup or 0.0,
         partitions=args.partitions, max_records=args.max_records,
     )
-    result = _with_progress(console, f"replaying events into {args.impressions_topic} and {args.labels_topic}",
-                            args.max_records, lambda on_progress: replay_events(config, on_progress=on_progress))
+    total = replay_total(config)
+    _wait_for_broker(args, config.connection)
+    result = _with_progress(f"replaying events into {args.impressions_topic} and {args.labels_topic}", total,
+                            lambda on_progress: replay_events(config, on_progress=on_progress), args)
     # "topic" titles the command line's summary, as a single-topic replay's does.
     return {"topic": f"{result.impressions_topic}, {result.labels_topic}", **asdict(result),
             "records_per_s": result.records_per_s}
 
 
-def _with_progress(console: Console, title: str, total: int | None, run):
-    """run(on_progress) under a progress bar that on_progress(records) advances."""
-    with Progress(console=console, transient=True) as bar:
-        task = bar.add_task(title, total=total)
-        return run(lambda records: bar.advance(task, records))
+def _wait_for_broker(args, connection: KafkaConnection) -> None:
+    """A broker that answers, one line a retry; exit 2 (KafkaUnreachable) after
+    --broker-timeout-s."""
+    BrokerWaiter(connection, BrokerWait(timeout_s=args.broker_timeout_s), say).topics()
+
+
+def _with_progress(title: str, total: int, run, args):
+    """run(on_progress), where on_progress(records) prints a progress line per
+    --progress-every seconds (and the produce metrics count, with --metrics-port); a last
+    line when it is done."""
+    from picasso.pipelines.runs.run_metrics import ProduceMetrics, serving_metrics
+
+    with serving_metrics(args.metrics_port, console.log) as registry, Progress(console, title) as progress:
+        lines = ProduceProgress(progress, title, total, args.progress_every)
+        result = run(ProduceMetrics(registry).counted(lines) if registry else lines)
+        lines.finish()
+        return result

@@ -16,8 +16,8 @@ refusal and retries once that partition has landed, and every version of the ran
 scored alike (a holdout score would stay in the record of a partition done).
 
 Partitions are done once, as daily runs are: a re-run of the range skips the partitions
-with a result and resumes at the first without. A partition that fails stops the range
-there: the partitions before it keep their results, the last of them is published if it
+with a result and resumes at the first without. A partition that fails, or that the
+run-health gate refuses (pipelines/runs/run_health.py), stops the range there: the partitions before it keep their results, the last of them is published if it
 was only checkpointed, and RangeStopped says which partition failed and why.
 """
 
@@ -31,7 +31,8 @@ from dataclasses import dataclass, replace
 from picasso import storage
 from picasso.connectors.day_files import list_day_files
 from picasso.connectors.partitions import MISSING_POLICIES, next_partition
-from picasso.pipelines.runs.daily import CHECKPOINTED, DailyConfig, DailyResult, publish_checkpointed, run_daily
+from picasso.pipelines.runs.daily import (
+    CHECKPOINTED, REFUSED, DailyConfig, DailyResult, publish_checkpointed, run_daily)
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,23 @@ class RangeProgress:
     eta_s: float | None  # the partitions left at the pace of those trained so far; None before any
 
 
+class PartitionRefused(Exception):
+    """The run-health gate refused a partition (its result says why)."""
+
+    def __init__(self, result: DailyResult):
+        self.result = result
+        super().__init__(result.refused)
+
+
 class RangeStopped(Exception):
     """A partition failed; the range stopped there."""
 
     def __init__(self, partition: str, cause: BaseException, results: list[DailyResult]):
         self.partition, self.cause, self.results = partition, cause, results
         done = f"{len(results)} partition(s) before it are done" if results else "no partition is done"
-        super().__init__(f"partition {partition} failed: {type(cause).__name__}: {cause} ({done}; "
-                         f"run the same range again to resume at {partition})")
+        what = (f"was refused: {cause}" if isinstance(cause, PartitionRefused) else
+                f"failed: {type(cause).__name__}: {cause}")
+        super().__init__(f"partition {partition} {what} ({done}; run the same range again to resume at {partition})")
 
 
 def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: int = 1,
@@ -84,18 +94,22 @@ def run_range(template: DailyConfig, partitions: Sequence[str], publish_every: i
     scored_on = _next_partitions(template, [p for p in partitions if p not in absent],
                                  after=next_partition(partitions[-1])) if eval_next else {}
     started, trained_seconds, trained, rows = time.perf_counter(), 0.0, 0, 0
+    present = [p for p in partitions if p not in absent]  # a skipped partition is not one of the N
     results: list[DailyResult] = []
     for i, partition in enumerate(partitions):
-        publish = i == len(partitions) - 1 or (i + 1) % publish_every == 0
-        config = replace(template, date=partition, publish=publish, eval_date=scored_on.get(partition))
-        if results:
-            config = replace(config, warm_start="latest")  # the partition before, whatever the first started from
         if partition in absent:
             log.warning("%s: no partition there, skipped (--missing skip)", partition)
             continue
+        n = present.index(partition) + 1
+        publish = n == len(present) or n % publish_every == 0
+        config = replace(template, date=partition, publish=publish, eval_date=scored_on.get(partition))
+        if results:
+            config = replace(config, warm_start="latest")  # the partition before, whatever the first started from
         began = time.perf_counter()
         try:
             result = run_daily(config)
+            if result.status == REFUSED:
+                raise PartitionRefused(result)
         except Exception as err:  # noqa: BLE001 - any failure stops the range, and says where
             results = _publish_the_last(template, results)
             raise RangeStopped(partition, err, results) from err

@@ -27,10 +27,14 @@ from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import TopicNotFound
 from picasso.connectors.kafka_sink import DeadLettersNotWritten
 from picasso.connectors.kafka_source import SourceStalled
+from picasso.connectors.kafka_wait import error_line, seconds, unreachable_reason
 
 OUTSIDE, FATAL, REPEATED = "outside", "fatal", "repeated"
 REPEATS_BEFORE_STOPPING = 3
 # OSError: connections, timeouts, and a disk that is full or gone for a while.
+# TopicNotFound: in a running stream a broker that has just restarted may not know a topic
+# yet; one missing when the stream starts is refused before its first cycle
+# (pipelines/cli/stream.topics_ready: exit 2, or --wait-for-topic).
 _OUTSIDE_ERRORS = (KafkaError, SourceStalled, TopicNotFound, DeadLettersNotWritten, OSError)
 
 
@@ -53,6 +57,17 @@ def classify(err: BaseException) -> str:
     if any(isinstance(e, _OUTSIDE_ERRORS) for e in errors):
         return OUTSIDE
     return REPEATED
+
+
+def retry_line(err: BaseException, bootstrap_servers: str, delay_s: float) -> str:
+    """What a stream says of a cycle it retries. An outside failure while no broker takes
+    connections reads as at start (connectors.kafka_wait): 'no Kafka broker at HOST:PORT
+    (connection refused); retrying in 2 s'; anything else names the error."""
+    if classify(err) == OUTSIDE:
+        reason = unreachable_reason(bootstrap_servers, timeout_s=2.0)
+        if reason is not None:
+            return f"no Kafka broker at {bootstrap_servers} ({reason}); retrying in {seconds(delay_s)} s"
+    return f"cycle failed ({error_line(err)}); retrying in {seconds(delay_s)} s"
 
 
 class StreamStopped(RuntimeError):

@@ -11,7 +11,11 @@ eval_date is given (the day is then all training). Training warm-starts from the
 checkpoint under WORKDIR/checkpoints, from the champion's checkpoint, or from scratch.
 
 A date is done once its record (WORKDIR/runs/daily-DATE.json, see workdir.py) exists:
-running it again trains nothing unless forced. If MLflow was unreachable, the result says
+running it again trains nothing unless forced. The run-health gate (run_health.py) stands
+before the publish: a partition that learned nothing (no sample trained, mostly dead
+letters, a loss that is not finite) is refused. Its record says so (status "refused",
+with the reason), which does not make it done, its checkpoint is discarded so that no
+later run warm-starts from it, and no version is made. If MLflow was unreachable, the result says
 "pending" and the checkpoint waits in the publish outbox (WORKDIR/publish); any later run,
 the same date's included, publishes it first.
 
@@ -45,15 +49,18 @@ from picasso.connectors.publishing.policy import PublishPolicy
 from picasso.connectors.publishing.transform import PublishToMLflow
 from picasso.pipelines.runs.counters import picasso_counters
 from picasso.pipelines.runs.generate import planted_ceiling
+from picasso.pipelines.runs.run_health import HealthFacts, HealthLimits, HealthVerdict, check_health
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, HOLDOUT, TRAIN, DecodeRecords
 from picasso.pipelines.transforms.pack import PackFeatures
+from picasso.pipelines.transforms.row_profile import RowProfile
 from picasso.pipelines.transforms.train import CheckpointRef, EvaluateCheckpoint, PicassoTrain
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, TrainConfig
 
 log = logging.getLogger(__name__)
 CHECKPOINTED = "checkpointed"  # a partition trained and evaluated, whose version is still to come
+REFUSED = "refused"  # the run-health gate refused the partition: not done, nothing published
 WARM_STARTS = ("latest", "champion", "none")
 
 
@@ -75,6 +82,7 @@ class DailyConfig:
     # False: train, checkpoint and evaluate, but make no version yet (status "checkpointed");
     # a range publishes every N partitions (pipelines/runs/backfill.py, publish_checkpointed).
     publish: bool = True
+    health: HealthLimits = HealthLimits()
     runner: str = "FnApiRunner"
     beam_args: tuple[str, ...] = ()
 
@@ -112,7 +120,8 @@ class DailyConfig:
 @dataclass(frozen=True)
 class DailyResult:
     date: str
-    status: str  # published | pending (MLflow was unreachable; the outbox holds it) | checkpointed
+    # published | pending (MLflow was unreachable; the outbox holds it) | checkpointed | refused
+    status: str
     model_uri: str | None
     version: str | None
     run_id: str | None
@@ -136,6 +145,8 @@ class DailyResult:
     full_bytes: int | None = None  # of the serving weights
     error: str | None = None  # why a pending publish is pending
     auc_ceiling: float | None = None  # the planted model's own AUC, for generated data
+    refused: str | None = None  # why the run-health gate refused the partition (status "refused")
+    warnings: list[str] = field(default_factory=list)  # the gate's warnings (also the version's tag)
     counters: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -149,7 +160,8 @@ RECORDED = tuple(f.name for f in fields(DailyResult)
                  if f.name not in ("date", "rows_in", "dead_letters", "skipped", "auc_ceiling", "counters"))
 
 
-def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_RunFacts") -> PublishRequest:
+def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_RunFacts",
+                     verdict: HealthVerdict) -> PublishRequest:
     calibration = metrics.mean_prediction / metrics.mean_label if metrics.mean_label else math.nan
     return PublishRequest(
         checkpoint_path=checkpoint.path,
@@ -167,7 +179,7 @@ def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_
         run_name=f"daily-{config.date}",
         tags={"picasso.date": config.date, EVALUATION: config.evaluation,
               "picasso.train_samples": str(checkpoint.stats.samples), "picasso.eval_samples": str(metrics.samples),
-              "picasso.total_samples": str(checkpoint.stats.samples + metrics.samples)},
+              "picasso.total_samples": str(checkpoint.stats.samples + metrics.samples), **verdict.tags()},
     )
 
 
@@ -179,6 +191,28 @@ class _RunFacts:
     evaluation: str
     warm_start: str
     warm_start_from: str | None
+    health: HealthLimits
+    fields: tuple[str, ...]  # the spec's features, whose absence the gate checks
+
+
+@dataclass(frozen=True)
+class _Judged:
+    """A partition's publish request and the gate's verdict on it."""
+
+    request: PublishRequest
+    verdict: HealthVerdict
+
+
+def _judge(metrics: EvalMetrics, checkpoint: CheckpointRef, profile: RowProfile, dead_letters: int,
+           facts: _RunFacts) -> _Judged:
+    """The run-health gate on what the partition trained (its own rows: the holdout slice
+    too, not an evaluation day's)."""
+    health = HealthFacts(
+        trained=checkpoint.stats.samples, rows_read=profile.rows + dead_letters, dead_letters=dead_letters,
+        losses={"auc": metrics.auc, "logloss": metrics.logloss, "train_loss": checkpoint.stats.mean_loss},
+        profile=profile)
+    verdict = check_health(health, facts.health, facts.fields)
+    return _Judged(_publish_request(metrics, checkpoint, facts, verdict), verdict)
 
 
 def _outcome_fields(outcome: PublishOutcome) -> dict:
@@ -201,9 +235,9 @@ def _write_record(path: str, record: dict) -> None:
     storage.write_text(path, json.dumps(record))
 
 
-def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts,
+def _write_result(outcome: PublishOutcome, judged: _Judged, checkpoint: CheckpointRef, facts: _RunFacts,
                   path: str, **more) -> None:
-    """The record of a partition done: RECORDED's fields (the request's other metrics, e.g.
+    """The record of a partition run: RECORDED's fields (the request's other metrics, e.g.
     the mean label, ride along for whoever reads the file), and `more`."""
     _write_record(path, {
         **more,
@@ -212,15 +246,26 @@ def _write_result(outcome: PublishOutcome, request: PublishRequest, checkpoint: 
         "step": checkpoint.step,
         "evaluation": facts.evaluation,
         "warm_start_from": facts.warm_start_from,
-        **request.metrics,
+        "warnings": list(judged.verdict.warnings),
+        **judged.request.metrics,
     })
 
 
-def _write_checkpointed(request: PublishRequest, checkpoint: CheckpointRef, facts: _RunFacts, path: str) -> None:
+def _write_checkpointed(judged: _Judged, checkpoint: CheckpointRef, facts: _RunFacts, path: str) -> None:
     """The result of a partition that makes no version (yet): its request is kept in it,
     so that publishing it later needs nothing but this file."""
-    _write_result(PublishOutcome(CHECKPOINTED, checkpoint.path), request, checkpoint, facts, path,
-                  publish_request=request.to_dict())
+    _write_result(PublishOutcome(CHECKPOINTED, checkpoint.path), judged, checkpoint, facts, path,
+                  publish_request=judged.request.to_dict())
+
+
+def _write_refused(judged: _Judged, checkpoint: CheckpointRef, facts: _RunFacts, path: str) -> None:
+    """The record of a refused partition, which does not make it done. Its checkpoint goes
+    (unless it is the one training started from: nothing was saved over it), or the next
+    run would warm-start from a model the gate refused."""
+    if checkpoint.path != facts.warm_start_from:
+        storage.delete_tree(checkpoint.path)
+    _write_result(PublishOutcome(REFUSED, checkpoint.path, error=judged.verdict.reason), judged, checkpoint, facts,
+                  path, refused=judged.verdict.reason)
 
 
 def _evaluation_rows(pipeline: beam.Pipeline, config: DailyConfig, decoded):
@@ -272,22 +317,31 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
         | "PackHoldout" >> PackFeatures(spec)
         | "Evaluate" >> EvaluateCheckpoint(spec, config.train, checkpoint)
     )
-    facts = _RunFacts(config.date, config.evaluation, config.warm_start, warm_start_from)
-    requests = metrics | "PublishRequest" >> beam.Map(
-        lambda m, ckpt: _publish_request(m, ckpt, facts), ckpt=beam.pvalue.AsSingleton(checkpoint)
+    # The gate's facts: the partition's own rows (trained and held out) and its dead letters.
+    profile = (
+        (decoded[TRAIN], decoded[HOLDOUT])
+        | "OwnRows" >> beam.Flatten()
+        | "RowProfiles" >> beam.Map(lambda chunk: chunk.profile)
+        | "Profile" >> beam.CombineGlobally(RowProfile.merged)
     )
+    dead_letters = decoded[DEAD_LETTERS] | "CountDeadLetters" >> beam.combiners.Count.Globally()
+    facts = _RunFacts(config.date, config.evaluation, config.warm_start, warm_start_from, config.health,
+                      spec.feature_names)
+    at_checkpoint = {"checkpoint": beam.pvalue.AsSingleton(checkpoint), "facts": facts, "path": config.record_path}
+    judged = metrics | "CheckHealth" >> beam.Map(
+        lambda m, ckpt, rows, dead: _judge(m, ckpt, rows, dead, facts), ckpt=beam.pvalue.AsSingleton(checkpoint),
+        rows=beam.pvalue.AsSingleton(profile), dead=beam.pvalue.AsSingleton(dead_letters))
+    (judged
+     | "Refused" >> beam.Filter(lambda j: j.verdict.refused)
+     | "WriteRefused" >> beam.Map(_write_refused, **at_checkpoint))
+    healthy = judged | "Healthy" >> beam.Filter(lambda j: not j.verdict.refused)
     if not config.publish:
-        requests | "WriteResult" >> beam.Map(_write_checkpointed, checkpoint=beam.pvalue.AsSingleton(checkpoint),
-                                             facts=facts, path=config.record_path)
+        healthy | "WriteResult" >> beam.Map(_write_checkpointed, **at_checkpoint)
         return
-    outcomes = requests | "PublishToMLflow" >> PublishToMLflow(config.mlflow, config.folders.publish, config.policy)
-    outcomes | "WriteResult" >> beam.Map(
-        _write_result,
-        request=beam.pvalue.AsSingleton(requests),
-        checkpoint=beam.pvalue.AsSingleton(checkpoint),
-        facts=facts,
-        path=config.record_path,
-    )
+    outcomes = (healthy
+                | "PublishRequest" >> beam.Map(lambda j: j.request)
+                | "PublishToMLflow" >> PublishToMLflow(config.mlflow, config.folders.publish, config.policy))
+    outcomes | "WriteResult" >> beam.Map(_write_result, judged=beam.pvalue.AsSingleton(healthy), **at_checkpoint)
 
 
 def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
@@ -299,7 +353,11 @@ def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
         if champion is not None:
             log.info("warm start from the champion, version %s: %s", champion.version, champion.checkpoint_path)
             return champion.checkpoint_path, champion.checkpoint_path
-        log.info("%s has no champion yet: warm start from the latest checkpoint", config.mlflow.model_name)
+        latest = latest_checkpoint(config.folders.checkpoints)
+        log.warning("%s has no champion yet: %s", config.mlflow.model_name,
+                    f"warm start from the latest checkpoint, {latest}" if latest else
+                    f"and {config.folders.checkpoints} no checkpoint: training starts from scratch")
+        return "latest", latest
     return "latest", latest_checkpoint(config.folders.checkpoints)
 
 
@@ -334,9 +392,10 @@ def run_daily(config: DailyConfig) -> DailyResult:
     options = config.pipeline_options()
     # The workdir and the data may be URLs: their filesystems are set up before the first read.
     use_beam_filesystems(options, data=config.data_root, workdir=config.workdir)
-    if storage.exists(config.record_path) and not config.force:
+    record = json.loads(storage.read_text(config.record_path)) if storage.exists(config.record_path) else None
+    if record is not None and record["status"] != REFUSED and not config.force:
         log.info("%s is done already (%s); --force runs it again", config.date, config.record_path)
-        return _done_result(config, json.loads(storage.read_text(config.record_path)))
+        return _done_result(config, record)
     for date in filter(None, (config.date, config.eval_date)):  # a missing day fails before anything is written
         list_day_files(config.data_root, date)
     start_from, warm_start_from = _start_from(config)

@@ -191,7 +191,10 @@ def _read_messages(pipeline: beam.Pipeline, config: EndlessConfig, ranges: list[
     return messages
 
 
-def run_endless(config: EndlessConfig) -> EndlessSummary:
+def run_endless(config: EndlessConfig, watch=None) -> EndlessSummary:
+    """watch(server, positions): an observer of the job (the CLI's metrics), called before
+    the reads start with the server this process started (None with config.ps) and a
+    function that returns the server's positions."""
     summary = EndlessSummary()
     server, ps = None, config.ps
     if config.server is not None:
@@ -203,7 +206,10 @@ def run_endless(config: EndlessConfig) -> EndlessSummary:
         # process call the server directly (local_transport.py).
         ps = PSAddress("127.0.0.1", port, max_in_flight=1, in_process=True)
     try:
-        positions = server.positions() if server is not None else _remote_positions(ps)
+        server_positions = server.positions if server is not None else (lambda: _remote_positions(ps))
+        if watch is not None:
+            watch(server, server_positions)
+        positions = server_positions()
         ranges = start_ranges(config, positions)
         summary.started_at = {r.source: r.start for r in ranges}
         if config.joined is not None:

@@ -37,6 +37,7 @@ from picasso.distributed.gba import GBAConfig
 from picasso.distributed.param_server import JobDescription, ServerAddress, serve_shard
 from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
 from picasso.distributed.shard import Scored, ShardSnapshot
+from picasso.pipelines.runs.run_health import HealthLimits
 from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.pipelines.runs.stream_publisher import StreamPublisher, VersionInfo
 from picasso.pipelines.runs.stream_window import SCORED_FILE, ScoredWindow
@@ -64,6 +65,7 @@ class EndlessServerConfig:
     publish_every_s: float = 300.0
     publish_policy: object | None = None
     joined: object | None = None  # a joined stream's JoinedTopics (its parameters go on the versions)
+    health: HealthLimits = HealthLimits()  # the run-health gate before each version
 
     @property
     def folders(self) -> Workdir:

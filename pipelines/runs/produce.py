@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
+import pyarrow.parquet as pq
 
 from picasso import storage
 from picasso.connectors.day_files import UnreadableFile, format_of, list_day_files, read_chunks
@@ -96,6 +97,31 @@ def message_values(config: ProduceConfig) -> Iterator[tuple[bytes, int]]:
                         return
 
 
+def count_records(root: str, dates: Iterable[str]) -> int:
+    """The records of the dates' day files, as produce sends them: a Parquet file's rows
+    (from its footer), a text file's lines. For the progress lines' total: reading only
+    the footers and counting newlines costs a fraction of sending."""
+    total = 0
+    for date in dates:
+        for path in list_day_files(root, date):
+            with storage.open_read(path) as f:
+                if format_of(path) == "parquet":
+                    total += pq.ParquetFile(f).metadata.num_rows
+                    continue
+                last = b"\n"
+                while block := f.read(1 << 20):
+                    total += block.count(b"\n")
+                    last = block[-1:]
+                total += last != b"\n"  # a last line without its newline
+    return total
+
+
+def produce_total(config: ProduceConfig) -> int:
+    """How many records produce(config) sends."""
+    total = count_records(config.data_root, config.dates)
+    return total if config.max_records is None else min(total, config.max_records)
+
+
 def produce(config: ProduceConfig, on_progress: Callable[[int], None] = lambda records: None) -> ProduceResult:
     partitions = ensure_topic(config.connection, config.topic, config.partitions)
     producer = config.connection.producer(linger_ms=20, batch_size=512 * 1024, acks="all")
@@ -148,6 +174,22 @@ class EventReplayResult:
     @property
     def records_per_s(self) -> float:
         return (self.impressions + self.labels) / self.seconds if self.seconds else 0.0
+
+
+def event_trees(data_root: str) -> tuple[str, str]:
+    """The impressions and labels roots under what `picasso generate --events` wrote."""
+    roots = tuple(storage.join(data_root, tree) for tree in (IMPRESSIONS, LABELS))
+    for tree, root in zip((IMPRESSIONS, LABELS), roots):
+        if not storage.exists(root):
+            raise FileNotFoundError(f"{data_root} has no {tree}/ tree: a joined replay reads a root that "
+                                    "`picasso generate --events` wrote")
+    return roots
+
+
+def replay_total(config: EventReplayConfig) -> int:
+    """How many events replay_events(config) sends, impressions and labels together."""
+    total = sum(count_records(root, config.dates) for root in event_trees(config.data_root))
+    return total if config.max_records is None else min(total, config.max_records)
 
 
 def pacing_wait_s(first_event_ms: int, started_s: float, event_ms: int, now_s: float, speedup: float) -> float:
@@ -229,12 +271,9 @@ def merged_events(config: EventReplayConfig) -> Iterator[tuple[int, str, bytes]]
     A lazy k-way merge: a date's late clicks (just past midnight) interleave with the next
     date's first events without the days being read into memory.
     """
-    for tree in (IMPRESSIONS, LABELS):
-        if not storage.exists(storage.join(config.data_root, tree)):
-            raise FileNotFoundError(f"{config.data_root} has no {tree}/ tree: a joined replay reads a root that "
-                                    "`picasso generate --events` wrote")
-    streams = [_tagged(topic, timed_values(storage.join(config.data_root, tree), date))
-               for tree, topic in ((IMPRESSIONS, config.impressions_topic), (LABELS, config.labels_topic))
+    impressions, labels = event_trees(config.data_root)
+    streams = [_tagged(topic, timed_values(root, date))
+               for root, topic in ((impressions, config.impressions_topic), (labels, config.labels_topic))
                for date in config.dates]
     return heapq.merge(*streams, key=lambda event: event[0])  # stable: ties keep the streams' order
 

@@ -43,15 +43,18 @@ from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
 from picasso.connectors.retry import Backoff
 from picasso.pipelines.runs.counters import picasso_counters
-from picasso.pipelines.runs.cycle_failures import FailureTracker
+from picasso.pipelines.runs.cycle_failures import FailureTracker, classify, retry_line
 from picasso.pipelines.runs.join_cycle import ORPHANS, DecodeJoinEvents, JoinInCycle, PackSamples
 from picasso.pipelines.runs.joined_stream_state import JoinedModelLoader, JoinedTopics
+from picasso.pipelines.runs.run_health import HealthFacts, HealthLimits, check_health
 from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.pipelines.runs.stream_publisher import StreamPublisher
 from picasso.pipelines.runs.stream_state import ModelLoader, StreamModel
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodeMessages
 from picasso.pipelines.transforms.pack import PackMessages
+from picasso.pipelines.transforms.process_counts import dead_letter_kinds
+from picasso.pipelines.transforms.row_profile import RowProfile
 from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.pipelines.transforms.train_handlers import JoinedStreamHandler, StreamHandler
 from picasso.spec import FeatureSpec
@@ -106,6 +109,7 @@ class StreamConfig:
     # Impressions and labels on two topics (both in `topics`), joined into samples here;
     # None: every event carries its label. batch_messages is then samples per batch.
     joined: JoinedTopics | None = None
+    health: HealthLimits = HealthLimits()  # the run-health gate on each cycle and before each version
 
     def __post_init__(self):
         if self.train.loss_batch_size is None:  # each sample weighs one over the configured batch
@@ -130,6 +134,11 @@ class CycleReport:
     checkpoint: str
     events_per_s: float
     join: dict | None = None  # a joined stream's join this cycle: its counts, what it holds
+    refused: str | None = None  # why the run-health gate refuses what this cycle read (the stream goes on)
+    warnings: list[str] = field(default_factory=list)  # the gate's warnings on it
+    events: int = 0  # records decoded (an Arrow message holds many)
+    dead_letter_kinds: dict[str, int] = field(default_factory=dict)  # refused records by reason kind
+    partition_lag: dict[str, int] = field(default_factory=dict)  # source -> end offset at the start - position now
 
 
 @dataclass
@@ -148,6 +157,9 @@ class StreamSummary:
     # Why the stream gave up (a fatal error, or one repeating at the same positions;
     # see pipelines.cycle_failures); None when it stopped as asked.
     stopped: str | None = None
+    refused_cycles: int = 0  # cycles the run-health gate refused (the stream trained on)
+    withheld: str | None = None  # why the last due version was not made, when the gate refused it
+    failure_kinds: dict[str, int] = field(default_factory=dict)  # failed cycles by cycle_failures.classify
 
 
 class StreamRunner:
@@ -159,6 +171,7 @@ class StreamRunner:
         self.shared = Shared()
         self.model: StreamModel | None = None
         self.key = ""
+        self.end_offsets: dict[str, int] = {}  # each partition's, as the last plan found them
         self.summary = StreamSummary()
         self.stopping = False
         self.publisher = StreamPublisher(config, self.summary.versions)
@@ -181,6 +194,7 @@ class StreamRunner:
         """This cycle's ranges (capped per partition) and the total lag now."""
         ranges = bounded_ranges(self.config.connection, self.config.topics, model.trainer.positions)
         lag = sum(r.stop - r.start for r in ranges)
+        self.end_offsets = {r.source: r.stop for r in ranges}  # before the cap: the cycle's report measures lag by them
         cap = self.config.max_cycle_messages
         if cap:
             ranges = [PartitionRange(r.topic, r.partition, r.start, min(r.stop, r.start + cap)) for r in ranges]
@@ -217,11 +231,23 @@ class StreamRunner:
             join = asdict(model.cycle.counts)
             samples = join["positives"] + join["negatives"] + join["corrections"]
             join.update(model.held(), watermark_ms=model.join.watermark)
+        kinds = dead_letter_kinds(counters)
+        if counters.get("join_orphan_labels"):
+            kinds["orphan_label"] = kinds.get("orphan_label", 0) + counters["join_orphan_labels"]
+        positions = model.trainer.positions
+        dead_letters = counters.get("dead_letters", 0) + counters.get("join_orphan_labels", 0)
+        read = HealthFacts(trained=samples, rows_read=counters.get("rows_in", 0), dead_letters=dead_letters,
+                           profile=RowProfile.of_counters(counters) if config.joined is None else None)
+        verdict = check_health(read, config.health, config.spec.feature_names)
+        self.publisher.cycle_trained(read)
         return CycleReport(
-            cycle=model.ledger.cycles, messages=messages, samples=samples,
-            dead_letters=counters.get("dead_letters", 0) + counters.get("join_orphan_labels", 0), lag=lag,
+            cycle=model.ledger.cycles, messages=messages, samples=samples, dead_letters=dead_letters, lag=lag,
+            refused=verdict.reason or None, warnings=list(verdict.warnings),
             seconds=seconds, checkpoint=str(checkpoint),
             events_per_s=counters.get("rows_in", 0) / seconds if seconds else 0.0, join=join,
+            events=counters.get("rows_in", 0), dead_letter_kinds=kinds,
+            partition_lag={r.source: max(0, self.end_offsets.get(r.source, r.stop) - positions.get(r.source, r.start))
+                           for r in ranges},
         )
 
     def _train_labelled(self, messages) -> None:
@@ -282,13 +308,14 @@ class StreamRunner:
         summary = self.summary
         summary.failures += 1
         summary.last_error = f"{type(err).__name__}: {err}"
+        kind = classify(err)
+        summary.failure_kinds[kind] = summary.failure_kinds.get(kind, 0) + 1
         self.model = None  # the next attempt restores the last checkpoint
         stop = tracker.record(err, starts)
         if stop is not None:
             summary.stopped = str(stop)
             log.error("%s", summary.stopped)
             return True
-        log.warning("cycle failed (%s); retrying", summary.last_error.splitlines()[0][:300])
         return self.config.max_failures is not None and failures_in_row >= self.config.max_failures
 
     def run(self) -> StreamSummary:
@@ -324,22 +351,27 @@ class StreamRunner:
                 failures_in_row += 1
                 if self._gives_up(err, starts, tracker, failures_in_row):
                     break
-                backoff.wait(self.sleep)
+                delay = backoff.next_delay()
+                log.warning("%s", retry_line(err, config.connection.bootstrap_servers, delay))
+                self.sleep(delay)
                 continue
             failures_in_row = 0
             tracker.reset()
             backoff.reset()
-            self.publisher.cycle_trained()
             summary.cycles += 1
+            summary.refused_cycles += report.refused is not None
             summary.messages += report.messages
             summary.samples += report.samples
             summary.dead_letters += report.dead_letters
             summary.checkpoint = report.checkpoint
+            summary.lag = report.lag - report.messages  # behind the end offsets the cycle started at, as its line says
             self.commit_offsets(model)
             self.publisher.maybe_publish(model)
+            summary.withheld = self.publisher.withheld
             self.on_cycle(report, summary)
         if self.model is not None:
             self.publisher.maybe_publish(self.model, force=True)
+            summary.withheld = self.publisher.withheld
             summary.step = self.model.trainer.step
             summary.ledger = self.model.ledger.to_dict()
             summary.checkpoint = str(self.model.checkpoint) if self.model.checkpoint else None
@@ -355,9 +387,13 @@ def configure_determinism(deterministic: bool) -> None:
         torch.use_deterministic_algorithms(True)
 
 
-def run_stream(config: StreamConfig, on_cycle=lambda report, summary: None) -> StreamSummary:
+def run_stream(config: StreamConfig, on_cycle=lambda report, summary: None,
+               watch: Callable[[StreamRunner], None] | None = None) -> StreamSummary:
+    """watch(runner), before the first cycle: an observer of the run (run_metrics.StreamMetrics)."""
     configure_determinism(config.deterministic)
     runner = StreamRunner(config, on_cycle)
+    if watch is not None:
+        watch(runner)
     with stopped_by_signals(runner.stop):
         return runner.run()
 

@@ -3,6 +3,11 @@ every version the stream made (WORKDIR/runs/stream-versions.jsonl).
 
 A registry outage never stops training: a publish MLflow does not take waits in the
 outbox and goes out, in order, with the next one.
+
+Each version passes the run-health gate (run_health.py) first, on the window since the
+last version: its samples and progressive metrics, and the rows read and dead letters of
+the cycles this process ran in it. A refused window makes no version: the stream says why
+and trains on, and the next due publish judges the window grown since.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from picasso import storage
 from picasso.connectors.publishing.contract import PUBLISHED, PublishRequest
 from picasso.connectors.publishing.outbox import PublishOutbox
 from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.pipelines.runs.run_health import HealthFacts, HealthVerdict, check_health
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +47,25 @@ class StreamPublisher:
         self.unpublished = False  # a cycle trained since the last version
         self.recorded_versions: set[str] | None = None  # in stream-versions.jsonl (see _flush)
         self.last_publish = time.monotonic()
+        self.last_window: dict[str, float] | None = None  # the metrics of the window the newest version took
+        self.read = HealthFacts(0, 0, 0)  # what this process's cycles read since the last version
+        self.withheld: str | None = None  # why the gate refused the last due version, if it did
 
-    def cycle_trained(self) -> None:
-        """A cycle's checkpoint exists that no version holds yet."""
+    def cycle_trained(self, read: HealthFacts | None = None) -> None:
+        """A cycle's checkpoint exists that no version holds yet; `read`: what the cycle read."""
         self.unpublished = True
+        if read is not None:
+            self.read = self.read.merge(read)
+
+    def judge(self, model) -> HealthVerdict:
+        """The run-health gate on the window a version of the model would hold. Its samples
+        are the window's own, kept in the checkpoint: a restarted stream's first version
+        holds what it trained before the restart too."""
+        window = model.window_metrics()
+        facts = HealthFacts(trained=window["window_samples"], rows_read=self.read.rows_read,
+                            dead_letters=self.read.dead_letters,
+                            losses={"auc": window["auc"], "logloss": window["logloss"]}, profile=self.read.profile)
+        return check_health(facts, self.config.health, self.config.spec.feature_names)
 
     @property
     def publishes(self) -> bool:
@@ -73,13 +94,20 @@ class StreamPublisher:
             if not self.unpublished:
                 self.flush_pending()
                 return
-            self.publish_version(model)
-            self.unpublished = False
+            verdict = self.judge(model)
+            if verdict.refused:
+                self.withheld = verdict.reason
+                self.last_publish = time.monotonic()  # judged again at the next due publish, not every cycle
+                log.warning("no version made: %s (the stream trains on; the next due version is judged again)",
+                            verdict.reason)
+                return
+            self.publish_version(model, verdict)
+            self.unpublished, self.withheld, self.read = False, None, HealthFacts(0, 0, 0)
             self.last_publish = time.monotonic()
         except Exception as err:  # noqa: BLE001 - a registry outage must not stop training
             log.warning("publish failed (retried after the next cycle): %s", err)
 
-    def publish_version(self, model) -> str | None:
+    def publish_version(self, model, verdict: HealthVerdict = HealthVerdict()) -> str | None:
         """Publish the last checkpoint through the outbox, with the progressive-validation
         metrics of the window since the last publish (each batch scored before it was
         trained on). Raises when MLflow did not take it: it then waits in the outbox and
@@ -88,6 +116,7 @@ class StreamPublisher:
         if config.mlflow is None or model.checkpoint is None:
             return None
         window = model.window_metrics()  # the same window as in model.checkpoint: nothing trained since
+        self.last_window = window
         mean_label = window["mean_label"]
         calibration = window["mean_prediction"] / mean_label if mean_label else float("nan")
         extra_metrics, series, plots = model.publish_extras()
@@ -101,7 +130,7 @@ class StreamPublisher:
                     **(config.joined.params() if config.joined else {})},
             run_name=version.run_name,
             tags={"picasso.evaluation": "progressive", "picasso.window_samples": str(window["window_samples"]),
-                  "picasso.total_samples": str(model.trainer.samples), **version.tags},
+                  "picasso.total_samples": str(model.trainer.samples), **version.tags, **verdict.tags()},
         )
         outbox = PublishOutbox(config.folders.publish)
         outbox.add(request)

@@ -25,7 +25,7 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from picasso.connectors.day_files import RawChunk, UnreadableFile
-from picasso.connectors.dead_letters import DeadLetter
+from picasso.connectors.dead_letters import DeadLetter, reason_kind
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.message_formats import FORMATS, decode_messages
 from picasso.connectors.decoding.record_decoder import RecordDecoder
@@ -33,6 +33,8 @@ from picasso.connectors.kafka_sink import DeadLetterProducer
 from picasso.connectors.kafka_source import Messages
 from picasso.hashing import hash_bytes, splitmix64_array
 from picasso.pipelines.transforms.message_spans import DecodedMessageChunk, MessageSpan
+from picasso.pipelines.transforms.process_counts import DEAD_LETTER_KIND_COUNTER, PROCESS_COUNTS
+from picasso.pipelines.transforms.row_profile import RowProfile
 from picasso.spec import FeatureSpec
 
 TRAIN, HOLDOUT, DEAD_LETTERS = "train", "holdout", "dead_letters"
@@ -45,16 +47,41 @@ class DecodeDoFn(beam.DoFn):
     decoder in setup, after super().setup()."""
 
     def setup(self):
-        self.records_in = Metrics.counter("picasso", "rows_in")
-        self.dead = Metrics.counter("picasso", "dead_letters")
+        self.counters: dict[str, object] = {}
+
+    def count(self, name: str, n: int) -> None:
+        """Add n to the "picasso" counter of that name, made on first use (the names of
+        dead-letter kinds and absent fields are known only as they come), and to this
+        process's tally (process_counts.py: what a running endless job's metrics read)."""
+        counter = self.counters.get(name)
+        if counter is None:
+            counter = self.counters[name] = Metrics.counter("picasso", name)
+        counter.inc(n)
+        PROCESS_COUNTS.add(name, n)
+
+    def count_profile(self, table: pa.Table, absent: dict[str, int]) -> RowProfile:
+        """Count the valid rows' profile (transforms/row_profile.py) in Beam counters, for
+        the run-health gate of a run that reads them back (a stream's cycle)."""
+        profile = RowProfile.of_table(table, absent)
+        for name, n in profile.counters().items():
+            self.count(name, n)
+        return profile
 
     def dead_letters(self, letters: Iterable, refused: int | None = None):
         """Count the refused records (one per letter unless told: an Arrow message's
         letter names all its refused rows) and send their letters to DEAD_LETTERS."""
         letters = list(letters)
-        self.dead.inc(len(letters) if refused is None else refused)
+        self.count_refused(letters, refused)
         for letter in letters:
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
+
+    def count_refused(self, letters: list, refused: int | None) -> None:
+        """The refused records, in all and by their reason's kind (dead_letters.reason_kind;
+        counter dead_letters.KIND, for the stream's metrics): each letter's records count
+        under its first reason's kind."""
+        self.count("dead_letters", len(letters) if refused is None else refused)
+        for letter in letters:
+            self.count(f"{DEAD_LETTER_KIND_COUNTER}{reason_kind(letter.reason)}", getattr(letter, "records", 1))
 
 
 class _SpecDecodeDoFn(DecodeDoFn):
@@ -78,6 +105,7 @@ class DecodedChunk:
     table: pa.Table  # canonical rows (see connectors.decoding.validation)
     positions: dict[str, int]  # source -> next row/offset after this chunk
     starts: dict[str, int] = field(default_factory=dict)  # source -> its first row/offset
+    profile: RowProfile = RowProfile()  # what the rows held, for the run-health gate
 
 
 def holdout_mask(source: str, first_row: int, num_rows: int, fraction: float) -> np.ndarray:
@@ -103,11 +131,6 @@ class _DecodeChunkDoFn(_SpecDecodeDoFn):
         super().__init__(spec, options)
         self.holdout_fraction = holdout_fraction
 
-    def setup(self):
-        super().setup()
-        self.train_rows = Metrics.counter("picasso", "train_rows")
-        self.holdout_rows = Metrics.counter("picasso", "holdout_rows")
-
     def _decode(self, chunk: RawChunk, mask: np.ndarray):
         records = _select(chunk.records, mask)
         positions = chunk.first_row + np.flatnonzero(mask)
@@ -122,14 +145,16 @@ class _DecodeChunkDoFn(_SpecDecodeDoFn):
             return
         held = holdout_mask(chunk.source, chunk.first_row, chunk.num_rows, self.holdout_fraction)
         positions = {chunk.source: chunk.first_row + chunk.num_rows}
-        self.records_in.inc(chunk.num_rows)
-        for tag, mask, counter in ((TRAIN, ~held, self.train_rows), (HOLDOUT, held, self.holdout_rows)):
+        self.count("rows_in", chunk.num_rows)
+        for tag, mask in ((TRAIN, ~held), (HOLDOUT, held)):
             if tag == HOLDOUT and not mask.any():
                 continue
             result = self._decode(chunk, mask)
-            counter.inc(result.table.num_rows)
+            self.count(f"{tag}_rows", result.table.num_rows)
+            profile = self.count_profile(result.table, result.absent)
             yield from self.dead_letters(result.dead_letters)
-            yield beam.pvalue.TaggedOutput(tag, DecodedChunk(result.table, positions, {chunk.source: chunk.first_row}))
+            yield beam.pvalue.TaggedOutput(
+                tag, DecodedChunk(result.table, positions, {chunk.source: chunk.first_row}, profile))
 
 
 class DecodeRecords(beam.PTransform):
@@ -164,7 +189,6 @@ class DecodePollDoFn(DecodeDoFn):
 
     def setup(self):
         super().setup()
-        self.messages_in = Metrics.counter("picasso", "messages_in")
         if self.letters is not None:
             self.letters.open()
 
@@ -180,7 +204,7 @@ class DecodePollDoFn(DecodeDoFn):
         # step (training, the server's positions) can move past a message whose letter is
         # not in the topic.
         letters = list(letters)
-        self.dead.inc(len(letters) if refused is None else refused)
+        self.count_refused(letters, refused)
         for letter in letters:
             self.letters.send(letter)
         self.letters.confirm()
@@ -193,8 +217,8 @@ class DecodePollDoFn(DecodeDoFn):
 
     def process(self, messages: Messages):
         decoded = self.decode(messages)
-        self.messages_in.inc(len(messages))
-        self.records_in.inc(decoded.records_in)
+        self.count("messages_in", len(messages))
+        self.count("rows_in", decoded.records_in)
         yield from self.dead_letters(decoded.dead_letters, decoded.records_refused)
         yield self.chunk(messages, decoded, MessageSpan.of_poll(messages, decoded.records_in, decoded.records_refused))
 
@@ -210,6 +234,7 @@ class _DecodeMessagesDoFn(DecodePollDoFn, _SpecDecodeDoFn):
         return decode_messages(self.decoder, self.formats[messages.topic], messages)
 
     def chunk(self, messages: Messages, decoded, span: MessageSpan) -> DecodedMessageChunk:
+        self.count_profile(decoded.table, decoded.absent)
         return DecodedMessageChunk(decoded.table, span)
 
 
