@@ -1,7 +1,8 @@
 """The C++ CPU backend: kernels/csrc/packed_embedding.cpp (lookup, fused update, and row
 gradients as a fused update: see reference.row_gradients_by_sgd_step) and
 kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping) and kernels/csrc/id_map.cpp
-(a dynamic table's id -> row map: see id_map_reference.py), built on first use.
+(a dynamic table's id -> row map: see id_map_reference.py), built on first use as one
+extension, picasso_kernels (kernels/csrc/picasso_kernels.cpp compiles them as one unit).
 
 torch.utils.cpp_extension compiles it against the torch already installed (no build
 isolation, so never a second torch) and caches the build under
@@ -36,7 +37,8 @@ from picasso.kernels.build_lock import build_lock
 from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
 
 _SOURCES = Path(__file__).with_name("csrc")
-_SOURCE_FILES = ("packed_embedding.cpp", "hot_cache.cpp", "id_map.cpp")
+_UNIT = "picasso_kernels.cpp"  # includes the other three
+_SOURCE_FILES = (_UNIT, "packed_embedding.cpp", "hot_cache.cpp", "id_map.cpp")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
@@ -102,15 +104,19 @@ def build_directory() -> Path:
     return root / _build_key()
 
 
-def _build(name: str, source: str):
+def _build(name: str):
     cache = build_directory()
     if os.environ.get("PICASSO_KERNELS_PREBUILT") == "1":
         return _load_prebuilt(name, cache)
     cache.mkdir(parents=True, exist_ok=True)
     with build_lock(cache):
+        # Every source copied in, the unit built: ninja sees the included ones through the
+        # compiler's dependency file, so an edit to any of them rebuilds.
+        for source in _SOURCE_FILES:
+            _source_in(cache, source)
         return cpp_extension.load(
             name=name,
-            sources=[str(_source_in(cache, source))],
+            sources=[str(cache / _UNIT)],
             extra_cflags=list(_CFLAGS),
             extra_ldflags=list(_LDFLAGS),
             build_directory=str(cache),
@@ -131,9 +137,8 @@ def _load_prebuilt(name: str, cache: Path):
     return module
 
 
-_ops = _build("picasso_packed_embedding", "packed_embedding.cpp")
-_cache_ops = _build("picasso_hot_cache", "hot_cache.cpp")
-_id_map_ops = _build("picasso_id_map", "id_map.cpp")
+_kernels = _build("picasso_kernels")
+_ops, _cache_ops, _id_map_ops = _kernels.packed_embedding, _kernels.hot_cache, _kernels.id_map
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
 # (when no field_rows are given) and of the cache ops, kept so that no call pays for filling
 # it. One buffer, as long as the largest table yet, whose first `rows` entries serve any

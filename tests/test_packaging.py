@@ -145,15 +145,15 @@ def skipped(tmp_path_factory, sdist, build_requirements) -> Installed:
 def test_the_sdist_carries_the_cpp_sources_and_building_it_builds_nothing(sdist):
     with tarfile.open(sdist) as archive:
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
-    assert {"kernels/csrc/packed_embedding.cpp", "kernels/csrc/hot_cache.cpp", "kernels/csrc/id_map.cpp",
+    assert {"kernels/csrc/picasso_kernels.cpp", "kernels/csrc/packed_embedding.cpp", "kernels/csrc/hot_cache.cpp",
+            "kernels/csrc/id_map.cpp",
             "kernels/build.py", "pyproject.toml"} <= names
     assert not (sdist.parent / "driver-cache").exists()  # the driver only packs
 
 
 def test_installing_the_sdist_builds_the_kernels_so_first_use_compiles_nothing(built):
     (directory,) = built.build_directories()
-    assert sorted(path.name for path in directory.glob("*.so")) == ["picasso_hot_cache.so", "picasso_id_map.so",
-                                                                    "picasso_packed_embedding.so"]
+    assert sorted(path.name for path in directory.glob("*.so")) == ["picasso_kernels.so"]
     # Loading only what the install built: this raises rather than compile.
     first_use = built.run(["-c", USE_KERNELS], PICASSO_KERNELS_PREBUILT="1")
     assert first_use.returncode == 0, first_use.stderr

@@ -34,12 +34,11 @@ EVENTS = pd.DataFrame({
 MAX_ROWS = 50  # the served model's row limit in this test (PICASSO_SERVING_MAX_ROWS)
 
 
-KERNEL_LIBRARY = "picasso_*.so"  # the C++ kernels' libraries (kernels/cpu.py names each picasso_<ops>)
+KERNEL_LIBRARY = "picasso_*.so"  # the C++ kernels' library (kernels/cpu.py: picasso_kernels.so)
 # What loading kernels that are already built writes in their folder, in any process of the
 # environment (other tests' among them), so that it says nothing of this server: who holds
 # the build lock (kernels/build_lock.py), torch's lock file for the moment of a load, and
-# build.ninja, which torch writes for each library it loads (the three share the folder, so
-# each load rewrites it) before ninja finds nothing to do. A build changes the others: the
+# build.ninja, which torch writes at each load before ninja finds nothing to do. A build changes the others: the
 # objects, the libraries, ninja's log.
 LOAD_RECORDS = {LOCK_FILE, TORCH_LOCK_FILE, "build.ninja"}
 

@@ -13,6 +13,9 @@
 #include <limits>
 #include <vector>
 
+// A namespace of its own: picasso_kernels.cpp compiles the three sources as one unit.
+namespace picasso_kernels::hot_cache {
+
 namespace {
 
 constexpr int64_t kPrefetchDistance = 8;  // ids ahead: enough to hide a DRAM miss per row
@@ -205,7 +208,7 @@ torch::Tensor sketch_add(torch::Tensor counters, torch::Tensor rows, torch::Tens
 
 // The kernels release the GIL: a step computing in one thread and the next batch being
 // prepared in another then run side by side.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void register_ops(py::module_ m) {
   m.def("map_to_slots", &map_to_slots, "de-duplicate a batch's ids and map them to fast-tier indices",
         py::call_guard<py::gil_scoped_release>());
   m.def("positions_in", &positions_in, "positions of the rows that are among others",
@@ -215,3 +218,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("sketch_add", &sketch_add, "conservative count-min sketch update",
         py::call_guard<py::gil_scoped_release>());
 }
+
+}  // namespace picasso_kernels::hot_cache

@@ -17,6 +17,9 @@
 #include <tuple>
 #include <vector>
 
+// A namespace of its own: picasso_kernels.cpp compiles the three sources as one unit.
+namespace picasso_kernels::id_map {
+
 namespace {
 
 constexpr int64_t kEmptyKey = std::numeric_limits<int64_t>::min();
@@ -348,10 +351,12 @@ void rebuild(torch::Tensor index, torch::Tensor row_keys) {
 
 // The kernels release the GIL: a step computing in one thread and the next batch being
 // prepared in another then run side by side.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void register_ops(py::module_ m) {
   m.def("find", &find, "the rows of a batch of keys, and its misses", py::call_guard<py::gil_scoped_release>());
   m.def("admit", &admit, "rows for new keys: free rows, then LFU victims", py::call_guard<py::gil_scoped_release>());
   m.def("expire", &expire, "free the rows last seen before a batch", py::call_guard<py::gil_scoped_release>());
   m.def("rebuild", &rebuild, "the index again from row_keys", py::call_guard<py::gil_scoped_release>());
   m.def("initial_rows", &initial_rows, "the first values of new keys' rows", py::call_guard<py::gil_scoped_release>());
 }
+
+}  // namespace picasso_kernels::id_map

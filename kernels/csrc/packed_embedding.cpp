@@ -13,6 +13,9 @@
 #include <cstdint>
 #include <vector>
 
+// A namespace of its own: picasso_kernels.cpp compiles the three sources as one unit.
+namespace picasso_kernels::packed_embedding {
+
 namespace {
 
 constexpr int64_t kGrainBags = 1024;
@@ -320,9 +323,11 @@ void fused_update(torch::Tensor weight, std::vector<torch::Tensor> slots, torch:
 
 // The kernels release the GIL: a step computing in one thread and the next batch being
 // prepared in another then run side by side.
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+void register_ops(py::module_ m) {
   m.def("lookup", &lookup, "pooled lookup over a packed table",
         py::call_guard<py::gil_scoped_release>());
   m.def("fused_update", &fused_update, "backward of lookup fused with a sparse optimizer step",
         py::call_guard<py::gil_scoped_release>());
 }
+
+}  // namespace picasso_kernels::packed_embedding
