@@ -101,6 +101,7 @@ PACKAGE_DIR = {
     "picasso.connectors.publishing": "connectors/publishing",
     "picasso.connectors.decoding": "connectors/decoding",
     "picasso.connectors.testing": "connectors/testing",
+    "picasso.serving": "serving",
     "picasso.pipelines": "pipelines",
     "picasso.pipelines.transforms": "pipelines/transforms",
     "picasso.pipelines.runs": "pipelines/runs",

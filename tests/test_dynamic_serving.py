@@ -20,10 +20,10 @@ from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.publishing.delta_store import download_delta, download_weights, rebuild_version
 from picasso.connectors.publishing.model_delta import load_delta
 from picasso.connectors.publishing.publication import publish
-from picasso.connectors.serving_rows import decode_request
-from picasso.connectors.serving_weights import file_sha256, serving_state
 from picasso.hashing import key_of
 from picasso.kernels.id_map_reference import EMPTY_KEY
+from picasso.serving.rows import decode_request
+from picasso.serving.weights import file_sha256, serving_state
 from picasso.spec import FeatureSpec, parse_spec
 from picasso.synthetic import PlantedModel
 

@@ -22,8 +22,8 @@ from picasso.checkpoint import load_checkpoint
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.publishing.publication import publish
-from picasso.connectors.serving_rows import decode_request
 from picasso.hashing import hash_to_buckets, key_of, keys_of
+from picasso.serving.rows import decode_request
 from picasso.spec import FeatureSpec, SpecError, parse_spec
 from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer

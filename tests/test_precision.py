@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from picasso.connectors.publishing.publication import publish
-from picasso.connectors.pyfunc_model import model_config
 from picasso.metrics import auc
 from picasso.models import MODELS, build_model
 from picasso.packing import PackingPlan
 from picasso.pipelines.cli.daily import daily_config
 from picasso.pipelines.cli.main import build_parser
 from picasso.pipelines.cli.stream import stream_config
+from picasso.serving.pyfunc_model import model_config
 from picasso.trainer import TrainConfig, Trainer
 
 from picasso.synthetic import PlantedModel

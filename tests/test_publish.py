@@ -27,8 +27,8 @@ from picasso.connectors.publishing.outbox import PublishOutbox
 from picasso.connectors.publishing.policy import PublishPolicy, decide_promotion
 from picasso.connectors.publishing.publication import publish
 from picasso.connectors.retry import RetryPolicy
-from picasso.connectors.serving_weights import file_sha256, load_weights, serving_state
 from picasso.connectors.testing.loopback import free_port
+from picasso.serving.weights import file_sha256, load_weights, serving_state
 
 FAST = PublishPolicy(retry=RetryPolicy(attempts=2, first_backoff_s=0.05, max_backoff_s=0.05), http_timeout_s=5,
                      http_retries=0)
@@ -50,7 +50,7 @@ def published(mlflow_server, tmp_path_factory):
 
 def test_the_model_states_every_feature_in_its_metadata_and_no_input_schema_mlflow_would_enforce(published, mlflow_server):
     """An input schema would make MLflow drop the rows of a request that carry no column
-    of it (connectors/model_signature.py)."""
+    of it (serving/signature.py)."""
     target, _, _, _ = published
     mlflow.set_tracking_uri(mlflow_server)
     info = mlflow.models.get_model_info(f"models:/{target.model_name}/1")

@@ -8,7 +8,6 @@ import json
 import math
 import os
 import subprocess
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 from publish_helpers import CheckpointMaker, fresh_target, request
+from serving_helpers import post, probabilities
 
 from picasso.connectors.publishing.publication import publish
-from picasso.connectors.testing.mlflow_server import served_model
+from picasso.connectors.testing.mlflow_server import picasso_served, served_model
 from picasso.kernels.build_lock import LOCK_FILE, TORCH_LOCK_FILE
 
 EVENTS = pd.DataFrame({
@@ -93,32 +93,11 @@ class Served:
     in_process: mlflow.pyfunc.PyFuncModel
     server: subprocess.Popen
     kernels_at_start: KernelState  # once the server answered /ping, before any request
+    picasso_url: str  # `picasso serve` of the same model
 
 
 def split(frame: pd.DataFrame, **extra) -> dict:
     return {"dataframe_split": json.loads(frame.to_json(orient="split", index=False)), **extra}
-
-
-def post(url: str, body: dict | bytes) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    call = urllib.request.Request(f"{url}/invocations", data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(call, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as err:
-        text = err.read()
-        try:
-            return err.code, json.loads(text)
-        except ValueError:
-            return err.code, {"text": text.decode(errors="replace")}
-
-
-def probabilities(answer: dict, rows: int) -> np.ndarray:
-    """The predictions of a 200 answer: one per row, each a probability (no NaN)."""
-    predictions = answer["predictions"]
-    values = np.array([p["probability"] if isinstance(p, dict) else p for p in predictions], dtype=np.float64)
-    assert len(values) == rows and np.all((values > 0) & (values < 1)), predictions
-    return values
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +113,9 @@ def served(mlflow_server, tmp_path_factory):
     with served_model(uri, mlflow_server, root / "serve.log", {"PICASSO_SERVING_MAX_ROWS": str(MAX_ROWS)}) as (url, server):
         # The server's process group is a session of its own (served_model), which holds
         # the scoring process that mlflow starts.
-        yield Served(url, target.model_name, in_process, server, KernelState.of_session(server.pid))
+        kernels_at_start = KernelState.of_session(server.pid)
+        with picasso_served(uri, mlflow_server, root / "picasso-serve.log", "--max-rows", str(MAX_ROWS)) as (ours, _):
+            yield Served(url, target.model_name, in_process, server, kernels_at_start, ours)
 
 
 def test_the_first_request_is_answered_like_the_tenth(served):
@@ -228,3 +209,25 @@ def test_the_server_survives_every_case_and_still_answers_valid_requests(served)
     with urllib.request.urlopen(f"{served.url}/ping", timeout=30) as response:
         assert response.status == 200
     assert served.server.poll() is None
+
+
+@pytest.mark.parametrize("name", [name for name in HOSTILE if name != "too-many-rows"])
+def test_picasso_serve_refuses_as_mlflow_models_serve_does(served, name):
+    """The same version, the same request: the same status and the same JSON, word for word."""
+    body, _, _ = HOSTILE[name]
+    assert post(served.picasso_url, body) == post(served.url, body)
+
+
+@pytest.mark.parametrize("body", [split(EVENTS), {"dataframe_records": EVENTS.to_dict(orient="records")},
+                                  {"inputs": EVENTS.to_dict(orient="list")},
+                                  split(EVENTS, params={"on_bad_row": "default"}), {"dataframe_records": [{}]}])
+def test_picasso_serve_answers_as_mlflow_models_serve_does(served, body):
+    assert post(served.picasso_url, body) == post(served.url, body)
+
+
+def test_picasso_serve_refuses_more_than_max_rows_with_a_413_and_malformed_json_with_a_400(served):
+    status, answer = post(served.picasso_url, HOSTILE["too-many-rows"][0])
+    assert status == 413
+    assert answer["message"] == f"a request of {MAX_ROWS + 1} rows is over this server's limit of {MAX_ROWS} (--max-rows)"
+    assert post(served.picasso_url, b'{"dataframe_split": ') == post(served.url, b'{"dataframe_split": ')
+    assert post(served.picasso_url, b'{"dataframe_split": ')[0] == 400

@@ -25,7 +25,7 @@ from picasso.connectors.publishing.mlflow_env import tracking_uri
 from picasso.connectors.publishing.model_delta import (DeltaMismatch, apply_delta, compute_delta, delta_stats,
                                                        load_delta, save_delta)
 from picasso.connectors.publishing.registry import latest_version
-from picasso.connectors.serving_weights import file_sha256, load_weights, save_weights
+from picasso.serving.weights import file_sha256, load_weights, save_weights
 
 DELTA_FILE, DELTA_INFO = "delta.pt", "delta.json"
 
@@ -48,9 +48,14 @@ def _model_id(version) -> str:
     return getattr(version, "model_id", None) or version.source.rsplit("/", 1)[-1]
 
 
+def logged_model_location(client: MlflowClient, version) -> str:
+    """Where a registered version's logged model keeps its files (MLmodel at the top)."""
+    return client.get_logged_model(_model_id(version)).artifact_location
+
+
 def download_weights(client: MlflowClient, version, directory: Path) -> Path:
     """A version's serving weights (the weights artifact of its logged model)."""
-    location = client.get_logged_model(_model_id(version)).artifact_location
+    location = logged_model_location(client, version)
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/artifacts/weights.pt",
                                                     dst_path=str(directory), tracking_uri=tracking_uri(client)))
 

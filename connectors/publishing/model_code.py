@@ -9,7 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import picasso
-from picasso import connectors, kernels, models
+from picasso import connectors, kernels, models, serving
 
 # What the pyfunc needs at serving time, and nothing of the trainer's (Beam, Kafka),
 # pinned to the versions it was logged with. torch is pinned without its local build tag
@@ -24,11 +24,11 @@ def serving_requirements() -> list[str]:
 def stage_code(directory: Path) -> Path:
     """A copy of the picasso modules serving imports, shipped inside the model so that it
     loads where picasso is not installed. The subpackages that setup.py maps from folders
-    outside picasso_stage/ (kernels, connectors) are copied in from there."""
+    outside picasso_stage/ (kernels, connectors, serving) are copied in from there."""
     package = directory / "picasso"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(picasso.__path__[0], package, ignore=ignore)
-    for module, name in ((models, "models"), (kernels, "kernels"), (connectors, "connectors")):
+    for module, name in ((models, "models"), (kernels, "kernels"), (connectors, "connectors"), (serving, "serving")):
         if not (package / name).exists():
             shutil.copytree(module.__path__[0], package / name, ignore=ignore)
     return package

@@ -10,13 +10,13 @@ A tensor goes whole into the delta when it is not row-shaped (a scalar), changed
 dtype, is new, or changed in more than half its rows (indices would then cost more than
 they save): dense layers change every step and always go whole, and they are small.
 
-A dynamic table's map travels as its row_keys (connectors/serving_weights.py), whose
+A dynamic table's map travels as its row_keys (serving/weights.py), whose
 changed rows are the rows that changed hands. The delta also names, per map, the ids the
 target added and the ids it dropped: its tombstones, for a serving side that keeps its own
 id index (the pyfunc rebuilds its index from row_keys and needs neither).
 
 Applying a delta to the base it was made from gives tensors equal bit for bit to the
-target, in the target's key order, so saving them (serving_weights.save_weights) gives
+target, in the target's key order, so saving them (serving/weights.py: save_weights) gives
 the target's very bytes; the delta carries both SHA-256s to check that.
 """
 

@@ -5,7 +5,7 @@ publish() makes, for one checkpoint:
   positions, and whatever the trainer put in the checkpoint's metrics), and artifacts:
   the spec, the packing plan, the positions, plots of the metrics over versions, and the
   delta against the previous version (the embedding rows that changed);
-- a pyfunc model (connectors/pyfunc_model.py, logged as models-from-code with the picasso
+- a pyfunc model (serving/pyfunc_model.py, logged as models-from-code with the picasso
   modules it imports and pinned pip requirements (model_code.py); its signature states the
   output and the on_bad_row param, its metadata the spec's input fields);
 - a registered version tagged with the checkpoint id, the source positions and the data
@@ -33,9 +33,7 @@ from mlflow.tracking import MlflowClient
 
 from picasso import storage
 from picasso.checkpoint import Checkpoint, load_checkpoint
-from picasso.connectors import pyfunc_model
 from picasso.connectors.metric_plots import metrics_svg
-from picasso.connectors.model_signature import input_fields, serving_signature
 from picasso.connectors.publishing import registry_tags as tags
 from picasso.connectors.publishing.contract import ModelVersionRef, MLflowTarget, PublishRequest
 from picasso.connectors.publishing.delta_store import DeltaStore
@@ -46,8 +44,10 @@ from picasso.connectors.publishing.registry import (client_for, ensure_experimen
                                                     quote, version_by_alias)
 from picasso.connectors.publishing.run_metrics import flatten_numbers, metric_entities, metric_name
 from picasso.connectors.retry import with_retries
-from picasso.connectors.serving_weights import save_weights, serving_state
 from picasso.packing import PackingPlan
+from picasso.serving import pyfunc_model
+from picasso.serving.signature import input_fields, serving_signature
+from picasso.serving.weights import save_weights, serving_state
 
 MAX_TAG_CHARS = 5000
 MAX_PARAM_CHARS = 6000
@@ -165,7 +165,7 @@ class _Publication:
         client.log_artifacts(run_id, str(artifacts))
         with active_run(run_id), warnings.catch_warnings():
             # An input example would make MLflow run the model at logging time (seconds);
-            # the inputs are stated from the spec instead (connectors/model_signature.py).
+            # the inputs are stated from the spec instead (serving/signature.py).
             warnings.filterwarnings("ignore", message=".*input example was not provided")
             info = mlflow.pyfunc.log_model(
                 name="model",

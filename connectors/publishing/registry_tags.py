@@ -11,6 +11,8 @@ EVALUATION = "picasso.evaluation"
 WEIGHTS_SHA = "picasso.weights_sha256"  # of the serving weights (artifacts/weights.pt of the model)
 DELTA_BYTES = "picasso.delta_bytes"  # of delta/delta.pt
 FULL_BYTES = "picasso.full_bytes"  # of the serving weights
+# The event time (ms) of the newest event a stream's version trained on: serving's freshness.
+NEWEST_EVENT_MS = "picasso.newest_event_ms"
 DELTA_BASE = "picasso.delta_base"  # the version the run's delta/ artifact applies to, or "none"
 PROMOTION = "picasso.promotion"  # promoted | not_promoted; set last: the version is complete
 PROMOTION_REASON = "picasso.promotion_reason"

@@ -1,5 +1,5 @@
-"""A local `mlflow server` on loopback with a SQLite store, and `mlflow models serve` of a
-model, for tests and benchmarks.
+"""A local `mlflow server` on loopback with a SQLite store, and `mlflow models serve` or
+`picasso serve` of a model, for tests and benchmarks.
 
 It can be stopped (killed, as a crash would) and started again on the same port and
 store. One worker and no job execution, so that it starts quickly.
@@ -75,18 +75,38 @@ def served_model(model_uri: str, tracking_uri: str, log_path: Path, env: dict[st
                  timeout: float = 300) -> Iterator[tuple[str, subprocess.Popen]]:
     """`mlflow models serve` of a model on a free loopback port, as a deployment runs it
     (one worker, --env-manager local); yields its base URL once /ping answers, and the
-    process. Its output goes to log_path; its whole process group is killed on the way out."""
+    process."""
     port = free_port()
+    command = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local", "--host",
+               "127.0.0.1", "--port", str(port), "--workers", "1"]
+    with _serving(command, port, {"MLFLOW_TRACKING_URI": tracking_uri, **(env or {})}, log_path,
+                  "mlflow models serve", timeout) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def picasso_served(model_uri: str, tracking_uri: str, log_path: Path, *args: str, env: dict[str, str] | None = None,
+                   timeout: float = 300) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`picasso serve` of a model on a free loopback port, with extra flags `args`; yields
+    its base URL once /ping answers (the first version is loaded by then), and the process."""
+    port = free_port()
+    command = [sys.executable, "-m", "picasso.pipelines.cli", "serve", "--model", model_uri, "--mlflow-uri",
+               tracking_uri, "--host", "127.0.0.1", "--port", str(port), *args]
+    with _serving(command, port, env or {}, log_path, "picasso serve", timeout) as served:
+        yield served
+
+
+@contextlib.contextmanager
+def _serving(command: list[str], port: int, env: dict[str, str], log_path: Path, what: str,
+             timeout: float) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A model server's process, its output in log_path, in a session of its own whose
+    whole process group is killed on the way out."""
     with open(log_path, "wb") as server_log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local", "--host",
-             "127.0.0.1", "--port", str(port), "--workers", "1"],
-            env={**_this_environment(), "MLFLOW_TRACKING_URI": tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true",
-                 **(env or {})},
-            stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(command, env={**_this_environment(), "MLFLOW_DISABLE_TELEMETRY": "true", **env},
+                                  stdout=server_log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_http(f"{url}/ping", server, timeout=timeout, what="mlflow models serve")
+        wait_http(f"{url}/ping", server, timeout=timeout, what=what)
         yield url, server
     finally:
         os.killpg(server.pid, 9)

@@ -1,6 +1,6 @@
 """The `picasso` command line: generate, plan, daily, demo, stream, produce, apply-delta,
-publish-pending, the distributed ps, gba-worker and sync-worker, and broker (a local Kafka
-for trying things).
+publish-pending, promote, the distributed ps, gba-worker and sync-worker, serve (a server
+that follows a model's champion), and broker (a local Kafka for trying things).
 
 Every command is a subparser whose `run` (set_defaults) takes the parsed flags and returns
 the exit status; main dispatches to it and to nothing else. The reporting commands end as
@@ -21,6 +21,7 @@ from picasso.pipelines.cli.generate import add_generate_command, add_plan_comman
 from picasso.pipelines.cli.parser import CommandParser
 from picasso.pipelines.cli.process_exit import run_command
 from picasso.pipelines.cli.publish import add_publish_commands
+from picasso.pipelines.cli.serve import add_serve_command
 from picasso.pipelines.cli.stream import add_produce_parser, add_stream_parser
 
 
@@ -41,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_produce_parser(commands)
     add_ps_commands(commands)  # ps, gba-worker, sync-worker
     add_broker_command(commands)
+    add_serve_command(commands)
     for command in commands.choices.values():
         # After the command too, where it is easier to add to a command line; SUPPRESS:
         # not given there, it leaves the value given before the command.

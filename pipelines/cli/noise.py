@@ -11,7 +11,7 @@ its own text: never a whole logger, nor a whole category of warnings.
   is one the command then says in one line (cli/output.py: bad input): `--debug` keeps it.
 
 MLflow's "Add type hints to the `predict` method" is answered, not silenced: the served
-model's predict says what it takes (connectors/pyfunc_model.py).
+model's predict says what it takes (serving/pyfunc_model.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The publishing side of the `picasso` command line: the publish-policy options shared by
-`daily`, `demo` and `stream`, and the `apply-delta` and `publish-pending` commands."""
+`daily`, `demo` and `stream`, and the `apply-delta`, `publish-pending` and `promote`
+commands."""
 
 from __future__ import annotations
 
@@ -54,7 +55,16 @@ def add_publish_commands(commands) -> list[argparse.ArgumentParser]:
     add_target_args(pending)
     add_publish_args(pending)
     pending.set_defaults(run=reported(_publish_pending_command))
-    return [apply, pending]
+
+    promote = commands.add_parser(
+        "promote", help="point the champion alias (or --alias) at a version: a promotion by hand, or a rollback")
+    promote.add_argument("--version", required=True, help="the version the alias is to point at")
+    promote.add_argument("--alias", default="champion", help="default: %(default)s")
+    promote.add_argument("--workdir", default=".", help="the work folder whose MLflow store (WORKDIR/mlflow.db) holds "
+                         "the model, unless --mlflow-uri names another (default: .)")
+    add_target_args(promote)
+    promote.set_defaults(run=reported(_promote_command))
+    return [apply, pending, promote]
 
 
 def _apply_delta_command(args) -> CommandResult:
@@ -67,6 +77,24 @@ def _publish_pending_command(args) -> CommandResult:
     output = run_publish_pending(args)
     summary("publish-pending", output)
     return CommandResult(output, pending=bool(output["pending"]))
+
+
+def _promote_command(args) -> CommandResult:
+    output = run_promote(args)
+    summary(f"promote: {output['model_name']}@{output['alias']}", output)
+    return CommandResult(output)
+
+
+def run_promote(args) -> dict:
+    from picasso.connectors.publishing.registry import client_for, version_by_alias  # MLflow: see run_apply_delta
+
+    target = _existing_store(args)
+    client = client_for(target)
+    version = client.get_model_version(target.model_name, args.version)  # raises for no such version
+    before = version_by_alias(client, target.model_name, args.alias)
+    client.set_registered_model_alias(target.model_name, args.alias, version.version)
+    return {"model_name": target.model_name, "alias": args.alias, "version": str(version.version),
+            "was": str(before.version) if before else None}
 
 
 def run_apply_delta(args) -> dict:
@@ -103,13 +131,18 @@ _STORE_CHOICE = "--workdir (its WORKDIR/mlflow.db) or --mlflow-uri chooses the s
 
 
 def _existing_store(args) -> MLflowTarget:
-    """The MLflow store apply-delta reads a version from: it must be there already, since a
-    store made here (./mlflow.db, say, for a forgotten --workdir) could hold no version."""
-    default = args.mlflow_uri is None
-    path = Path(args.workdir).resolve() / "mlflow.db" if default else sqlite_path(args.mlflow_uri)
-    if path is not None and not path.is_file():
-        raise FileNotFoundError(f"no MLflow store at {path if default else args.mlflow_uri}: {_STORE_CHOICE}")
+    """The MLflow store apply-delta reads a version from."""
+    check_existing_store(args.workdir, args.mlflow_uri)
     return MLflowTarget.for_workdir(args.workdir, args.mlflow_uri, args.experiment, args.model_name)
+
+
+def check_existing_store(workdir: str, mlflow_uri: str | None) -> None:
+    """A store that versions are read from (apply-delta, serve) must be there already,
+    since a store made here (./mlflow.db, say, for a forgotten --workdir) holds none."""
+    default = mlflow_uri is None
+    path = Path(workdir).resolve() / "mlflow.db" if default else sqlite_path(mlflow_uri)
+    if path is not None and not path.is_file():
+        raise FileNotFoundError(f"no MLflow store at {path if default else mlflow_uri}: {_STORE_CHOICE}")
 
 
 def run_publish_pending(args) -> dict:

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from picasso import storage
+from picasso.connectors.publishing import registry_tags
 from picasso.connectors.publishing.contract import PUBLISHED, PublishRequest
 from picasso.connectors.publishing.outbox import PublishOutbox
 from picasso.connectors.publishing.policy import PublishPolicy
@@ -34,6 +35,13 @@ class VersionInfo:
     run_name: str
     facts: dict  # for the stream's version log: the newest event trained, the cycle, ...
     tags: dict[str, str] = field(default_factory=dict)  # extra version tags (the positions covered)
+
+
+def _freshness_tag(facts: dict) -> dict[str, str]:
+    """The newest event time the version trained on, as a version tag: what a server that
+    follows the champion (picasso serve) measures its freshness from."""
+    newest = facts.get("newest_event_ms")
+    return {} if newest is None else {registry_tags.NEWEST_EVENT_MS: str(int(newest))}
 
 
 class StreamPublisher:
@@ -130,7 +138,8 @@ class StreamPublisher:
                     **(config.joined.params() if config.joined else {})},
             run_name=version.run_name,
             tags={"picasso.evaluation": "progressive", "picasso.window_samples": str(window["window_samples"]),
-                  "picasso.total_samples": str(model.trainer.samples), **version.tags, **verdict.tags()},
+                  "picasso.total_samples": str(model.trainer.samples), **version.tags, **verdict.tags(),
+                  **_freshness_tag(version.facts)},
         )
         outbox = PublishOutbox(config.folders.publish)
         outbox.add(request)

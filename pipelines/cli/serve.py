@@ -1,0 +1,157 @@
+"""`picasso serve`: answer MLflow's scoring protocol for a registered model and follow its
+alias, swapping to each new version (by delta where it can) while it keeps answering
+(picasso/serving/).
+
+    picasso serve --model models:/picasso-ctr@champion --port 8080 --workdir ./workdir
+
+  0  stopped by Ctrl-C or SIGTERM
+  2  nothing to serve: a bad --model, no such store, or no version loaded within
+     --start-timeout-s (the reason in one line)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+
+from picasso.pipelines.cli.metrics_args import add_metrics_arg
+from picasso.pipelines.cli.publish import check_existing_store
+
+DEFAULT_PORT = 8080
+
+
+def add_serve_command(commands) -> None:
+    parser = commands.add_parser(
+        "serve", help="serve a registered model over MLflow's scoring protocol, following its alias",
+        description="Serve models:/NAME@ALIAS (followed: each new version loads beside the served one and replaces "
+                    "it between two requests, by delta when the new version's delta applies to the served one) or a "
+                    "pinned models:/NAME/N or runs:/ model, on /invocations, /ping, /health, /version and /metrics. "
+                    "Runs until Ctrl-C or SIGTERM.",
+        allow_abbrev=False)
+    parser.add_argument("--model", required=True, help="models:/NAME@ALIAS (followed), models:/NAME/N or runs:/... "
+                        "(pinned)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s; 0.0.0.0 "
+                        "for every interface)")
+    parser.add_argument("--poll-s", type=float, default=2.0,
+                        help="seconds between two looks at the alias in the registry (default %(default)s)")
+    parser.add_argument("--max-rows", type=int, default=100_000,
+                        help="rows per request at most; more is refused with 413 (default %(default)s)")
+    parser.add_argument("--workdir", default=".", help="the work folder whose MLflow store (WORKDIR/mlflow.db) holds "
+                        "the model, unless --mlflow-uri names another (default: .)")
+    parser.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+                        help="the registry: default $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="where loaded versions' files are kept (default: a temporary folder, removed at exit)")
+    parser.add_argument("--start-timeout-s", type=float, default=300.0,
+                        help="how long to wait for a first version to serve before giving up (default %(default)s)")
+    add_metrics_arg(parser)
+    parser.set_defaults(run=run_serve)
+
+
+def run_serve(args) -> int:
+    # Heavy imports here: the parser of every other command must not pay for them.
+    import uvicorn
+    from mlflow.tracking import MlflowClient
+    from prometheus_client import CollectorRegistry
+
+    from picasso.connectors.publishing.contract import MLflowTarget
+    from picasso.pipelines.runs.run_metrics import MetricsEndpoint
+    from picasso.serving.follower import Follower, ModelRef
+    from picasso.serving.pyfunc_model import MAX_ROWS_VARIABLE
+    from picasso.serving.server import build_app
+    from picasso.serving.server_metrics import ServeMetrics
+    from picasso.serving.versions import VersionFailure, VersionLoader, describe
+
+    if args.max_rows < 1 or args.poll_s <= 0:
+        print("error: --max-rows must be at least 1 and --poll-s above 0", file=sys.stderr)
+        return 2
+    try:
+        ref = ModelRef.parse(args.model)
+        check_existing_store(args.workdir, args.mlflow_uri)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    tracking = MLflowTarget.for_workdir(args.workdir, args.mlflow_uri).tracking_uri
+    _say_serving_lines()
+    # The pyfunc refuses more rows than this with a 400; the server refuses them first, with a 413.
+    os.environ[MAX_ROWS_VARIABLE] = str(args.max_rows)
+    # A poll that cannot reach the registry fails at once and is tried at the next poll,
+    # rather than in MLflow's retries for minutes (its defaults).
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="picasso-serve-"))
+    client = MlflowClient(tracking, tracking)
+    say = _say
+    follower = Follower(ref, client, VersionLoader(client, cache / "versions"), args.poll_s,
+                        on_swap=lambda old, new: old is not None and say(_swap_line(old, new)))
+    try:
+        try:
+            first = follower.load_first(args.start_timeout_s, say=say)
+        except (VersionFailure, TimeoutError) as err:
+            print(f"error: nothing to serve: {err}", file=sys.stderr)
+            return 2
+        registry = CollectorRegistry()
+        metrics = ServeMetrics(follower, registry)
+        endpoint = None
+        if args.metrics_port is not None:
+            endpoint = MetricsEndpoint(args.metrics_port)
+            endpoint.registry.register(_Same(registry))
+        try:
+            # Bound here rather than by uvicorn, which exits the process on a taken port;
+            # and --port 0 then says which port it got.
+            listening = socket.create_server((args.host, args.port))
+        except OSError as err:
+            print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
+            return 2
+        port = listening.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(build_app(follower, metrics, args.max_rows), log_level="warning",
+                                               access_log=False, lifespan="off"))
+        follower.start()
+        facts = describe(first)
+        say(f"picasso serve: {ref.uri} version {first.version or '(pinned)'} loaded in full "
+            f"({facts['bytes_read'] / 1e6:.1f} MB, {facts['load_s']:.1f} s); answering on "
+            f"http://{args.host}:{port}/invocations" + (f"; metrics {endpoint.url}" if endpoint else "")
+            + (f"; following the alias every {args.poll_s:g} s" if ref.follows else "; pinned"))
+        server.run(sockets=[listening])  # until SIGINT or SIGTERM (uvicorn's handlers), then a graceful shutdown
+        say("picasso serve: stopped")
+        return 0
+    finally:
+        follower.stop()
+        if args.cache_dir is None:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _swap_line(old, new) -> str:
+    return (f"picasso serve: now serving version {new.version}, loaded by {new.loaded_by} "
+            f"({new.bytes_read / 1e6:.2f} MB read, {new.load_s:.2f} s); was version {old.version}")
+
+
+def _say_serving_lines() -> None:
+    """The follower's warnings (a version that failed, the registry down and back) as plain
+    lines on stderr, like every other line of this command."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("picasso.serve")
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+class _Same:
+    """The server's registry, collected again by --metrics-port's endpoint."""
+
+    def __init__(self, registry):
+        self.registry = registry
+
+    def collect(self):
+        return self.registry.collect()

@@ -1,0 +1,10 @@
+"""Serving: what a published version is (the MLflow pyfunc, its request rows, its weights
+and signature) and `picasso serve`, the server that follows a registered model's alias
+and swaps to each new version, by delta where it can, while it keeps answering.
+
+- pyfunc_model.py: the logged model (raw feature columns in, a probability per row out);
+- rows.py: a request's rows decoded, with each bad row's reason;
+- weights.py: the serving weights (what the pyfunc loads, hashes and deltas are of);
+- signature.py: the input signature the version is logged with;
+- versions.py, follower.py, server.py, server_metrics.py: `picasso serve`.
+"""

@@ -1,0 +1,256 @@
+"""One registered version made ready to serve: downloaded whole, or rebuilt from the version
+being served plus its delta, and loaded by MLflow's own pyfunc loader.
+
+A version's folder is the logged model's artifacts as MLflow lays them out (MLmodel, the
+pyfunc's file, the code it carries, artifacts/weights.pt, spec and model config). The
+delta path needs, of the new version, only its MLmodel, its spec, model config and pyfunc
+file (to check that nothing but the weights changed) and its delta: every other file is
+the served folder's (hard-linked), and artifacts/weights.pt is the served weights plus the
+delta, checked against the SHA-256 of both ends (delta_store.rebuild), so the tables are
+the full model's bit for bit. Whatever does not fit (no delta, a delta from another base,
+another spec or code) loads in full.
+
+Loading never touches the version being served: a failure leaves it serving, and says why
+in a VersionFailure whose kind the metrics count.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlflow
+import mlflow.pyfunc
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from picasso.connectors.publishing import registry_tags as tags
+from picasso.connectors.publishing.delta_store import download_delta, logged_model_location, rebuild
+from picasso.connectors.publishing.mlflow_env import tracking_uri
+from picasso.connectors.publishing.model_delta import DeltaMismatch
+
+WEIGHTS = "artifacts/weights.pt"
+# What must be the same in two versions for the delta path: the spec, the architecture and
+# precision, the pyfunc's file. MLmodel changes (its model id) and is always taken new.
+SAME_FOR_A_DELTA = ("artifacts/spec.yaml", "artifacts/model_config.json", "pyfunc_model.py")
+MLMODEL = "MLmodel"
+FULL, DELTA = "full", "delta"  # LoadedVersion.loaded_by
+
+
+@dataclass(frozen=True)
+class LoadedVersion:
+    """A version ready to answer requests: the pyfunc and what the server says of it."""
+
+    model: mlflow.pyfunc.PyFuncModel
+    folder: Path  # its files; artifacts/weights.pt is the base of the next delta
+    version: str  # the registry's version number ("" for a runs:/ or a local model)
+    model_uri: str
+    loaded_by: str  # FULL or DELTA
+    bytes_read: int  # from the artifact store, to load it
+    load_s: float
+    weights_sha256: str | None = None
+    newest_event_ms: int | None = None  # of the newest event it trained on (stream versions)
+    input_fields: tuple[str, ...] = ()  # the request's columns (the spec's fields), from its MLmodel
+
+    @property
+    def input_schema(self):
+        return self.model.metadata.get_input_schema()
+
+
+@dataclass(frozen=True)
+class VersionFailure(Exception):
+    """Why a version did not load. kind: registry (unreachable; tried again), artifact (a
+    file missing or broken), spec (another request contract than the one served), model
+    (the pyfunc failed to load)."""
+
+    version: str
+    kind: str
+    reason: str
+    at: float = field(default_factory=time.time)
+
+    def __str__(self) -> str:
+        return f"version {self.version}: {self.kind}: {self.reason}"
+
+
+REGISTRY, ARTIFACT, SPEC, MODEL = "registry", "artifact", "spec", "model"
+
+
+def is_unreachable(err: BaseException) -> bool:
+    """An error that says the registry or its artifact store could not be reached, rather
+    than what it holds: tried again at the next poll."""
+    if isinstance(err, (ConnectionError, TimeoutError, OSError)) and not isinstance(err, FileNotFoundError):
+        return True
+    if isinstance(err, MlflowException):
+        text = str(err)
+        return err.error_code in ("TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR") or "Max retries" in text \
+            or "Connection" in text
+    return type(err).__module__.startswith(("requests", "urllib3"))
+
+
+class VersionLoader:
+    """Loads versions into folders under `cache` and keeps the served one's files, whose
+    weights the next delta applies to."""
+
+    def __init__(self, client: MlflowClient, cache: Path):
+        self.client = client
+        self.cache = cache
+        cache.mkdir(parents=True, exist_ok=True)
+
+    def load_version(self, name: str, version, served: LoadedVersion | None) -> LoadedVersion:
+        """Version entity `version` of registered model `name`: by delta from `served` where
+        its delta applies to it, else in full. Raises VersionFailure."""
+        number = str(version.version)
+        try:
+            location = logged_model_location(self.client, version)
+        except Exception as err:  # noqa: BLE001 - no logged model behind the version, or no registry
+            raise VersionFailure(number, REGISTRY if is_unreachable(err) else ARTIFACT, _one_line(err)) from err
+        facts = dict(version=number, model_uri=f"models:/{name}/{number}",
+                     weights_sha256=version.tags.get(tags.WEIGHTS_SHA),
+                     newest_event_ms=_int_or_none(version.tags.get(tags.NEWEST_EVENT_MS)))
+        if served is not None and served.version and version.tags.get(tags.DELTA_BASE) == served.version:
+            loaded = self._by_delta(location, version, served, facts)
+            if loaded is not None:
+                return loaded
+        return self._in_full(location, facts, served)
+
+    def load_uri(self, model_uri: str) -> LoadedVersion:
+        """A pinned model (runs:/..., a local folder): in full, once."""
+        return self._in_full(model_uri, dict(version="", model_uri=model_uri), None)
+
+    def _in_full(self, location: str, facts: dict, served: LoadedVersion | None) -> LoadedVersion:
+        started = time.monotonic()
+        folder = self._new_folder(facts["version"])
+        try:
+            # Into a folder named after the location's last part, which is then renamed.
+            got = mlflow.artifacts.download_artifacts(artifact_uri=location, dst_path=str(folder.parent / "download"),
+                                                      tracking_uri=tracking_uri(self.client))
+            os.replace(got, folder)
+        except Exception as err:  # noqa: BLE001 - said as a failure of this version, kind by cause
+            _remove(folder)
+            raise VersionFailure(facts["version"], REGISTRY if is_unreachable(err) else ARTIFACT,
+                                 _one_line(err)) from err
+        finally:
+            shutil.rmtree(folder.parent / "download", ignore_errors=True)
+        return self._loaded(folder, facts, served, FULL, _folder_bytes(folder), started)
+
+    def _by_delta(self, location: str, version, served: LoadedVersion, facts: dict) -> LoadedVersion | None:
+        """The new version from the served folder plus the delta; None where it cannot be
+        (then it loads in full)."""
+        started = time.monotonic()
+        folder = self._new_folder(facts["version"])
+        try:
+            read = 0
+            for name in (MLMODEL, *SAME_FOR_A_DELTA):
+                read += self._download(location, name, folder)
+            if any((folder / name).read_bytes() != (served.folder / name).read_bytes() for name in SAME_FOR_A_DELTA):
+                _remove(folder)
+                return None  # another spec, model or pyfunc: only a full load tells what it is
+            with tempfile.TemporaryDirectory(prefix="picasso-delta-", dir=self.cache) as tmp:
+                delta = download_delta(self.client, version, Path(tmp))
+                read += delta.stat().st_size
+                _link_tree(served.folder, folder, skip={MLMODEL, WEIGHTS, *SAME_FOR_A_DELTA})
+                (folder / WEIGHTS).parent.mkdir(parents=True, exist_ok=True)
+                rebuild(served.folder / WEIGHTS, delta, folder / WEIGHTS)
+        except DeltaMismatch:
+            _remove(folder)
+            return None  # served weights not the delta's base after all: a full load is right
+        except Exception as err:  # noqa: BLE001
+            _remove(folder)
+            if is_unreachable(err):
+                raise VersionFailure(facts["version"], REGISTRY, _one_line(err)) from err
+            return None  # a delta artifact missing or broken: the full model may still be good
+        return self._loaded(folder, facts, served, DELTA, read, started)
+
+    def _download(self, location: str, name: str, folder: Path) -> int:
+        target = folder / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        got = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/{name}", dst_path=str(target.parent),
+                                                       tracking_uri=tracking_uri(self.client)))
+        if got != target:
+            os.replace(got, target)
+        return target.stat().st_size
+
+    def _loaded(self, folder: Path, facts: dict, served: LoadedVersion | None, how: str, read: int,
+                started: float) -> LoadedVersion:
+        try:
+            fields = _input_fields(folder)
+        except Exception as err:  # noqa: BLE001 - no MLmodel, or not one MLflow reads
+            _remove(folder)
+            raise VersionFailure(facts["version"], ARTIFACT, _one_line(err)) from err
+        if served is not None and served.input_fields and fields != served.input_fields:
+            _remove(folder)
+            added, removed = sorted(set(fields) - set(served.input_fields)), sorted(set(served.input_fields) - set(fields))
+            raise VersionFailure(facts["version"], SPEC,
+                                 f"it takes other request fields than version {served.version or served.model_uri} "
+                                 f"(added {added or 'none'}, removed {removed or 'none'}): clients would break; "
+                                 "serve it with a new `picasso serve`")
+        try:
+            model = mlflow.pyfunc.load_model(str(folder))
+        except Exception as err:  # noqa: BLE001
+            _remove(folder)
+            raise VersionFailure(facts["version"], MODEL, _one_line(err)) from err
+        return LoadedVersion(model=model, folder=folder, loaded_by=how, bytes_read=read,
+                             load_s=time.monotonic() - started, input_fields=fields, **facts)
+
+    def _new_folder(self, version: str) -> Path:
+        """CACHE/vN-xxxx/model, not made yet: the model's files go there."""
+        return Path(tempfile.mkdtemp(prefix=f"v{version or 'pinned'}-", dir=self.cache)) / "model"
+
+    def forget(self, loaded: LoadedVersion) -> None:
+        """Remove a version's files once nothing serves it, nor will apply a delta to it."""
+        _remove(loaded.folder)
+
+
+def _remove(folder: Path) -> None:
+    """A version's folder, and the one _new_folder made around it."""
+    shutil.rmtree(folder.parent, ignore_errors=True)
+
+
+def _input_fields(folder: Path) -> tuple[str, ...]:
+    """The request's columns the version documents (serving/signature.py puts them in its
+    MLmodel's metadata)."""
+    from mlflow.models import Model
+
+    metadata = Model.load(str(folder / MLMODEL)).metadata or {}
+    return tuple(sorted(metadata.get("input_fields", {})))
+
+
+def _link_tree(source: Path, target: Path, skip: set[str]) -> None:
+    for path in source.rglob("*"):
+        relative = path.relative_to(source).as_posix()
+        if path.is_dir() or relative in skip:
+            continue
+        destination = target / relative
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, destination)
+        except OSError:  # another filesystem
+            shutil.copyfile(path, destination)
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def _int_or_none(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def describe(loaded: LoadedVersion) -> dict:
+    """What /version and the log say of a loaded version."""
+    return {"version": loaded.version, "model_uri": loaded.model_uri, "loaded_by": loaded.loaded_by,
+            "bytes_read": loaded.bytes_read, "load_s": round(loaded.load_s, 3),
+            "weights_sha256": loaded.weights_sha256, "newest_event_ms": loaded.newest_event_ms}
+
