@@ -1,179 +1,362 @@
-"""Serving latency: p50 and p99 of `mlflow models serve` over HTTP against the in-process pyfunc call.
+"""Serving: `picasso serve` following a stream's champion, against `mlflow models serve`.
 
-A Wide&Deep model on the Criteo spec trains one cycle of planted events (--train-events)
-and is published as version 1 to a local MLflow store (SQLite in a temporary directory).
-A real `mlflow models serve` process (one worker, --env-manager local) then scores raw
-Criteo events, 1, 100 and 10,000 rows a request, posted to /invocations as
-dataframe_split JSON; the same pandas frames go to `mlflow.pyfunc.load_model(uri).predict`.
-An HTTP request is timed from the encoded body to the parsed probabilities (the round
-trip on a new connection, the server's JSON parsing and scoring, JSON decoding of the
-answer). Building the body (`frame.to_json`) is the client's business and depends on it,
-so it is timed apart: client_encode_s@ROWS, the median of 3. Both sides are warmed and
-checked to give the same predictions, then timed in turns (HTTP, in-process, HTTP, ...)
-with the same number of requests, so whatever else the machine does falls on both alike.
+Every server here is a real process on loopback, reading one `mlflow server` (SQLite store),
+as a deployment would. The models are Wide&Deep on the Criteo spec (39 fields), trained on
+planted events. Four parts, each a table:
 
-Baseline: the in-process call runs the same model, decoder and rows with no HTTP, JSON or
-second process, so what it does not pay is what serving adds. Ratio
-`in_process_over_http_p50@ROWS` is the in-process p50 over the HTTP p50 (below 1; higher
-is better). first_request_s is the fresh server's very first request (1 row, before any
-warm-up), tenth_request_s the median of its requests 2 to 10.
+1. Freshness at the endpoint. Events go to a Kafka topic at --rate per second while
+   `picasso stream` (its StreamRunner) trains and publishes a version every --interval-s
+   seconds, and `picasso serve --poll-s --poll-s` follows the champion. A client sends
+   1-row requests without pause and notes, for each answer, when it came and which version
+   gave it (the X-Picasso-Model-Version header). A version's endpoint freshness is the time
+   of its first answer less the time of the newest event it trained on (the message's
+   timestamp, stamped when it was sent). The goal: p50 <= interval + 2 s, p99 <= interval
+   + 4 s. The version served when the client started is left out (it was not swapped in).
+2. Swap cost. Versions one stream interval apart (--rate x --interval-s events each) are
+   published first; then a client sends 100-row requests without pause through phases of
+   --phase-s seconds, in turns: steady (the alias stays) and swapping (the alias moves to
+   the next version every --interval-s seconds, as a stream's publishes would move it).
+   swap_p99_over_steady is the swapping phases' p99 over the steady ones' (LOWER is
+   better: the one ratio here that is not higher-is-better); the goal is at most 1.5, with
+   no failed request.
+3. Delta against full. Each swap of part 2 loads by delta (what the server's /version says
+   of it: bytes read, seconds); each of those versions is then loaded in full by the same
+   loader, in this process, for the same figures. delta_bytes_saving is full bytes over
+   delta bytes (the goal: at least 3).
+4. Throughput against `mlflow models serve` (one worker, --env-manager local: the
+   fastest setting for a CPU model, which scoring threads would only contend on) on the
+   same version, 1, 100 and 10,000 rows a request as dataframe_split JSON, the two servers
+   taken in turns request by request after a warm-up, both checked to give the same
+   answers. vs_mlflow_serve@ROWS is mlflow's p50 over picasso serve's (the goal: at least
+   1.0 at every size).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
+import threading
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
 import numpy as np
 import pandas as pd
+from mlflow.tracking import MlflowClient
 
-from benchmarks.harness import parse_args, report, sized
+from benchmarks.freshness import produce_at_rate, read_versions
+from benchmarks.harness import parse_args, print_table, report, sized
+from benchmarks.kafka_bench import kafka_broker
 from benchmarks.publish import Cycles
 from picasso.builtin_specs import criteo_spec
+from picasso.connectors.decoding.message_formats import encode_json
+from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
+from picasso.connectors.publishing.policy import PublishPolicy
 from picasso.connectors.publishing.publication import publish
-from picasso.connectors.testing.mlflow_server import served_model
+from picasso.connectors.testing.mlflow_server import MlflowServer, picasso_served, served_model
+from picasso.pipelines.runs.stream import StreamConfig, StreamRunner
+from picasso.serving.versions import VersionLoader
 from picasso.synthetic import PlantedModel
+from picasso.trainer import TrainConfig
 
 ROW_COUNTS = (1, 100, 10_000)
-SIDES = ("http", "in_process")
-REQUEST_STREAM = 1_000  # a planted stream the model never trained on
-FIRST_REQUESTS = 10  # the fresh server's first requests: the first against the median of the others
+PARTS = ("freshness", "swaps", "throughput")
+SERVERS = ("mlflow", "picasso")
+REQUEST_STREAM = 1_000  # a planted stream no model here trained on
+VERSION_HEADER = "X-Picasso-Model-Version"
 
 
-def publish_model(work: Path, train_events: int) -> tuple[MLflowTarget, str]:
-    """Train one cycle and publish it to a local store in `work`; the target and models:/ URI."""
-    target = MLflowTarget.for_workdir(work, model_name="serving-bench")
-    cycles = Cycles("criteo", train_events)
-    checkpoint = cycles.train_cycle(work / "checkpoints")
-    metrics = {"auc": 0.7, "logloss": 0.6, "calibration": 1.0, "samples": cycles.trainer.samples}
-    ref = publish(PublishRequest(str(checkpoint), metrics), target)
-    return target, ref.model_uri
-
-
-@contextmanager
-def model_server(target: MLflowTarget, uri: str, work: Path) -> Iterator[str]:
-    """The served model's base URL; on a failure, the server's last words on stderr."""
-    log_path = work / "serve.log"
-    try:
-        with served_model(uri, target.tracking_uri, log_path) as (url, _):
-            yield url
-    except BaseException:
-        # The server's own words are the only clue to why it did not start or answer.
-        print(log_path.read_text(errors="replace")[-4000:], file=sys.stderr)
-        raise
+@dataclass(frozen=True)
+class Answer:
+    sent: float  # time.time() when the request went out
+    seconds: float
+    status: int
+    version: str | None
 
 
 def request_rows(rows: int) -> pd.DataFrame:
-    """Raw Criteo events as a client sends them: the feature columns, no label."""
     spec = criteo_spec()
     table, _ = PlantedModel(spec).sample(rows, stream=REQUEST_STREAM)
     return table.drop_columns([spec.label]).to_pandas()
 
 
 def encode(frame: pd.DataFrame) -> bytes:
-    """The request body: the frame as dataframe_split JSON."""
     return ('{"dataframe_split": ' + frame.to_json(orient="split", index=False) + "}").encode()
 
 
-def post(url: str, body: bytes) -> np.ndarray:
-    """One POST /invocations: an encoded body in, probabilities out."""
+def post(url: str, body: bytes) -> tuple[int, str | None, bytes]:
     call = urllib.request.Request(f"{url}/invocations", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(call, timeout=300) as response:
-        return np.asarray(json.loads(response.read())["predictions"], dtype=np.float64)
+    try:
+        with urllib.request.urlopen(call, timeout=300) as response:
+            return response.status, response.headers.get(VERSION_HEADER), response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get(VERSION_HEADER), err.read()
 
 
-def seconds(fn: Callable[[], object]) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def predictions(payload: bytes) -> np.ndarray:
+    return np.asarray(json.loads(payload)["predictions"], dtype=np.float64)
 
 
-def first_requests(url: str, frame: pd.DataFrame) -> tuple[float, float]:
-    """The fresh server's first request, and the median of the next ones, before any warm-up:
-    what the first caller after a deploy waits, against what later callers wait."""
-    body = encode(frame)
-    times = [seconds(lambda: post(url, body)) for _ in range(FIRST_REQUESTS)]
-    return times[0], float(np.median(times[1:]))
+def timed_post(url: str, body: bytes) -> Answer:
+    sent, started = time.time(), time.perf_counter()
+    status, version, _ = post(url, body)
+    return Answer(sent, time.perf_counter() - started, status, version)
 
 
-def check_same_answers(url: str, model, frame: pd.DataFrame) -> None:
-    """A benchmark of wrong answers would be worthless: one answer per row, the in-process one."""
-    served = post(url, encode(frame))
-    expected = np.asarray(model.predict(frame), dtype=np.float64)
-    assert len(served) == len(frame) == len(expected), (len(served), len(frame), len(expected))
-    assert np.isfinite(served).all(), "the server answered NaN or inf"
-    np.testing.assert_allclose(served, expected, rtol=1e-6)
+class ClientLoop:
+    """Requests without pause from a thread, each answer kept with its phase label."""
+
+    def __init__(self, url: str, body: bytes):
+        self.url, self.body, self.phase = url, body, ""
+        self.answers: list[tuple[str, Answer]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.answers.append((self.phase, timed_post(self.url, self.body)))
+
+    def __enter__(self) -> "ClientLoop":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
-def request_count(rows: int, repeat: int) -> int:
-    return max(5, repeat) if rows >= 10_000 else max(20, 20 * repeat)
+def percentile(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-def encode_seconds(frame: pd.DataFrame) -> float:
-    return float(np.median([seconds(lambda: encode(frame)) for _ in range(3)]))
+def wait_until(condition: Callable[[], object], timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(what)
+        time.sleep(0.05)
+    return found
 
 
-def time_in_turns(url: str, model, frame: pd.DataFrame, requests: int) -> dict[str, list[float]]:
-    """Warm both sides, then alternate them request by request, so drift in the machine's
-    load (another process, a frequency change) does not favour one side."""
-    body = encode(frame)  # every request sends the same rows
-    calls = {"http": lambda: post(url, body), "in_process": lambda: model.predict(frame)}
-    for _ in range(3 if len(frame) < 10_000 else 1):
-        for call in calls.values():
-            call()
-    times = {side: [] for side in SIDES}
-    for _ in range(requests):
-        for side in SIDES:
-            times[side].append(seconds(calls[side]))
-    return times
+def served_facts(url: str) -> dict:
+    with urllib.request.urlopen(f"{url}/version", timeout=60) as response:
+        return json.loads(response.read())
 
 
-def percentiles(times: list[float]) -> tuple[float, float]:
-    return float(np.percentile(times, 50)), float(np.percentile(times, 99))
+# -- 4. throughput against mlflow models serve ---------------------------------------------
+
+
+def throughput(uri: str, work: Path, train_events: int, row_counts, repeat: int) -> tuple[list, dict, dict]:
+    target = MLflowTarget(uri, experiment="serving-bench", model_name=f"throughput-{uuid.uuid4().hex[:6]}")
+    cycles = Cycles("criteo", train_events)
+    checkpoint = cycles.train_cycle(work / "throughput")
+    ref = publish(PublishRequest(str(checkpoint), {"auc": 0.7, "logloss": 0.6, "calibration": 1.0,
+                                                   "samples": cycles.trainer.samples}), target)
+    model_uri = ref.model_uri
+    rows, ratios, metrics = [], {}, {}
+    with served_model(model_uri, uri, work / "mlflow-serve.log") as (theirs, _), \
+            picasso_served(model_uri, uri, work / "picasso-serve.log") as (ours, _):
+        urls = {"mlflow": theirs, "picasso": ours}
+        for count in row_counts:
+            body = encode(request_rows(count))
+            answers = {name: post(url, body) for name, url in urls.items()}
+            assert all(status == 200 for status, _, _ in answers.values()), answers
+            np.testing.assert_array_equal(predictions(answers["mlflow"][2]), predictions(answers["picasso"][2]))
+            requests = max(5, repeat) if count >= 10_000 else max(20, 20 * repeat)
+            times = {name: [] for name in SERVERS}
+            for _ in range(2):  # warm-up, both
+                for url in urls.values():
+                    post(url, body)
+            for _ in range(requests):
+                for name in SERVERS:  # in turns: drift in the machine's load falls on both alike
+                    times[name].append(timed_post(urls[name], body).seconds)
+            p50 = {}
+            for name in SERVERS:
+                p50[name], p99 = percentile(times[name], 50), percentile(times[name], 99)
+                metrics[f"{name}_p50_s@{count}"], metrics[f"{name}_p99_s@{count}"] = p50[name], p99
+                rows.append([f"{count:,}", f"{name} serve", 1000 * p50[name], 1000 * p99, requests])
+            ratios[f"vs_mlflow_serve@{count}"] = p50["mlflow"] / p50["picasso"]
+    return rows, ratios, metrics
+
+
+# -- 2 and 3. swap cost, delta against full -----------------------------------------------
+
+
+def swap_cost(uri: str, work: Path, events_per_version: int, interval_s: float, phase_s: float, phases: int,
+              poll_s: float) -> tuple[list, list, dict, dict]:
+    swaps_per_phase = max(1, int(phase_s / interval_s))
+    target = MLflowTarget(uri, experiment="serving-bench", model_name=f"swaps-{uuid.uuid4().hex[:6]}")
+    cycles = Cycles("criteo", events_per_version)
+    manual = PublishPolicy(auto_promote=False)  # the alias moves here, on the clock, not at publish
+    refs = []
+    for _ in range(1 + phases * swaps_per_phase):
+        checkpoint = cycles.train_cycle(work / "swaps")
+        refs.append(publish(PublishRequest(str(checkpoint), {"auc": 0.7, "logloss": 0.6, "calibration": 1.0,
+                                                             "samples": cycles.trainer.samples}),
+                            target, manual, workspace=work / "swaps-publish"))
+    client = MlflowClient(uri, uri)
+    client.set_registered_model_alias(target.model_name, "champion", refs[0].version)
+    body = encode(request_rows(100))
+    loads = []
+    with picasso_served(f"models:/{target.model_name}@champion", uri, work / "swap-serve.log", "--poll-s",
+                        str(poll_s)) as (url, _), ClientLoop(url, body) as loop:
+        upcoming = iter(refs[1:])
+        for phase in range(2 * phases):
+            loop.phase = "swapping" if phase % 2 else "steady"
+            phase_end = time.monotonic() + phase_s
+            if loop.phase == "steady":
+                time.sleep(phase_s)
+                continue
+            for _ in range(swaps_per_phase):
+                moved = time.monotonic()
+                version = next(upcoming).version
+                client.set_registered_model_alias(target.model_name, "champion", version)
+                loads.append(wait_until(lambda: (f := served_facts(url))["version"] == version and f, 120,
+                                        f"version {version} served"))
+                time.sleep(max(0.0, moved + interval_s - time.monotonic()))
+            time.sleep(max(0.0, phase_end - time.monotonic()))
+    answers = loop.answers
+    by_phase = {name: [a.seconds for phase, a in answers if phase == name and a.status == 200]
+                for name in ("steady", "swapping")}
+    failed = sum(1 for _, a in answers if a.status != 200)
+    rows = [[name, len(times), 1000 * percentile(times, 50), 1000 * percentile(times, 99)]
+            for name, times in by_phase.items()]
+    steady_p99, swapping_p99 = percentile(by_phase["steady"], 99), percentile(by_phase["swapping"], 99)
+
+    # 3: each version the server loaded by delta, loaded again in full here.
+    loader = VersionLoader(client, work / "full-loads")
+    load_rows, delta_bytes, full_bytes, delta_s, full_s = [], [], [], [], []
+    for facts in loads:
+        full = loader.load_version(target.model_name, client.get_model_version(target.model_name, facts["version"]),
+                                   None)
+        loader.forget(full)
+        delta_bytes.append(facts["bytes_read"])
+        full_bytes.append(full.bytes_read)
+        delta_s.append(facts["load_s"])
+        full_s.append(full.load_s)
+        load_rows.append([facts["version"], facts["loaded_by"], facts["bytes_read"] / 1e6, full.bytes_read / 1e6,
+                          facts["load_s"], full.load_s])
+    assert all(facts["loaded_by"] == "delta" for facts in loads), [facts["loaded_by"] for facts in loads]
+    ratios = {"swap_p99_over_steady": swapping_p99 / steady_p99,
+              "delta_bytes_saving": float(np.median(full_bytes)) / float(np.median(delta_bytes))}
+    metrics = {"steady_p99_s": steady_p99, "swapping_p99_s": swapping_p99, "swap_failed_requests": failed,
+               "swaps": len(loads), "events_per_version": events_per_version,
+               "delta_bytes_median": float(np.median(delta_bytes)), "full_bytes_median": float(np.median(full_bytes)),
+               "delta_swap_s_median": float(np.median(delta_s)), "full_swap_s_median": float(np.median(full_s))}
+    return rows, load_rows, ratios, metrics
+
+
+# -- 1. freshness at the endpoint ---------------------------------------------------------
+
+
+def endpoint_freshness(uri: str, work: Path, bootstrap: str | None, rate: float, seconds: float, interval_s: float,
+                       poll_s: float) -> tuple[list, dict, dict]:
+    spec = criteo_spec()
+    table, _ = PlantedModel(spec).sample(int(rate * seconds), stream=7)
+    values = encode_json(table)
+    target = MLflowTarget(uri, experiment="serving-bench", model_name=f"fresh-{uuid.uuid4().hex[:6]}")
+    with kafka_broker(bootstrap) as servers:
+        connection = KafkaConnection(servers)
+        topic = f"serving-fresh-{uuid.uuid4().hex[:6]}"
+        ensure_topic(connection, topic, 1)
+        config = StreamConfig(connection=connection, topics={topic: "json"}, workdir=str(work / "stream"), spec=spec,
+                              mlflow=target, train=TrainConfig(device="cpu"), publish_every_s=interval_s,
+                              idle_sleep_s=0.2, max_seconds=seconds)
+        stop = threading.Event()
+        producer = threading.Thread(target=produce_at_rate, args=(connection, topic, values, rate, stop))
+        stream = threading.Thread(target=lambda: StreamRunner(config).run())
+        producer.start()
+        stream.start()
+        client = MlflowClient(uri, uri)
+        wait_until(lambda: _has_champion(client, target.model_name), 300, "a first version")
+        with picasso_served(f"models:/{target.model_name}@champion", uri, work / "fresh-serve.log", "--poll-s",
+                            str(poll_s)) as (url, _), ClientLoop(url, encode(request_rows(1))) as loop:
+            stream.join()
+            time.sleep(interval_s + 2 * poll_s + 2)  # the last version's swap
+        stop.set()
+        producer.join()
+    answers = [a for _, a in loop.answers if a.status == 200]
+    first_answer: dict[str, float] = {}
+    for answer in answers:
+        first_answer.setdefault(answer.version, answer.sent + answer.seconds)
+    at_start = answers[0].version if answers else None
+    rows, ages = [], []
+    for entry in read_versions(config):
+        version, newest_ms = str(entry["version"]), entry.get("newest_event_ms")
+        if version == at_start or version not in first_answer or not newest_ms:
+            continue
+        age = first_answer[version] - newest_ms / 1000
+        ages.append(age)
+        rows.append([version, (entry["published_ms"] - newest_ms) / 1000, age])
+    failed = sum(1 for _, a in loop.answers if a.status != 200)
+    metrics = {"endpoint_freshness_p50_s": percentile(ages, 50), "endpoint_freshness_p99_s": percentile(ages, 99),
+               "publish_interval_s": interval_s, "poll_s": poll_s, "versions_followed": len(ages),
+               "freshness_failed_requests": failed, "rate_events_per_s": rate}
+    ratios = {"freshness_p50_goal_over_measured": (interval_s + 2) / metrics["endpoint_freshness_p50_s"],
+              "freshness_p99_goal_over_measured": (interval_s + 4) / metrics["endpoint_freshness_p99_s"]}
+    return rows, ratios, metrics
+
+
+def _has_champion(client: MlflowClient, name: str) -> bool:
+    try:
+        return client.get_model_version_by_alias(name, "champion") is not None
+    except Exception:  # noqa: BLE001 - no model or alias yet
+        return False
 
 
 def main() -> None:
     args = parse_args(__doc__.splitlines()[0], lambda p: (
-        p.add_argument("--train-events", type=int, default=10_000, help="planted events the served model trains on"),),
-        smoke={"train_events": 2048, "repeat": 1})
-    frames = {rows: request_rows(rows) for rows in sized(args, ROW_COUNTS, ROW_COUNTS[:2])}  # --smoke: no 10,000
+        p.add_argument("--train-events", type=int, default=10_000, help="events the throughput model trains on"),
+        p.add_argument("--interval-s", type=float, default=2.0, help="seconds between two versions"),
+        p.add_argument("--poll-s", type=float, default=1.0, help="picasso serve's --poll-s"),
+        p.add_argument("--rate", type=float, default=2000.0, help="events per second, into the stream"),
+        p.add_argument("--seconds", type=float, default=40.0, help="how long the stream of part 1 runs"),
+        p.add_argument("--phase-s", type=float, default=10.0, help="length of a steady or swapping phase"),
+        p.add_argument("--phases", type=int, default=3, help="steady and swapping phases, each"),
+        p.add_argument("--bootstrap", default=None, help="a Kafka to use (default: a Tansu broker started here)"),
+        p.add_argument("--parts", default=",".join(PARTS), help=f"which parts to run (default: all of {','.join(PARTS)})")),
+        smoke={"train_events": 2048, "repeat": 1, "seconds": 8.0, "rate": 500.0, "phase_s": 2.0, "phases": 1})
+    parts = set(args.parts.split(","))
+    if parts - set(PARTS):
+        raise SystemExit(f"--parts: unknown {sorted(parts - set(PARTS))}; choose among {','.join(PARTS)}")
+    ratios, metrics, speed_rows = {}, {"failed_requests": 0}, []
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
-        target, uri = publish_model(work, args.train_events)
-        mlflow.set_tracking_uri(target.tracking_uri)  # publish puts back the caller's URI; load from the store
-        model = mlflow.pyfunc.load_model(uri)
-        started = time.perf_counter()
-        with model_server(target, uri, work) as url:
-            start_s = time.perf_counter() - started
-            first_s, tenth_s = first_requests(url, frames[1])
-            timings, encode_s = {}, {}
-            for rows, frame in frames.items():
-                check_same_answers(url, model, frame)
-                timings[rows] = time_in_turns(url, model, frame, request_count(rows, args.repeat))
-                encode_s[rows] = encode_seconds(frame)
-
-    table, ratios = [], {}
-    metrics = {"server_start_s": start_s, "first_request_s": first_s, "tenth_request_s": tenth_s,
-               "train_events": args.train_events}
-    for rows, by_side in timings.items():
-        metrics[f"requests@{rows}"], metrics[f"client_encode_s@{rows}"] = len(by_side["http"]), encode_s[rows]
-        p50 = {}
-        for side in SIDES:
-            p50[side], p99 = percentiles(by_side[side])
-            metrics[f"{side}_p50_s@{rows}"], metrics[f"{side}_p99_s@{rows}"] = p50[side], p99
-            table.append([f"{rows:,}", side, 1000 * p50[side], 1000 * p99, len(by_side[side])])
-        ratios[f"in_process_over_http_p50@{rows}"] = p50["in_process"] / p50["http"]
-    report("serving", ["rows", "side", "p50 ms", "p99 ms", "requests"], table, ratios, metrics, args.json,
-           caption=f"server start {start_s:.1f} s; first request {1000 * first_s:.1f} ms, "
-                   f"requests 2-{FIRST_REQUESTS} median {1000 * tenth_s:.1f} ms")
+        with MlflowServer(work / "registry") as uri:
+            if "freshness" in parts:
+                rows, part_ratios, part_metrics = endpoint_freshness(
+                    uri, work, args.bootstrap, args.rate, args.seconds, args.interval_s, args.poll_s)
+                print_table("serving: freshness at the endpoint", ["version", "published after newest event (s)",
+                                                                    "first answered after newest event (s)"], rows,
+                            caption=f"a version every {args.interval_s:g} s, --poll-s {args.poll_s:g}: goal p50 <= "
+                                    f"{args.interval_s + 2:g} s, p99 <= {args.interval_s + 4:g} s")
+                ratios.update(part_ratios)
+                metrics.update(part_metrics)
+                metrics["failed_requests"] += part_metrics["freshness_failed_requests"]
+            if "swaps" in parts:
+                rows, load_rows, part_ratios, part_metrics = swap_cost(
+                    uri, work, int(args.rate * args.interval_s), args.interval_s, args.phase_s, args.phases,
+                    args.poll_s)
+                print_table("serving: swap cost, 100 rows a request", ["phase", "requests", "p50 ms", "p99 ms"], rows,
+                            caption=f"a swap every {args.interval_s:g} s in the swapping phases; goal p99 ratio "
+                                    "<= 1.5 (swap_p99_over_steady: lower is better)")
+                print_table("serving: delta swap against a full reload", ["version", "served by", "delta MB",
+                                                                           "full MB", "delta s", "full s"], load_rows)
+                ratios.update(part_ratios)
+                metrics.update(part_metrics)
+                metrics["failed_requests"] += part_metrics["swap_failed_requests"]
+            if "throughput" in parts:
+                speed_rows, part_ratios, part_metrics = throughput(
+                    uri, work, args.train_events, sized(args, ROW_COUNTS, ROW_COUNTS[:2]), args.repeat)
+                ratios.update(part_ratios)
+                metrics.update(part_metrics)
+    report("serving", ["rows", "server", "p50 ms", "p99 ms", "requests"], speed_rows, ratios, metrics, args.json,
+           caption="throughput on one version, in turns; vs_mlflow_serve@ROWS = mlflow p50 / picasso p50")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ stays broken until the alias moves on.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 import time
@@ -29,6 +30,7 @@ from picasso.serving.versions import REGISTRY, LoadedVersion, VersionFailure, Ve
 log = logging.getLogger("picasso.serve")
 
 _ALIAS_URI = re.compile(r"^models:/(?P<name>[^/@]+)@(?P<alias>[^/@]+)/?$")
+LOADER_NICE = 19
 _VERSION_URI = re.compile(r"^models:/(?P<name>[^/@]+)/(?P<version>\d+)/?$")
 
 
@@ -118,11 +120,22 @@ class Follower:
     # -- following -----------------------------------------------------------------------
 
     def _follow(self) -> None:
+        # Loading a version is background work: at the lowest CPU priority this thread can
+        # have (Linux: a thread's own nice value), requests being answered come first.
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LOADER_NICE)
+        except (AttributeError, OSError):  # not Linux, or not allowed
+            pass
+        said = None
         while not self._stop.wait(self.poll_s):
             try:
                 self._poll_once()
-            except Exception:  # noqa: BLE001 - the follower must outlive anything one poll meets
-                log.exception("picasso serve: a poll of %s failed", self.ref.uri)
+                said = None
+            except Exception as err:  # noqa: BLE001 - the follower must outlive anything one poll meets
+                line = f"picasso serve: a look at {self.ref.uri} failed: {type(err).__name__}: {err}"
+                if line != said:  # once, not once a poll
+                    log.warning("%s; still serving version %s", line, self.served.version if self.served else "none")
+                said = line
 
     def _poll_once(self, raise_failures: bool = False) -> None:
         wanted = self._wanted_version(raise_failures)

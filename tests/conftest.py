@@ -35,6 +35,16 @@ def _mlflow_uris_stay_with_their_test():
         yield
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _mlflow_uris_stay_with_their_module():
+    """The same around a module, for its module-scoped fixtures (test_serving's points
+    MLflow at the server): set up before them, it puts the URIs back after their teardown.
+    Without it, a later module in the same worker published to that server: a stream's
+    retry that should have made version 1 of its own store made version 2 there."""
+    with kept_fluent_uris():
+        yield
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory) -> str:
     """A real `mlflow server` with a SQLite store; yields its tracking URI."""

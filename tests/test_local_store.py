@@ -171,6 +171,6 @@ def test_a_stream_that_ends_with_a_version_pending_exits_3_and_counts_it(kafka_b
     done = subprocess.run(retry, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["pending"] == 0 and summary["versions"] == ["1"] and summary["messages"] == 0
+    assert summary["pending"] == 0 and summary["versions"] == ["1"] and summary["messages"] == 0, done.stderr[-5000:]
     [record] = [json.loads(line) for line in (workdir / "runs" / "stream-versions.jsonl").read_text().splitlines()]
     assert record["version"] == "1"

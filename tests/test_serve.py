@@ -228,6 +228,7 @@ def test_serving_goes_on_while_the_registry_is_down_and_follows_it_when_it_is_ba
 @pytest.mark.parametrize("model, says", [
     ("models:/x", "give models:/NAME@ALIAS"),
     ("models:/x@champion", "points at no version"),
+    ("models:/no-such-model/3", "nothing to serve"),
 ])
 def test_nothing_to_serve_is_one_line_and_exit_2(mlflow_server, tmp_path, model, says):
     done = subprocess.run([sys.executable, "-m", "picasso.pipelines.cli", "serve", "--model", model, "--mlflow-uri",

@@ -57,6 +57,7 @@ def add_serve_command(commands) -> None:
 def run_serve(args) -> int:
     # Heavy imports here: the parser of every other command must not pay for them.
     import uvicorn
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
     from prometheus_client import CollectorRegistry
 
@@ -93,8 +94,8 @@ def run_serve(args) -> int:
     try:
         try:
             first = follower.load_first(args.start_timeout_s, say=say)
-        except (VersionFailure, TimeoutError) as err:
-            print(f"error: nothing to serve: {err}", file=sys.stderr)
+        except (VersionFailure, TimeoutError, MlflowException) as err:  # the last: no such version, say
+            print(f"error: nothing to serve: {' '.join(str(err).split())}", file=sys.stderr)
             return 2
         registry = CollectorRegistry()
         metrics = ServeMetrics(follower, registry)
