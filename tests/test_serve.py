@@ -93,14 +93,19 @@ def test_a_client_that_never_pauses_gets_every_version_in_order_each_answer_that
                                                                                           tmp_path):
     target, publish_next = publisher
     uri = f"models:/{target.model_name}@champion"
-    with picasso_served(uri, mlflow_server, tmp_path / "serve.log", *POLL) as (url, _), ClientLoop(url) as client:
-        for version in ("2", "3"):
-            ref = publish_next()
-            assert ref.version == version and ref.champion and ref.delta_base == str(int(version) - 1)
-            wait_for(lambda: served_version(url) == version, f"version {version} served")
-        answered = len(client.answers)
-        wait_for(lambda: len(client.answers) > answered + 3, "answers from version 3")
+    with picasso_served(uri, mlflow_server, tmp_path / "serve.log", *POLL) as (url, _):
+        with ClientLoop(url) as client:
+            for version in ("2", "3"):
+                ref = publish_next()
+                assert ref.version == version and ref.champion and ref.delta_base == str(int(version) - 1)
+                wait_for(lambda: served_version(url) == version, f"version {version} served")
+            answered = len(client.answers)
+            wait_for(lambda: len(client.answers) > answered + 3, "answers from version 3")
+        # The client has stopped: every request it made is in the server's metrics.
         deltas, fulls = metric(url, 'picasso_serve_swaps_total{how="delta"}'), metric(url, 'picasso_serve_swaps_total{how="full"}')
+        answered = metric(url, 'picasso_serve_request_seconds_count{status="200"}')
+        assert answered == len(client.answers)
+        assert metric(url, "picasso_serve_request_rows_sum") == len(EVENTS) * answered
     assert all(answer.status == 200 for answer in client.answers), [a for a in client.answers if a.status != 200][:3]
     seen = [int(answer.version) for answer in client.answers]
     assert seen == sorted(seen) and set(seen) == {1, 2, 3}  # never backwards, none missed at the end

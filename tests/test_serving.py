@@ -94,6 +94,8 @@ class Served:
     server: subprocess.Popen
     kernels_at_start: KernelState  # once the server answered /ping, before any request
     picasso_url: str  # `picasso serve` of the same model
+    picasso_server: subprocess.Popen
+    picasso_kernels_at_start: KernelState  # once it answered /ping
 
 
 def split(frame: pd.DataFrame, **extra) -> dict:
@@ -114,8 +116,9 @@ def served(mlflow_server, tmp_path_factory):
         # The server's process group is a session of its own (served_model), which holds
         # the scoring process that mlflow starts.
         kernels_at_start = KernelState.of_session(server.pid)
-        with picasso_served(uri, mlflow_server, root / "picasso-serve.log", "--max-rows", str(MAX_ROWS)) as (ours, _):
-            yield Served(url, target.model_name, in_process, server, kernels_at_start, ours)
+        with picasso_served(uri, mlflow_server, root / "picasso-serve.log", "--max-rows", str(MAX_ROWS)) as (ours, process):
+            yield Served(url, target.model_name, in_process, server, kernels_at_start, ours, process,
+                         KernelState.of_session(process.pid))
 
 
 def test_the_first_request_is_answered_like_the_tenth(served):
@@ -231,3 +234,15 @@ def test_picasso_serve_refuses_more_than_max_rows_with_a_413_and_malformed_json_
     assert answer["message"] == f"a request of {MAX_ROWS + 1} rows is over this server's limit of {MAX_ROWS} (--max-rows)"
     assert post(served.picasso_url, b'{"dataframe_split": ') == post(served.url, b'{"dataframe_split": ')
     assert post(served.picasso_url, b'{"dataframe_split": ')[0] == 400
+
+
+def test_picasso_serve_has_its_kernels_and_model_loaded_before_its_port_opens(served):
+    """As for mlflow models serve above: every kernel library of the build folder is mapped
+    into the process by the time it answers /ping, and answering leaves that folder as it was."""
+    start = served.picasso_kernels_at_start
+    assert start.folder is not None, "no C++ kernel library was loaded before the port opened"
+    built = {str(path.resolve()) for path in start.folder.glob("*.so")}
+    assert built and built <= start.mapped
+    for _ in range(3):
+        assert post(served.picasso_url, split(EVENTS))[0] == 200
+    assert KernelState.of_session(served.picasso_server.pid, start.folder).files == start.files
