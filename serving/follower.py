@@ -20,17 +20,19 @@ import os
 import re
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 from mlflow.tracking import MlflowClient
 
 from picasso.connectors.publishing.registry import version_by_alias
-from picasso.serving.versions import REGISTRY, LoadedVersion, VersionFailure, VersionLoader, is_unreachable
+from picasso.serving.versions import REGISTRY, LoadedVersion, VersionFailure, VersionLoader, describe, is_unreachable
 
 log = logging.getLogger("picasso.serve")
 
 _ALIAS_URI = re.compile(r"^models:/(?P<name>[^/@]+)@(?P<alias>[^/@]+)/?$")
 LOADER_NICE = 19
+RECENT_SWAPS = 20  # loads /health lists
 _VERSION_URI = re.compile(r"^models:/(?P<name>[^/@]+)/(?P<version>\d+)/?$")
 
 
@@ -68,6 +70,7 @@ class SwapRecord:
     registry_error: str | None = None  # the last poll's, while the registry is unreachable
     last_poll: float | None = None  # time.time() of the last poll that reached the registry
     wanted: str | None = None  # the version the alias points at
+    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT_SWAPS))  # describe() of the last loads
 
 
 class Follower:
@@ -199,6 +202,7 @@ class Follower:
     def _swap(self, loaded: LoadedVersion) -> None:
         old, self.served = self.served, loaded  # one assignment: a request sees the old or the new
         self.record.swaps[loaded.loaded_by] = self.record.swaps.get(loaded.loaded_by, 0) + 1
+        self.record.recent.append({**describe(loaded), "swapped_at": time.time()})
         self.record.failed.pop(loaded.version, None)
         if old is not None:
             # Its files only: a request that took it still holds the model, loaded in memory.
@@ -221,4 +225,5 @@ class Follower:
             "registry_error": self.record.registry_error,
             "failed_versions": {version: {"kind": f.kind, "reason": f.reason} for version, f in self.record.failed.items()},
             "last_poll_age_s": None if self.record.last_poll is None else round(time.time() - self.record.last_poll, 3),
+            "recent_swaps": list(self.record.recent),
         }
