@@ -15,7 +15,6 @@ written for MLflow works unchanged. What picasso adds:
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import time
 
@@ -56,6 +55,7 @@ class _Scored:
         self.model, self.max_rows, self.metrics = loaded.model, max_rows, metrics
         self.metadata = loaded.model.metadata
 
+    # `params` by name: invocations() passes a request's params only to a predict that takes them.
     def predict(self, data, params=None):
         rows = len(data) if hasattr(data, "__len__") else 1
         if rows > self.max_rows:
@@ -63,8 +63,6 @@ class _Scored:
         self.metrics.observe_rows(rows)
         return self.model.predict(data, params=params)
 
-
-assert "params" in inspect.signature(_Scored.predict).parameters  # invocations() passes params only then
 
 
 def _score(loaded: LoadedVersion, body: bytes, content_type: str, max_rows: int, metrics: ServeMetrics):
