@@ -17,7 +17,7 @@ import time
 import pytest
 from helpers import CLI_PROCESS, refusal_in_process
 
-from picasso.connectors.testing.loopback import free_port
+from picasso.connectors.testing.loopback import free_port, listening
 
 HANG_GUARD_SECONDS = 120
 
@@ -40,14 +40,6 @@ def stopped(process: subprocess.Popen) -> tuple[int, str]:
     process.send_signal(signal.SIGTERM)
     out, err = process.communicate(timeout=HANG_GUARD_SECONDS)
     return process.returncode, out + err
-
-
-def listening(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=2).close()
-        return True
-    except OSError:
-        return False
 
 
 def topics(bootstrap: str) -> set[str]:

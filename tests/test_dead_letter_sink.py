@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import time
 
 import apache_beam as beam
@@ -21,6 +20,7 @@ from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_sink import MAX_REASON_BYTES, MessageDeadLetter, WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import FETCH_SETTINGS
 from picasso.connectors.testing.kafka_broker import TansuBroker
+from picasso.connectors.testing.loopback import listening
 
 MiB = 1024 * 1024
 
@@ -161,18 +161,10 @@ def stop_broker_at(offset: int, pid: int, port: int):
         if one.offset == offset:
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + 30  # a hang guard
-            while time.monotonic() < deadline and port_open(port):
+            while time.monotonic() < deadline and listening(port):
                 time.sleep(0.05)
         return one
     return step
-
-
-def port_open(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def test_a_broker_gone_mid_way_fails_the_pipeline_and_a_rerun_writes_every_letter(restartable_broker, kafka_topic):

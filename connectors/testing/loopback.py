@@ -1,8 +1,9 @@
-"""What the loopback servers share: a free port, waiting for an HTTP endpoint, and a server
-process on a fixed loopback port."""
+"""What the loopback servers share: a free port, whether a port is listening, waiting for an
+HTTP endpoint, and a server process on a fixed loopback port."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import tempfile
 import time
@@ -10,6 +11,15 @@ import urllib.request
 from pathlib import Path
 
 from picasso.distributed.transport import free_port  # noqa: F401 - the tests' free port
+
+
+def listening(port: int, timeout: float = 2.0) -> bool:
+    """Whether something accepts connections on the loopback port."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
 
 
 def wait_http(url: str, process: subprocess.Popen | None, timeout: float, what: str = "server") -> None:
