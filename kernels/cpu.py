@@ -23,10 +23,12 @@ unless PICASSO_KERNELS=cpu forces this backend). It needs no compiler or ninja a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import sys
+import sysconfig
 import threading
 from pathlib import Path
 
@@ -109,7 +111,7 @@ def _build(name: str):
     if os.environ.get("PICASSO_KERNELS_PREBUILT") == "1":
         return _load_prebuilt(name, cache)
     cache.mkdir(parents=True, exist_ok=True)
-    with build_lock(cache):
+    with build_lock(cache), _this_environments_ninja():
         # Every source copied in, the unit built: ninja sees the included ones through the
         # compiler's dependency file, so an edit to any of them rebuilds.
         for source in _SOURCE_FILES:
@@ -122,6 +124,29 @@ def _build(name: str):
             build_directory=str(cache),
             verbose=False,
         )
+
+
+@contextlib.contextmanager
+def _this_environments_ninja():
+    """PATH with this environment's scripts folder first while cpp_extension runs `ninja`
+    from it: the ninja that setup.py installs beside picasso, whatever else is on PATH.
+    ninja versions keep their log (.ninja_log) differently and each takes the other's build
+    for stale, so two processes of one environment, one started with the environment on
+    PATH and one not (a server started by its full path; the processes a test starts),
+    would each rebuild the folder the other built: half a minute at every start."""
+    scripts = sysconfig.get_path("scripts")
+    before = os.environ.get("PATH")
+    if not (Path(scripts) / "ninja").exists():
+        yield  # no ninja of its own: the one on PATH, as before
+        return
+    os.environ["PATH"] = os.pathsep.join([scripts, *([before] if before else [])])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PATH", None)
+        else:
+            os.environ["PATH"] = before
 
 
 def _load_prebuilt(name: str, cache: Path):

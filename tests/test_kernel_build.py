@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -37,9 +38,10 @@ def with_cache(root: Path) -> dict[str, str]:
     return {**os.environ, "PICASSO_KERNEL_CACHE": str(root)}
 
 
-def use_kernels(python: str | Path, root: Path) -> subprocess.CompletedProcess:
-    """Run USE_KERNELS in the environment of `python`; its stdout is the build directory."""
-    result = subprocess.run([str(python), "-c", USE_KERNELS], env=with_cache(root), capture_output=True,
+def use_kernels(python: str | Path, root: Path, **env: str) -> subprocess.CompletedProcess:
+    """Run USE_KERNELS in the environment of `python` (with the variables env); its stdout
+    is the build directory."""
+    result = subprocess.run([str(python), "-c", USE_KERNELS], env={**with_cache(root), **env}, capture_output=True,
                             text=True, timeout=HANG_GUARD_SECONDS)
     assert result.returncode == 0, result.stderr
     return result
@@ -106,3 +108,21 @@ def test_two_environments_keep_their_own_build_and_never_rebuild(cache_root, tmp
         use_kernels(python, cache_root)
     for env in pythons:
         assert build_outputs(directory_of[env]) == outputs_after_first_use[env], f"the {env} env rebuilt"
+
+
+def test_a_process_with_another_ninja_first_on_path_uses_the_environments_and_never_rebuilds(cache_root, tmp_path):
+    """Another ninja's log is not this one's: a process started with another ninja first on
+    PATH (this environment not activated, the system's ninja) would rebuild the folder, and
+    the next process with the environment's ninja would rebuild it back. Here the other
+    ninja is one that only notes it was run."""
+    directory = Path(use_kernels(sys.executable, cache_root).stdout.strip())
+    before = build_outputs(directory)
+    other, ran = tmp_path / "other-ninja", tmp_path / "other-ninja-ran"
+    other.mkdir()
+    (other / "ninja").write_text(f"#!/bin/sh\ntouch {ran}\nexit 1\n")
+    (other / "ninja").chmod(0o755)
+    scripts = sysconfig.get_path("scripts")
+    path = [other, *(entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry != scripts)]
+    use_kernels(sys.executable, cache_root, PATH=os.pathsep.join(map(str, path)))
+    assert not ran.exists(), "the build ran the ninja first on PATH, not the environment's"
+    assert build_outputs(directory) == before
