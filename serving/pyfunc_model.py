@@ -13,6 +13,7 @@ see serving/rows.py. A request of more than PICASSO_SERVING_MAX_ROWS rows
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -63,8 +64,28 @@ class CtrModel(mlflow.pyfunc.PythonModel):
         # promoted it is this model's (bf16: the dense part under autocast, models.common).
         self.model = build_model(config["model"], self.spec, self.plan, tuple(config["hidden"]),
                                  precision=config.get("precision", UNRECORDED_PRECISION))
-        weights = torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True, map_location="cpu")
-        # Serving weights leave out what only training reads (serving_weights.py); any
+        self._take_weights(torch.load(context.artifacts[ARTIFACT_WEIGHTS], weights_only=True, map_location="cpu"))
+        self.decoder = RecordDecoder(self.spec, DecodeOptions(require_label=False))
+        self.max_rows = int(os.environ.get(MAX_ROWS_VARIABLE, DEFAULT_MAX_ROWS))
+        self._warm_up()
+
+    def with_weights(self, weights: dict[str, torch.Tensor]) -> "CtrModel":
+        """This model with other weights of the same architecture (a version taken as this
+        one plus a delta, serving/versions.py), loaded and warm: the spec, plan and decoder
+        are shared, the module is a copy. This one keeps answering meanwhile, unchanged."""
+        twin = copy.copy(self)
+        twin.model = copy.deepcopy(self.model)
+        twin._take_weights(weights)
+        twin._warm_up()
+        return twin
+
+    def serving_weights(self) -> dict[str, torch.Tensor]:
+        """The module's tensors that its version's weights file holds (serving/weights.py),
+        the module's own, not copies: what a delta from this version applies to."""
+        return {key: value for key, value in self.model.state_dict().items() if not is_training_only(key)}
+
+    def _take_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        # Serving weights leave out what only training reads (serving/weights.py); any
         # other missing or unexpected tensor means weights of another model.
         result = self.model.load_state_dict(weights, strict=False)
         missing = [key for key in result.missing_keys if not is_training_only(key)]
@@ -73,12 +94,12 @@ class CtrModel(mlflow.pyfunc.PythonModel):
         if "dynamic_rows" in self.model._modules:  # the weights carry each row's key, not the index
             self.model.dynamic_rows.rebuild_index()
         self.model.eval()
-        self.decoder = RecordDecoder(self.spec, DecodeOptions(require_label=False))
-        self.max_rows = int(os.environ.get(MAX_ROWS_VARIABLE, DEFAULT_MAX_ROWS))
-        # Warm at start: the first scoring loads the kernels (and builds them where this
-        # environment has not), which would otherwise land on the first request. The row
-        # has every field, so every decoding and hashing path runs once too.
-        self.predict(context, _row_of_every_field(self.spec))
+
+    def _warm_up(self) -> None:
+        # The first scoring loads the kernels (and builds them where this environment has
+        # not), which would otherwise land on the first request. The row has every field,
+        # so every decoding and hashing path runs once too.
+        self.predict(None, _row_of_every_field(self.spec))
 
     # The hint is what MLflow asks for (it warns at class creation without one): a DataFrame
     # hint asks for no validation and infers no signature, the logged one stands (publication.py).

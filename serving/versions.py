@@ -1,14 +1,18 @@
-"""One registered version made ready to serve: downloaded whole, or rebuilt from the version
-being served plus its delta, and loaded by MLflow's own pyfunc loader.
+"""One registered version made ready to serve: downloaded whole and loaded by MLflow's own
+pyfunc loader, or built in memory from the version being served plus its delta.
 
 A version's folder is the logged model's artifacts as MLflow lays them out (MLmodel, the
 pyfunc's file, the code it carries, artifacts/weights.pt, spec and model config). The
-delta path needs, of the new version, only its MLmodel, its spec, model config and pyfunc
-file (to check that nothing but the weights changed) and its delta: every other file is
-the served folder's (hard-linked), and artifacts/weights.pt is the served weights plus the
-delta, checked against the SHA-256 of both ends (delta_store.rebuild), so the tables are
-the full model's bit for bit. Whatever does not fit (no delta, a delta from another base,
-another spec or code) loads in full.
+delta path reads, of the new version, only its MLmodel and its delta. The MLmodel's
+metadata says what the pyfunc is built from besides the weights (built_from_sha256, over
+the spec, model config and pyfunc file: serving/signature.py); where that is the served
+version's, the new version is the served one with other weights, so the delta is applied
+to a copy of the served model's tensors, checked against the SHA-256 of both ends (the
+served weights, and the new version's weights file as it would be saved), and loaded into
+a copy of the served model; no file is written, and MLflow's loader (its YAML, its model
+build) does not run. The tables are the full model's bit for bit. Whatever does not fit
+(no delta, a delta from another base, another spec or code, a served model loaded some
+other way) loads in full.
 
 Loading never touches the version being served: a failure leaves it serving, and says why
 in a VersionFailure whose kind the metrics count.
@@ -16,6 +20,7 @@ in a VersionFailure whose kind the metrics count.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -27,16 +32,20 @@ import mlflow
 import mlflow.pyfunc
 import yaml
 from mlflow.exceptions import MlflowException
+from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
 from picasso.connectors.publishing import registry_tags as tags
-from picasso.connectors.publishing.delta_store import download_delta, logged_model_location, rebuild
-from picasso.connectors.publishing.mlflow_env import tracking_uri
-from picasso.connectors.publishing.model_delta import DeltaMismatch
+from picasso.connectors.publishing.delta_store import download_delta, logged_model_location
+from picasso.connectors.publishing.mlflow_env import pyfunc_with, python_model_of, tracking_uri
+from picasso.connectors.publishing.model_delta import apply_delta, load_delta
+from picasso.serving.signature import BUILT_FROM, INPUT_FIELDS, built_from_sha256
+from picasso.serving.weights import file_sha256, weights_sha256
 
 WEIGHTS = "artifacts/weights.pt"
-# What must be the same in two versions for the delta path: the spec, the architecture and
-# precision, the pyfunc's file. MLmodel changes (its model id) and is always taken new.
+# What must be the same in two versions for the delta path, in built_from_sha256's order:
+# the spec, the architecture and precision, the pyfunc's file. MLmodel changes (its model
+# id) and is always taken new.
 SAME_FOR_A_DELTA = ("artifacts/spec.yaml", "artifacts/model_config.json", "pyfunc_model.py")
 MLMODEL = "MLmodel"
 FULL, DELTA = "full", "delta"  # LoadedVersion.loaded_by
@@ -47,13 +56,14 @@ class LoadedVersion:
     """A version ready to answer requests: the pyfunc and what the server says of it."""
 
     model: mlflow.pyfunc.PyFuncModel
-    folder: Path  # its files; artifacts/weights.pt is the base of the next delta
+    folder: Path | None  # its files, for a version loaded in full (one built in memory has none)
     version: str  # the registry's version number ("" for a runs:/ or a local model)
     model_uri: str
     loaded_by: str  # FULL or DELTA
     bytes_read: int  # from the artifact store, to load it
     load_s: float
-    weights_sha256: str | None = None
+    weights_sha256: str | None = None  # of its weights, checked: what a delta from it must name as its base
+    built_from: str | None = None  # built_from_sha256 of its spec, model config and pyfunc file
     newest_event_ms: int | None = None  # of the newest event it trained on (stream versions)
     input_fields: tuple[str, ...] = ()  # the request's columns (the spec's fields), from its MLmodel
 
@@ -78,6 +88,7 @@ class VersionFailure(Exception):
 
 
 REGISTRY, ARTIFACT, SPEC, MODEL = "registry", "artifact", "spec", "model"
+log = logging.getLogger("picasso.serve")
 
 
 def is_unreachable(err: BaseException) -> bool:
@@ -93,8 +104,8 @@ def is_unreachable(err: BaseException) -> bool:
 
 
 class VersionLoader:
-    """Loads versions into folders under `cache` and keeps the served one's files, whose
-    weights the next delta applies to."""
+    """Loads versions: in full into folders under `cache` (kept while the version is
+    served), or by delta from the served version, in memory."""
 
     def __init__(self, client: MlflowClient, cache: Path):
         self.client = client
@@ -136,35 +147,47 @@ class VersionLoader:
                                  _one_line(err)) from err
         finally:
             shutil.rmtree(folder.parent / "download", ignore_errors=True)
-        return self._loaded(folder, facts, served, FULL, _folder_bytes(folder), started)
+        return self._loaded(folder, facts, served, _folder_bytes(folder), started)
 
     def _by_delta(self, location: str, version, served: LoadedVersion, facts: dict) -> LoadedVersion | None:
-        """The new version from the served folder plus the delta; None where it cannot be
-        (then it loads in full)."""
+        """The new version as the served one plus the delta, in memory; None where it cannot
+        be (then it loads in full)."""
+        served_model = python_model_of(served.model)
+        if not hasattr(served_model, "with_weights") or served.built_from is None or served.weights_sha256 is None:
+            return None  # loaded by another pyfunc than this picasso's, or without its facts
         started = time.monotonic()
-        folder = self._new_folder(facts["version"])
         try:
-            read = 0
-            for name in (MLMODEL, *SAME_FOR_A_DELTA):
-                read += self._download(location, name, folder)
-            if any((folder / name).read_bytes() != (served.folder / name).read_bytes() for name in SAME_FOR_A_DELTA):
-                _remove(folder)
-                return None  # another spec, model or pyfunc: only a full load tells what it is
             with tempfile.TemporaryDirectory(prefix="picasso-delta-", dir=self.cache) as tmp:
-                delta = download_delta(self.client, version, Path(tmp))
-                read += delta.stat().st_size
-                _link_tree(served.folder, folder, skip={MLMODEL, WEIGHTS, *SAME_FOR_A_DELTA})
-                (folder / WEIGHTS).parent.mkdir(parents=True, exist_ok=True)
-                rebuild(served.folder / WEIGHTS, delta, folder / WEIGHTS)
-        except DeltaMismatch:
-            _remove(folder)
-            return None  # served weights not the delta's base after all: a full load is right
+                folder = Path(tmp)
+                read = self._download(location, MLMODEL, folder)
+                meta = _read_mlmodel(folder)
+                built_from = (meta.get("metadata") or {}).get(BUILT_FROM)
+                if built_from is None:  # logged before versions said it: from the files themselves
+                    read += sum(self._download(location, name, folder) for name in SAME_FOR_A_DELTA)
+                    built_from = _built_from(folder)
+                if built_from != served.built_from:
+                    return None  # another spec, model or pyfunc: only a full load tells what it is
+                delta_file = download_delta(self.client, version, folder)
+                read += delta_file.stat().st_size
+                delta = load_delta(delta_file)
         except Exception as err:  # noqa: BLE001
-            _remove(folder)
             if is_unreachable(err):
                 raise VersionFailure(facts["version"], REGISTRY, _one_line(err)) from err
             return None  # a delta artifact missing or broken: the full model may still be good
-        return self._loaded(folder, facts, served, DELTA, read, started)
+        if delta.get("base_sha256") != served.weights_sha256:
+            return None  # made from other weights than the served ones: a full load is right
+        try:
+            weights = apply_delta(served_model.serving_weights(), delta)
+            if weights_sha256(weights) != delta["target_sha256"]:
+                return None  # not the version's weights after all: its file is the truth
+            model = pyfunc_with(served.model, served_model.with_weights(weights), Model.from_dict(meta))
+        except Exception as err:  # noqa: BLE001 - the served model could not take them: a full load says why
+            log.info("picasso serve: version %s by delta failed (%s); loading it in full", facts["version"],
+                     _one_line(err))
+            return None
+        return LoadedVersion(model=model, folder=None, loaded_by=DELTA, bytes_read=read,
+                             load_s=time.monotonic() - started, built_from=built_from,
+                             input_fields=_fields_of(meta), **{**facts, "weights_sha256": delta["target_sha256"]})
 
     def _download(self, location: str, name: str, folder: Path) -> int:
         target = folder / name
@@ -175,10 +198,13 @@ class VersionLoader:
             os.replace(got, target)
         return target.stat().st_size
 
-    def _loaded(self, folder: Path, facts: dict, served: LoadedVersion | None, how: str, read: int,
+    def _loaded(self, folder: Path, facts: dict, served: LoadedVersion | None, read: int,
                 started: float) -> LoadedVersion:
         try:
-            fields = _input_fields(folder)
+            fields = _fields_of(_read_mlmodel(folder))
+            # Of the files themselves: what a delta from this version must name as its base.
+            facts = {**facts, "weights_sha256": file_sha256(folder / WEIGHTS) if (folder / WEIGHTS).exists() else None}
+            built_from = _built_from(folder) if all((folder / name).exists() for name in SAME_FOR_A_DELTA) else None
         except Exception as err:  # noqa: BLE001 - no MLmodel, or not one MLflow reads
             _remove(folder)
             raise VersionFailure(facts["version"], ARTIFACT, _one_line(err)) from err
@@ -194,16 +220,17 @@ class VersionLoader:
         except Exception as err:  # noqa: BLE001
             _remove(folder)
             raise VersionFailure(facts["version"], MODEL, _one_line(err)) from err
-        return LoadedVersion(model=model, folder=folder, loaded_by=how, bytes_read=read,
-                             load_s=time.monotonic() - started, input_fields=fields, **facts)
+        return LoadedVersion(model=model, folder=folder, loaded_by=FULL, bytes_read=read,
+                             load_s=time.monotonic() - started, input_fields=fields, built_from=built_from, **facts)
 
     def _new_folder(self, version: str) -> Path:
         """CACHE/vN-xxxx/model, not made yet: the model's files go there."""
         return Path(tempfile.mkdtemp(prefix=f"v{version or 'pinned'}-", dir=self.cache)) / "model"
 
     def forget(self, loaded: LoadedVersion) -> None:
-        """Remove a version's files once nothing serves it, nor will apply a delta to it."""
-        _remove(loaded.folder)
+        """Remove a version's files once nothing serves it."""
+        if loaded.folder is not None:
+            _remove(loaded.folder)
 
 
 def _remove(folder: Path) -> None:
@@ -211,26 +238,22 @@ def _remove(folder: Path) -> None:
     shutil.rmtree(folder.parent, ignore_errors=True)
 
 
-def _input_fields(folder: Path) -> tuple[str, ...]:
-    """The request's columns the version documents (serving/signature.py puts them in its
-    MLmodel's metadata). Read with libyaml where PyYAML has it: the pure-Python parser
-    holds the GIL for tens of milliseconds on a 400-field model, while requests wait."""
+def _read_mlmodel(folder: Path) -> dict:
+    """A version's MLmodel, as a dict. Read with libyaml where PyYAML has it: the
+    pure-Python parser holds the GIL for tens of milliseconds on a 400-field model, while
+    requests wait."""
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    metadata = yaml.load((folder / MLMODEL).read_text(), Loader=loader).get("metadata") or {}
-    return tuple(sorted(metadata.get("input_fields", {})))
+    return yaml.load((folder / MLMODEL).read_text(), Loader=loader)
 
 
-def _link_tree(source: Path, target: Path, skip: set[str]) -> None:
-    for path in source.rglob("*"):
-        relative = path.relative_to(source).as_posix()
-        if path.is_dir() or relative in skip:
-            continue
-        destination = target / relative
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, destination)
-        except OSError:  # another filesystem
-            shutil.copyfile(path, destination)
+def _fields_of(mlmodel: dict) -> tuple[str, ...]:
+    """The request's columns the version documents (serving/signature.py puts them in its
+    MLmodel's metadata)."""
+    return tuple(sorted((mlmodel.get("metadata") or {}).get(INPUT_FIELDS, {})))
+
+
+def _built_from(folder: Path) -> str:
+    return built_from_sha256(*((folder / name).read_bytes() for name in SAME_FOR_A_DELTA))
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -45,13 +45,23 @@ def save_weights(state: dict[str, torch.Tensor], path: str | Path) -> str:
     after the file, so equal weights under two names would differ in bytes. The hash is
     taken as the bytes go out, rather than by reading hundreds of MB back."""
     with open(path, "wb") as f:
-        hashing = _HashingWriter(f)
-        torch.save(state, hashing)
+        return _save_hashing(state, f)
+
+
+def weights_sha256(state: dict[str, torch.Tensor]) -> str:
+    """The SHA-256 save_weights would return for state, with nothing written: how serving
+    checks weights it rebuilt in memory against the version's."""
+    return _save_hashing(state, None)
+
+
+def _save_hashing(state: dict[str, torch.Tensor], f) -> str:
+    hashing = _HashingWriter(f)
+    torch.save(state, hashing)
     return hashing.digest.hexdigest()
 
 
 class _HashingWriter:
-    """A write-only file that hashes what passes through it."""
+    """A write-only file that hashes what passes through it, on to f (None: nowhere)."""
 
     def __init__(self, f):
         self.f = f
@@ -59,10 +69,11 @@ class _HashingWriter:
 
     def write(self, data) -> int:
         self.digest.update(data)
-        return self.f.write(data)
+        return self.f.write(data) if self.f is not None else len(data)
 
     def flush(self) -> None:
-        self.f.flush()
+        if self.f is not None:
+            self.f.flush()
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:

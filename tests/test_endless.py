@@ -122,6 +122,10 @@ def _assert_versions_once(workdir: Path, final: Path, why: str) -> None:
     registered = Counter((str(v.version), v.tags[tags.CHECKPOINT_PATH]) for v in versions)
     assert recorded == registered and max(recorded.values()) == 1, f"{recorded} against {registered}; {why}"
     assert str(final) in {v.tags[tags.CHECKPOINT_PATH] for v in versions}, why
+    # The newest event each version trained on, as picasso serve reads it for its freshness.
+    newest = {r["version"]: r.get("newest_event_ms") for r in _versions_logged(workdir)}
+    assert all(newest.values()) and all(v.tags.get(tags.NEWEST_EVENT_MS) == str(newest[str(v.version)])
+                                        for v in versions), why
     metrics = sorted((m["samples"], m["window_samples"])
                      for m in (client.get_run(v.run_id).data.metrics for v in versions))
     assert all(window == samples - before for (samples, window), (before, _) in zip(metrics, [(0, 0)] + metrics)), \

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -26,8 +27,12 @@ from test_dynamic_serving import dynamic_spec
 from picasso.connectors.publishing.publication import publish
 from picasso.connectors.testing.mlflow_server import MlflowServer, picasso_served
 from picasso.serving.follower import ModelRef
+from picasso.connectors.publishing import registry_tags as tags
+from picasso.connectors.publishing.mlflow_env import python_model_of
+from picasso.serving import versions
+from picasso.serving.signature import BUILT_FROM
 from picasso.serving.versions import DELTA, FULL, WEIGHTS, VersionLoader
-from picasso.serving.weights import load_weights
+from picasso.serving.weights import file_sha256, weights_sha256
 
 HANG_GUARD_S = 240
 POLL = ("--poll-s", "0.3")
@@ -118,8 +123,10 @@ def test_a_client_that_never_pauses_gets_every_version_in_order_each_answer_that
 
 
 def test_the_delta_path_rebuilds_the_full_models_tables_bit_for_bit_with_dynamic_tables(mlflow_server, tmp_path):
-    """New ids and evicted ones (tombstones) in every version; each loaded by delta equals
-    the same version loaded in full: weights file, every tensor, and every prediction."""
+    """New ids and evicted ones (tombstones) in every version; each built in memory from
+    the one before plus its delta equals the same version loaded in full: every tensor bit
+    for bit (the bytes its weights file would have), and every prediction; and the version
+    it was built from answers as before."""
     target = fresh_target(mlflow_server)
     maker = CheckpointMaker(tmp_path / "checkpoints", spec=dynamic_spec())
     refs = [publish(request(maker.next(), 0.7), target) for _ in range(3)]
@@ -129,17 +136,53 @@ def test_the_delta_path_rebuilds_the_full_models_tables_bit_for_bit_with_dynamic
     events = pd.DataFrame({"item": ["never-seen", 5, "7"], "d1": [1.0, 2.0, None], "h": ["a", "b", 3]})
     for ref in refs:
         version = client.get_model_version(target.model_name, ref.version)
+        before = None if served is None else served.model.predict(events)
         loaded = by_delta.load_version(target.model_name, version, served)
         assert loaded.loaded_by == (FULL if served is None else DELTA)
         full = in_full.load_version(target.model_name, version, None)
-        assert (loaded.folder / WEIGHTS).read_bytes() == (full.folder / WEIGHTS).read_bytes()
-        ours, theirs = load_weights(loaded.folder / WEIGHTS), load_weights(full.folder / WEIGHTS)
-        assert list(ours) == list(theirs) and all(torch.equal(ours[k], theirs[k]) for k in ours)
+        # What the publisher says the version is built from is what its files hash to.
+        assert full.model.metadata.metadata[BUILT_FROM] == full.built_from == loaded.built_from
+        assert full.weights_sha256 == file_sha256(full.folder / WEIGHTS) == version.tags[tags.WEIGHTS_SHA]
+        ours, theirs = (python_model_of(v.model).serving_weights() for v in (loaded, full))
+        assert list(ours) == list(theirs) and weights_sha256(ours) == weights_sha256(theirs) == full.weights_sha256
+        assert loaded.weights_sha256 == full.weights_sha256
         np.testing.assert_array_equal(loaded.model.predict(events), full.model.predict(events))
         if served is not None:
-            assert loaded.bytes_read * 3 < full.bytes_read  # the delta and four small files, not the model
+            assert loaded.bytes_read * 3 < full.bytes_read  # its MLmodel and delta, not the model
+            np.testing.assert_array_equal(served.model.predict(events), before)
+            assert not np.array_equal(loaded.model.predict(events), before)
             by_delta.forget(served)
+        in_full.forget(full)
         served = loaded
+
+
+def test_a_version_logged_before_versions_said_what_they_are_built_from_still_loads_by_delta(
+        mlflow_server, tmp_path, monkeypatch):
+    """Without built_from_sha256 in its MLmodel, a version's spec, model config and pyfunc
+    file are read and hashed instead; the same ones still make a delta version, others a
+    full load."""
+    target = fresh_target(mlflow_server)
+    maker = CheckpointMaker(tmp_path / "checkpoints")
+    refs = [publish(request(maker.next(), 0.7), target) for _ in range(2)]
+    client = MlflowClient(mlflow_server, mlflow_server)
+    read_mlmodel = versions._read_mlmodel
+
+    def as_logged_before(folder):
+        mlmodel = read_mlmodel(folder)
+        mlmodel["metadata"].pop(BUILT_FROM)
+        return mlmodel
+
+    monkeypatch.setattr(versions, "_read_mlmodel", as_logged_before)
+    loader = VersionLoader(client, tmp_path / "cache")
+    first, second = (client.get_model_version(target.model_name, ref.version) for ref in refs)
+    served = loader.load_version(target.model_name, first, None)
+    assert served.built_from is not None  # from its files
+    loaded = loader.load_version(target.model_name, second, served)
+    assert loaded.loaded_by == DELTA and loaded.weights_sha256 == second.tags[tags.WEIGHTS_SHA]
+    small = sum((served.folder / name).stat().st_size for name in (versions.MLMODEL, *versions.SAME_FOR_A_DELTA))
+    assert loaded.bytes_read > small  # the three files were read
+    other = replace(served, built_from="0" * 64)  # as if the served version had another spec
+    assert loader.load_version(target.model_name, second, other).loaded_by == FULL
 
 
 def test_a_rollback_by_picasso_promote_is_followed(publisher, mlflow_server, tmp_path):

@@ -93,6 +93,8 @@ def test_stream_publishes_versions_tagged_with_their_checkpoint(streamed, mlflow
     assert last.tags["picasso.checkpoint_id"] == Path(summary.checkpoint).name
     assert json.loads(last.tags["picasso.positions"]) == load_checkpoint(summary.checkpoint).positions
     assert records[-1]["newest_event_ms"] > 0
+    # picasso serve's freshness is read from this tag (serving/server_metrics.py)
+    assert int(last.tags["picasso.newest_event_ms"]) == records[-1]["newest_event_ms"]
 
 
 def test_stream_sends_bad_messages_to_the_dead_letter_topic(streamed):

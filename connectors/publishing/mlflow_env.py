@@ -9,6 +9,9 @@ puts back after, so that it never redirects or reconfigures its caller's later M
 - project_run_id, tracking_uri: what a publish reads of that state.
 - create_sqlite_schema: the whole schema of a new SQLite store, the way MLflow's client
   makes it, for connectors/local_store.py to build the embedded store in one step.
+- python_model_of, pyfunc_with: the PythonModel inside a loaded pyfunc, and a pyfunc like
+  it around another PythonModel and MLmodel, for serving/versions.py to swap in a version
+  built in memory (the served one plus a delta) without MLflow's loader reading files.
 
 MLflow's private globals are used here and nowhere else in picasso, for one reason: the
 public getters cannot say "unset". mlflow.get_tracking_uri() answers the default store
@@ -17,21 +20,28 @@ process (and export it to MLFLOW_TRACKING_URI); only the module globals behind
 set_tracking_uri/set_registry_uri hold None for "unset". Likewise MlflowClient has no
 public attribute naming its tracking URI, and MLflow has no public call that creates a
 store's schema, nor one that forgets the engine it caches per URI (a store built under a
-temporary name must not keep it open after the rename). Checked against MLflow 3.17.2
+temporary name must not keep it open after the rename), nor one that builds a pyfunc
+around a PythonModel already in memory (PyFuncModel's constructor is public, but the
+wrapper MLflow's loader puts a PythonModel in, which adapts predict's arguments, is
+private). Checked against MLflow 3.17.2
 (mlflow/tracking/_tracking_service/utils.py `_tracking_uri` and `_get_sqlalchemy_store`,
 mlflow/tracking/_model_registry/utils.py `_registry_uri`, MlflowClient._tracking_client,
-SqlAlchemyStore._engine_map);
+SqlAlchemyStore._engine_map, PyFuncModel._model_impl and mlflow/pyfunc/model.py
+_PythonModelPyfuncWrapper's python_model and signature);
 setup.py asks for mlflow>=3.0, so check these names again when MLflow moves.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Iterable
 from contextlib import contextmanager
 
 import mlflow
+from mlflow.models import Model
+from mlflow.pyfunc import FLAVOR_NAME, PyFuncModel
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 from mlflow.tracking._model_registry import utils as registry_utils
@@ -121,3 +131,19 @@ def create_sqlite_schema(uri: str, artifact_root: str | None) -> None:
     store = tracking_utils._get_sqlalchemy_store(uri, artifact_root)
     store.engine.dispose()
     SqlAlchemyStore._engine_map.pop(uri, None)
+
+
+def python_model_of(pyfunc: PyFuncModel):
+    """The PythonModel a pyfunc loaded by mlflow.pyfunc.load_model runs; None for a pyfunc
+    of another kind (another flavor's loader, or another MLflow's wrapper)."""
+    return getattr(getattr(pyfunc, "_model_impl", None), "python_model", None)
+
+
+def pyfunc_with(like: PyFuncModel, python_model, meta: Model) -> PyFuncModel:
+    """A pyfunc as load_model would make of meta (an MLmodel) whose PythonModel is
+    python_model, which is loaded already: like's wrapper, copied, around it."""
+    wrapper = copy.copy(like._model_impl)
+    wrapper.python_model, wrapper.signature = python_model, meta.signature
+    flavor = meta.flavors[FLAVOR_NAME]
+    return PyFuncModel(model_meta=meta, model_impl=wrapper, predict_fn=flavor.get("predict_fn", "predict"),
+                       model_id=meta.model_id)

@@ -46,7 +46,7 @@ from picasso.connectors.publishing.run_metrics import flatten_numbers, metric_en
 from picasso.connectors.retry import with_retries
 from picasso.packing import PackingPlan
 from picasso.serving import pyfunc_model
-from picasso.serving.signature import input_fields, serving_signature
+from picasso.serving.signature import BUILT_FROM, INPUT_FIELDS, built_from_sha256, input_fields, serving_signature
 from picasso.serving.weights import save_weights, serving_state
 
 MAX_TAG_CHARS = 5000
@@ -163,6 +163,9 @@ class _Publication:
         run_id = run.info.run_id
         client.log_batch(run_id, params=[Param(k, v) for k, v in self.params().items()])
         client.log_artifacts(run_id, str(artifacts))
+        config = _write_model_config(checkpoint, tmp)
+        built_from = built_from_sha256((artifacts / "spec.yaml").read_bytes(), config.read_bytes(),
+                                       Path(pyfunc_model.__file__).read_bytes())
         with active_run(run_id), warnings.catch_warnings():
             # An input example would make MLflow run the model at logging time (seconds);
             # the inputs are stated from the spec instead (serving/signature.py).
@@ -173,12 +176,12 @@ class _Publication:
                 artifacts={
                     pyfunc_model.ARTIFACT_WEIGHTS: str(weights),
                     pyfunc_model.ARTIFACT_SPEC: str(artifacts / "spec.yaml"),
-                    pyfunc_model.ARTIFACT_CONFIG: str(_write_model_config(checkpoint, tmp)),
+                    pyfunc_model.ARTIFACT_CONFIG: str(config),
                 },
                 code_paths=[str(stage_code(tmp / "code"))],
                 pip_requirements=serving_requirements(),
                 signature=serving_signature(),
-                metadata={"input_fields": input_fields(checkpoint.spec)},
+                metadata={INPUT_FIELDS: input_fields(checkpoint.spec), BUILT_FROM: built_from},
             )
         # The metrics after the model, each naming it: logged before, log_model would read
         # every metric's history back from the server to link it to the model.
