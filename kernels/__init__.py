@@ -134,6 +134,14 @@ def id_map_expire(index, row_keys, last_seen, counts, free_rows, free_count, old
     return _host_op("id_map_expire")(index, row_keys, last_seen, counts, free_rows, free_count, older_than, keep)
 
 
+def id_map_resolve(index, row_keys, last_seen, counts, free_rows, free_count, keys, now, expire_rows, older_than, keep,
+                   lfu, protect_since, default_row, sketch_counters, sketch_multipliers, sketch_bits, sketch_added,
+                   sketch_window, admit_after):
+    return _host_op("id_map_resolve")(index, row_keys, last_seen, counts, free_rows, free_count, keys, now,
+                                      expire_rows, older_than, keep, lfu, protect_since, default_row, sketch_counters,
+                                      sketch_multipliers, sketch_bits, sketch_added, sketch_window, admit_after)
+
+
 def id_map_rebuild(index, row_keys):
     return _host_op("id_map_rebuild")(index, row_keys)
 
@@ -143,5 +151,5 @@ def id_map_initial_rows(keys, width, scale):
 
 
 __all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "fused_update", "id_map_admit",
-           "id_map_expire", "id_map_find", "id_map_initial_rows", "id_map_rebuild", "load_backend", "lookup", "map_to_slots", "positions_in",
+           "id_map_expire", "id_map_find", "id_map_initial_rows", "id_map_rebuild", "id_map_resolve", "load_backend", "lookup", "map_to_slots", "positions_in",
            "row_gradients", "sketch_add"]

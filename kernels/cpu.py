@@ -265,6 +265,16 @@ def id_map_expire(index, row_keys, last_seen, counts, free_rows, free_count, old
                                     int(keep)))
 
 
+def id_map_resolve(index, row_keys, last_seen, counts, free_rows, free_count, keys, now: int, expire_rows: bool,
+                   older_than: int, keep: int, lfu: bool, protect_since: int, default_row: int, sketch_counters,
+                   sketch_multipliers, sketch_bits: int, sketch_added, sketch_window: int, admit_after: float):
+    return tuple(_id_map_ops.resolve(index, row_keys, last_seen, counts, free_rows, free_count, keys.contiguous(),
+                                     int(now), bool(expire_rows), int(older_than), int(keep), bool(lfu),
+                                     int(protect_since), int(default_row), sketch_counters,
+                                     sketch_multipliers.flatten(), int(sketch_bits), sketch_added, int(sketch_window),
+                                     float(admit_after)))
+
+
 def id_map_rebuild(index, row_keys) -> None:
     _id_map_ops.rebuild(index, row_keys)
 

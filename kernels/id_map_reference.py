@@ -34,6 +34,8 @@ Four ops:
   (by last_seen, then row), but never so many that fewer than `keep` rows stay live.
 - `rebuild()`: the index again from row_keys, inserting rows in order (serving loads
   only row_keys).
+And one op that is the four above as a training batch of one field uses them, in one
+call (picasso.dynamic_rows.DynamicField.resolve): `resolve(...)`, below.
 And one op on no map: `initial_rows(keys, width, scale)`, the first values of the rows
 new keys take.
 """
@@ -44,6 +46,7 @@ import numpy as np
 import torch
 
 from picasso.hashing import splitmix64_array
+from picasso.kernels.reference import sketch_add
 
 EMPTY_KEY = -(1 << 63)
 _MIN_SLOTS = 8
@@ -197,3 +200,50 @@ def initial_rows(keys: torch.Tensor, width: int, scale: float) -> torch.Tensor:
                             + np.arange(1, width + 1, dtype=np.uint64))
     unit = (mixed >> np.uint64(40)).astype(np.float64) / float(1 << 24)
     return torch.from_numpy(((2 * unit - 1) * scale).astype(np.float32)).reshape(keys.numel(), width)
+
+
+# resolve's counts, in the order it returns them (DynamicStats' fields after lookups).
+RESOLVE_STATS = ("hits", "admitted", "evicted_by_age", "evicted_when_full", "refused", "default_lookups")
+
+
+def resolve(index, row_keys, last_seen, counts, free_rows, free_count, keys, now: int, expire_rows: bool,
+            older_than: int, keep: int, lfu: bool, protect_since: int, default_row: int, sketch_counters,
+            sketch_multipliers, sketch_bits: int, sketch_added, sketch_window: int, admit_after: float):
+    """One training batch of one field: with `expire_rows`, expire(older_than, keep); find
+    (stamping with `now`); the misses counted in the admission sketch when it has counters
+    (sketch_added, a 0-d int64, gathers their occurrences; once it reaches sketch_window
+    the counters halve and it restarts), and admitted when their estimate reaches
+    admit_after (every miss, without a sketch); admit(lfu, protect_since). Returns each
+    key's row (default_row for a key left without one, EMPTY_KEY's included), the position
+    of the first occurrence and the key of each key given a row, in admission order, and
+    the counts RESOLVE_STATS names."""
+    stats = dict.fromkeys(RESOLVE_STATS, 0)
+    if expire_rows:
+        stats["evicted_by_age"] = expire(index, row_keys, last_seen, counts, free_rows, free_count, older_than,
+                                         keep)[1].numel()
+    rows, miss_keys, miss_counts, miss_inverse = find(index, row_keys, last_seen, counts, keys, now, True)
+    stats["hits"] = int((rows >= 0).sum())
+    chosen = torch.ones(miss_keys.numel(), dtype=torch.bool)
+    if sketch_counters.numel() and miss_keys.numel():
+        chosen = sketch_add(sketch_counters, miss_keys, miss_counts, sketch_multipliers, sketch_bits) >= admit_after
+        sketch_added.add_(miss_counts.sum())
+        if int(sketch_added) >= sketch_window:
+            sketch_counters.mul_(0.5)
+            sketch_added.zero_()
+    row_of_miss = torch.full((miss_keys.numel(),), -1, dtype=torch.int64)
+    if chosen.any():
+        new_rows, _, taken = admit(index, row_keys, last_seen, counts, free_rows, free_count, miss_keys[chosen],
+                                   miss_counts[chosen], now, lfu, protect_since)
+        stats["evicted_when_full"], stats["refused"] = taken.numel(), int((new_rows < 0).sum())
+        row_of_miss[chosen] = new_rows
+    missed = miss_inverse >= 0
+    rows[missed] = row_of_miss[miss_inverse[missed]]
+    # Where each miss first occurs: its index among the misses is its rank in that order.
+    first = torch.full((miss_keys.numel(),), keys.numel(), dtype=torch.int64)
+    first.scatter_reduce_(0, miss_inverse[missed], torch.nonzero(missed).flatten(), reduce="amin")
+    given = torch.nonzero(row_of_miss >= 0).flatten()
+    stats["admitted"] = given.numel()
+    default = rows < 0
+    stats["default_lookups"] = int(default.sum())
+    rows[default] = default_row
+    return rows, first[given], miss_keys[given], torch.tensor([stats[name] for name in RESOLVE_STATS])

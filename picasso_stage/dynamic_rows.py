@@ -47,6 +47,7 @@ from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, SparseField
 
 _NONE = torch.zeros(0, dtype=torch.int64)  # no positions, no keys (never written to)
+_NO_COUNTERS, _NO_ADDED = torch.zeros(0), torch.zeros((), dtype=torch.int64)  # no admission sketch
 # The sketch's counts halve after this many additions per row of capacity (TinyLFU's
 # sample size W = 10 x the cache's size).
 _SKETCH_WINDOW = 10
@@ -133,48 +134,16 @@ class DynamicField(nn.Module):
         if clock is None:
             rows = kernels.id_map_find(*self._map_state(), keys, 0, False)[0]
             return torch.where(rows >= 0, rows, self.default_row), _NONE, _NONE
-        table, stats, now = self.table, DynamicStats(lookups=keys.numel()), clock.now
-        if self.max_age is not None:
-            expired = kernels.id_map_expire(*self._map_state(), self.free_rows, self.free_count, now - self.max_age,
-                                            table.keep_rows)[1]
-            stats.evicted_by_age = expired.numel()
-        rows, miss_keys, miss_counts, miss_inverse = kernels.id_map_find(*self._map_state(), keys, now, True)
-        if not miss_keys.numel():  # every key had its row
-            stats.hits = keys.numel()
-            self.stats.add(stats)
-            return rows, _NONE, _NONE
-        stats.hits = int((rows >= 0).sum())
-        chosen = self._admissible(miss_keys, miss_counts)
-        new_rows, _, taken = kernels.id_map_admit(*self._map_state(), self.free_rows, self.free_count,
-                                                  miss_keys[chosen], miss_counts[chosen], now,
-                                                  table.when_full == "lfu", clock.before)
-        stats.evicted_when_full = taken.numel()
-        stats.refused = int((new_rows < 0).sum())
-        row_of_miss = torch.full((miss_keys.numel(),), -1, dtype=torch.int64)
-        row_of_miss[chosen] = new_rows
-        missed = miss_inverse >= 0
-        rows[missed] = row_of_miss[miss_inverse[missed]]
-        new_rows_at = torch.nonzero(row_of_miss >= 0).flatten()
-        stats.admitted = new_rows_at.numel()
-        # Where each new key first occurs: its miss index is its rank in first-occurrence order.
-        first = torch.full((miss_keys.numel(),), keys.numel(), dtype=torch.int64)
-        first.scatter_reduce_(0, miss_inverse[missed], torch.nonzero(missed).flatten(), reduce="amin")
-        default = rows < 0
-        stats.default_lookups = int(default.sum())
-        rows[default] = self.default_row
-        self.stats.add(stats)
-        return rows, first[new_rows_at], miss_keys[new_rows_at]
-
-    def _admissible(self, keys: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Which keys without a row have now been seen admit_after times."""
-        if self.sketch is None or not keys.numel():
-            return torch.ones(keys.numel(), dtype=torch.bool)
-        estimates = self.sketch.add(keys, counts)
-        self.sketch_added.add_(counts.sum())  # in place: a module's += re-registers the buffer
-        if int(self.sketch_added) >= _SKETCH_WINDOW * self.capacity:
-            self.sketch.decay(0.5)
-            self.sketch_added.zero_()
-        return estimates >= self.table.admit_after
+        # One kernel call: expire, find, count in the sketch, admit, first occurrences.
+        table, now, sketch = self.table, clock.now, self.sketch
+        rows, first, new_keys, counted = kernels.id_map_resolve(
+            *self._map_state(), self.free_rows, self.free_count, keys, now, self.max_age is not None,
+            now - (self.max_age or 0), table.keep_rows, table.when_full == "lfu", clock.before, self.default_row,
+            *((self.sketch_counters, self.sketch_multipliers, sketch.bits, self.sketch_added,
+               _SKETCH_WINDOW * self.capacity) if sketch is not None else (_NO_COUNTERS, _NONE, 0, _NO_ADDED, 0)),
+            table.admit_after)
+        self.stats.add(DynamicStats(keys.numel(), *counted.tolist()))
+        return rows, first, new_keys
 
     def rebuild_index(self) -> None:
         """The index from row_keys: a served model loads only those."""

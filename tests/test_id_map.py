@@ -10,14 +10,15 @@ import torch
 
 from picasso import kernels
 from picasso.kernels import id_map_reference as reference
+from picasso.frequency import DecayedSketch
 from picasso.kernels import load_backend
 
 EMPTY = reference.EMPTY_KEY
 cpu = load_backend("cpu")
 CPP = {"find": cpu.id_map_find, "admit": cpu.id_map_admit, "expire": cpu.id_map_expire, "rebuild": cpu.id_map_rebuild,
-       "initial_rows": cpu.id_map_initial_rows}
+       "initial_rows": cpu.id_map_initial_rows, "resolve": cpu.id_map_resolve}
 REFERENCE = {"find": reference.find, "admit": reference.admit, "expire": reference.expire, "rebuild": reference.rebuild,
-             "initial_rows": reference.initial_rows}
+             "initial_rows": reference.initial_rows, "resolve": reference.resolve}
 STATE = ("index", "row_keys", "last_seen", "counts", "free_rows", "free_count")
 
 
@@ -262,6 +263,42 @@ def test_bad_inputs_are_clear_errors_from_the_cpp_ops():
     assert torch.equal(state["row_keys"], new_map(4)["row_keys"])  # refused before anything moved
 
 
+@pytest.mark.parametrize("capacity", [1, 3, 8, 40])
+@pytest.mark.parametrize("admit_after", [1, 2, 3])
+@pytest.mark.parametrize("seed", range(4))
+def test_resolve_equals_the_reference_batch_for_batch(capacity, admit_after, seed):
+    """A field's whole training batch in one call (expire, find, the admission sketch and its
+    halving, admit with or without LFU, first occurrences, default rows, counts) against the
+    reference, with the sketch's counters and the maps' state compared after every batch."""
+    rng = np.random.default_rng([seed, capacity, admit_after])
+    pool = key_pool(rng, capacity, bool(seed % 2))
+    sketch = DecayedSketch(capacity, seed=seed) if admit_after > 1 else None
+    maps = {name: {**new_map(capacity), "counters": sketch.counters.clone() if sketch else torch.zeros(0),
+                   "added": torch.zeros((), dtype=torch.int64)} for name in ("reference", "cpp")}
+    multipliers = sketch.multipliers if sketch else torch.zeros(0, dtype=torch.int64)
+    totals = torch.zeros(len(reference.RESOLVE_STATS), dtype=torch.int64)
+    for batch in range(40):
+        keys = random_keys(rng, pool, int(rng.integers(0, 3 * capacity + 4)))
+        args = (batch, bool(rng.random() < 0.3), batch - int(rng.integers(0, 4)), int(rng.integers(-1, capacity + 2)),
+                bool(rng.random() < 0.7), batch - 1, capacity)
+        outputs = {}
+        for name, ops in (("reference", REFERENCE), ("cpp", CPP)):
+            state = maps[name]
+            outputs[name] = tuple(ops["resolve"](*(state[n] for n in STATE), keys.clone(), *args, state["counters"],
+                                                 multipliers, sketch.bits if sketch else 0, state["added"],
+                                                 3 * capacity, float(admit_after)))
+        assert_same(outputs["cpp"], outputs["reference"], f"resolve output, batch {batch}")
+        for name in (*STATE, "counters", "added"):
+            assert_same(maps["cpp"][name], maps["reference"][name], f"{name} after batch {batch}")
+        rows, positions, new_keys, counted = outputs["reference"]
+        assert ((rows >= 0) & (rows <= capacity)).all() and torch.equal(keys[positions], new_keys)
+        # Each key a hit, a key just given its row, or on the default row.
+        assert int(counted[0]) + int(torch.isin(keys, new_keys).sum()) + int(counted[-1]) == keys.numel()
+        totals += counted
+    hits, admitted = (int(totals[reference.RESOLVE_STATS.index(name)]) for name in ("hits", "admitted"))
+    assert hits and admitted, dict(zip(reference.RESOLVE_STATS, totals.tolist()))
+
+
 @pytest.mark.parametrize("width, scale", [(1, 0.01), (7, 0.05), (16, 1.0), (33, 3e-4)])
 def test_initial_rows_are_the_references_bit_for_bit_and_a_function_of_the_key(width, scale):
     keys = torch.cat([torch.tensor([0, 1, -1, EMPTY + 1, 2**63 - 1]),
@@ -277,7 +314,7 @@ def test_initial_rows_are_the_references_bit_for_bit_and_a_function_of_the_key(w
         cpu.id_map_initial_rows(keys, 0, scale)
 
 
-@pytest.mark.parametrize("op", ["find", "admit", "expire", "rebuild", "initial_rows"])
+@pytest.mark.parametrize("op", ["find", "admit", "expire", "rebuild", "initial_rows", "resolve"])
 def test_dispatch_runs_the_cpp_ops_unless_told_otherwise(monkeypatch, op):
     monkeypatch.delenv("PICASSO_KERNELS", raising=False)
     assert kernels._host_op(f"id_map_{op}") is CPP[op]

@@ -318,6 +318,93 @@ std::vector<torch::Tensor> expire(torch::Tensor index, torch::Tensor row_keys, t
   return {as_tensor(evicted_keys), as_tensor(expired)};
 }
 
+// One training batch of one field, all of dynamic_rows.DynamicField.resolve in one call
+// (the reference is id_map_reference.resolve): expire (with expire_rows), find and stamp,
+// count the misses in the admission sketch (when it has counters), admit the keys it lets
+// in, then each key's row (the field's default row for a key with none, EMPTY_KEY's
+// included) and, per key given a row, where it first occurs and its key. Returns those
+// and the counts DynamicStats keeps after lookups: hits, admitted, evicted by age,
+// evicted when full, refused, default lookups. The sketch is hot_cache's (compiled before
+// this source in picasso_kernels.cpp): sketch_added counts the occurrences added since
+// the counts last halved, which they do once it reaches sketch_window.
+std::vector<torch::Tensor> resolve(torch::Tensor index, torch::Tensor row_keys, torch::Tensor last_seen,
+                                   torch::Tensor counts, torch::Tensor free_rows, torch::Tensor free_count,
+                                   torch::Tensor keys, int64_t now, bool expire_rows, int64_t older_than, int64_t keep,
+                                   bool lfu, int64_t protect_since, int64_t default_row, torch::Tensor sketch_counters,
+                                   torch::Tensor sketch_multipliers, int64_t sketch_bits, torch::Tensor sketch_added,
+                                   int64_t sketch_window, double admit_after) {
+  enum { kHits, kAdmitted, kEvictedByAge, kEvictedWhenFull, kRefused, kDefaultLookups, kStats };
+  auto stats = torch::zeros({kStats}, torch::kInt64);
+  int64_t* stat = stats.data_ptr<int64_t>();
+  if (expire_rows)
+    stat[kEvictedByAge] = expire(index, row_keys, last_seen, counts, free_rows, free_count, older_than, keep)[1].numel();
+  const std::vector<torch::Tensor> found = find(index, row_keys, last_seen, counts, keys, now, true);
+  const torch::Tensor& rows = found[0];
+  const torch::Tensor &miss_keys = found[1], &miss_counts = found[2];
+  const int64_t n = keys.numel(), misses = miss_keys.numel();
+  int64_t* row = rows.data_ptr<int64_t>();
+  const int64_t* inverse = found[3].data_ptr<int64_t>();
+  const int64_t* miss_key = miss_keys.data_ptr<int64_t>();
+  stat[kHits] = std::count_if(row, row + n, [](int64_t r) { return r >= 0; });
+
+  // Which misses are let in: all, or those the sketch has now counted admit_after times.
+  std::vector<char> chosen(misses, 1);
+  if (sketch_counters.numel() && misses) {
+    check_int64(sketch_added, "resolve", "sketch_added", 0);
+    const torch::Tensor estimates =
+        hot_cache::sketch_add(sketch_counters, miss_keys, miss_counts, sketch_multipliers, sketch_bits);
+    const float* estimate = estimates.data_ptr<float>();
+    for (int64_t j = 0; j < misses; ++j) chosen[j] = estimate[j] >= admit_after;
+    int64_t& added = *sketch_added.data_ptr<int64_t>();
+    added += miss_counts.sum().item<int64_t>();
+    if (added >= sketch_window) {  // TinyLFU's reset: ids seen long ago fade
+      sketch_counters.mul_(0.5);
+      added = 0;
+    }
+  }
+  std::vector<int64_t> admit_keys, admit_counts;
+  const int64_t* miss_count = miss_counts.data_ptr<int64_t>();
+  for (int64_t j = 0; j < misses; ++j) {
+    if (!chosen[j]) continue;
+    admit_keys.push_back(miss_key[j]);
+    admit_counts.push_back(miss_count[j]);
+  }
+  std::vector<int64_t> row_of_miss(misses, -1);
+  if (!admit_keys.empty()) {
+    const std::vector<torch::Tensor> admitted = admit(index, row_keys, last_seen, counts, free_rows, free_count,
+                                                      as_tensor(admit_keys), as_tensor(admit_counts), now, lfu,
+                                                      protect_since);
+    const int64_t* new_row = admitted[0].data_ptr<int64_t>();
+    stat[kEvictedWhenFull] = admitted[2].numel();
+    for (int64_t j = 0, k = 0; j < misses; ++j) {
+      if (!chosen[j]) continue;
+      row_of_miss[j] = new_row[k++];
+      stat[kRefused] += row_of_miss[j] < 0;
+    }
+  }
+  // Each miss's row, where each miss first occurs, then the default row for the rest.
+  std::vector<int64_t> first(misses, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = inverse[i];
+    if (j < 0) continue;
+    row[i] = row_of_miss[j];
+    if (first[j] == n) first[j] = i;
+  }
+  std::vector<int64_t> new_positions, new_keys;
+  for (int64_t j = 0; j < misses; ++j) {
+    if (row_of_miss[j] < 0) continue;
+    new_positions.push_back(first[j]);
+    new_keys.push_back(miss_key[j]);
+  }
+  stat[kAdmitted] = static_cast<int64_t>(new_keys.size());
+  for (int64_t i = 0; i < n; ++i) {
+    if (row[i] >= 0) continue;
+    row[i] = default_row;
+    ++stat[kDefaultLookups];
+  }
+  return {rows, as_tensor(new_positions), as_tensor(new_keys), stats};
+}
+
 // The first values of the rows new keys take, as id_map_reference.initial_rows: column c
 // of key k from the top 24 bits of mix(k * (width + 1) + c + 1), in double, rounded once.
 torch::Tensor initial_rows(torch::Tensor keys, int64_t width, double scale) {
@@ -355,6 +442,8 @@ void register_ops(py::module_ m) {
   m.def("find", &find, "the rows of a batch of keys, and its misses", py::call_guard<py::gil_scoped_release>());
   m.def("admit", &admit, "rows for new keys: free rows, then LFU victims", py::call_guard<py::gil_scoped_release>());
   m.def("expire", &expire, "free the rows last seen before a batch", py::call_guard<py::gil_scoped_release>());
+  m.def("resolve", &resolve, "one training batch of one field: expire, find, count, admit, first occurrences",
+        py::call_guard<py::gil_scoped_release>());
   m.def("rebuild", &rebuild, "the index again from row_keys", py::call_guard<py::gil_scoped_release>());
   m.def("initial_rows", &initial_rows, "the first values of new keys' rows", py::call_guard<py::gil_scoped_release>());
 }
