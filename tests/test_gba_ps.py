@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 
 import pytest
@@ -18,6 +19,7 @@ from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.aggregation import Contribution, RowGradient
 from picasso.distributed.gba import GBAConfig, WorkerDropped
 from picasso.distributed.local_gradient import GradientComputer
+from picasso.distributed.param_server import ShardService
 from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.ps_client import PSClient
 from picasso.distributed.worker import GBAWorker
@@ -248,6 +250,22 @@ def test_plain_async_steps_on_every_push(tiny_spec, tmp_path):
     trainer = Trainer(SPEC, replace(CONFIG, hidden=(16, 8), lr_dense=0.01, lr_sparse=0.05))
     trainer.restore(latest_checkpoint(tmp_path / "checkpoints"))
     assert trainer.step == 10 and trainer.samples == 1000
+
+
+def test_a_worker_counted_as_lost_whose_first_pull_comes_late_is_not_lost():
+    """A worker whose first pull comes more than a lease after its start line (slow to
+    load its data on a busy machine) counts as lost meanwhile, and no longer once it has
+    pulled: the server's summary names as lost only workers never brought to training."""
+    shard, _ = build_shard(Trainer(SPEC, CONFIG), 0, 1, GBAConfig(1))
+    service = ShardService(shard, num_workers=2, lease_s=0.01, join_timeout_s=600)
+    late, _ = service.join("worker1", "late")
+    service.start_line(late)
+    time.sleep(0.05)  # past its lease: never pulled, so far
+    service.settle()
+    assert service.lost == {"worker1"}  # worker0 has its join timeout still
+    assert not shard.pull(late, {}, dense=False).stop
+    service.settle()
+    assert service.lost == set() and not service.stopped.is_set()
 
 
 def test_dead_workers_are_dropped_and_the_others_train_on(tiny_spec, tmp_path):

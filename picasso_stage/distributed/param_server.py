@@ -191,24 +191,25 @@ class ShardService:
         now = time.monotonic()
         with self._lock:
             live = self._live()
-            for name in sorted(self.expected - live - self.finished - self.lost):
+            # Dropped counts as done only for a name whose latest holder is the dropped one
+            # and that nobody trains under now: a replacement that joined but has not
+            # pulled yet keeps its name open, and so does a worker that rejoined.
+            dropped = {name for name, (worker, _) in self.joined.items() if worker in self.shard.control.dropped}
+            # A name counted as lost whose first pull came late after all (a worker slow to
+            # load its data on a busy machine) was brought to training: it is not lost.
+            self.lost -= live | dropped
+            for name in sorted(self.expected - live - dropped - self.finished - self.lost):
                 joined = self.joined.get(name)
                 if joined is None:
                     waited, limit = now - self.started, self.join_timeout_s
                 else:  # joined, never pulled: its lease runs from the join, or from its start line
                     waited, limit = now - max(joined[1], self.at_start.get(name, joined[1])), self.lease_s
-                if joined is not None and joined[0] in self.shard.control.dropped:
-                    continue  # trained, then dropped: done, unless a successor joins
                 if waited > limit:
                     log.warning("shard %d: %s %s within %.1f s; counted as lost", self.shard.index, name,
                                 "never joined" if joined is None else "never pulled", limit)
                     self.lost.add(name)
             if self.expected <= set(self.at_start) | self.lost:
                 self.all_at_start.set()
-            # Dropped counts as done only for a name whose latest holder is the dropped one
-            # and that nobody trains under now: a replacement that joined but has not
-            # pulled yet keeps its name open, and so does a worker that rejoined.
-            dropped = {name for name, (worker, _) in self.joined.items() if worker in self.shard.control.dropped}
             done = self.finished | (dropped - live) | self.lost
             if self.shard.index == 0 and not self.endless and self.expected <= done:
                 self.stopped.set()
