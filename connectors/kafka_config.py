@@ -19,6 +19,8 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from picasso.connectors.kafka_clients import KAFKA_PYTHON, require_client
+
 _KINDS = {"consumer": KafkaConsumer, "producer": KafkaProducer, "admin": KafkaAdminClient}
 
 
@@ -27,8 +29,12 @@ class KafkaConnection:
     bootstrap_servers: str
     # Anything else kafka-python takes: SASL, SSL, timeouts, fetch sizes, client_id, ...
     options: dict = field(default_factory=dict)
+    # The client the stream's reads use (connectors.kafka_clients); the options keep
+    # kafka-python's names whichever it is.
+    client: str = KAFKA_PYTHON
 
     def __post_init__(self):
+        require_client(self.client)
         known = set().union(*(cls.DEFAULT_CONFIG for cls in _KINDS.values()))
         unknown = sorted(set(self.options) - known)
         if unknown:

@@ -1,4 +1,5 @@
-"""ReadFromKafka: a Splittable DoFn over topic partitions, on kafka-python.
+"""ReadFromKafka: a Splittable DoFn over topic partitions, on kafka-python or librdkafka
+(the connection's client: connectors.kafka_clients).
 
 Beam's own ReadFromKafka needs a Java expansion service (a download); this one is plain
 Python. One element per partition; its restriction is an offset range.
@@ -39,10 +40,10 @@ from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.utils.timestamp import Duration, Timestamp
 from kafka import TopicPartition
 
-from picasso.connectors.kafka_blocks import blocks_of, use_blocks
 from picasso.connectors.element_coder import register_sized_coder
+from picasso.connectors.kafka_clients import open_reader
 from picasso.connectors.kafka_codecs import CodecUnavailable, check_codecs, naming_missing_codec
-from picasso.connectors.kafka_config import KafkaConnection, latest_offsets, source_name, topic_partitions
+from picasso.connectors.kafka_config import KafkaConnection, source_name
 
 log = logging.getLogger(__name__)
 
@@ -112,15 +113,17 @@ def bounded_ranges(connection: KafkaConnection, topics: Iterable[str], positions
                    max_per_partition: int | None = None) -> list[PartitionRange]:
     """Every partition of the topics, from its position (the earliest offset when there is
     none) up to its latest offset now, capped at max_per_partition offsets."""
-    consumer = connection.consumer()
+    reader = open_reader(connection)
     try:
-        partitions = topic_partitions(consumer, topics)
+        partitions = reader.partitions(topics)
+        # Before the end offsets: their lookup leaves a fetch waiting at each partition's
+        # end (up to fetch_max_wait_ms), which a request on the same connection waits behind.
+        beginnings = reader.beginning_offsets(partitions)
         # The lookup fetches the last batch of each partition, which may be compressed.
         with naming_missing_codec(f"{', '.join(sorted(set(topics)))} (looking up the end offsets)"):
-            ends = latest_offsets(consumer, partitions)
-        beginnings = consumer.beginning_offsets(partitions)
+            ends = reader.latest_offsets(partitions)
     finally:
-        consumer.close()
+        reader.close()
     ranges = []
     for tp in partitions:
         start = positions.get(source_name(tp.topic, tp.partition), beginnings[tp])
@@ -155,11 +158,10 @@ class _ReadPartitionDoFn(beam.DoFn):
         self.max_delay_s = max_delay_s
 
     def setup(self):
-        self.consumer = self.connection.consumer(**{**FETCH_SETTINGS, **self.connection.options})
-        self.blocks = use_blocks(self.consumer)
+        self.reader = open_reader(self.connection, **{**FETCH_SETTINGS, **self.connection.options})
 
     def teardown(self):
-        self.consumer.close()
+        self.reader.close()
 
     def process(
         self,
@@ -177,7 +179,7 @@ class _ReadPartitionDoFn(beam.DoFn):
             raise
 
     def _read(self, element: PartitionRange, tracker, watermark):
-        reader = _PartitionReader(self.consumer, element, tracker, self.max_messages, self.blocks)
+        reader = _PartitionReader(self.reader, element, tracker, self.max_messages)
         bounded = element.stop != UNBOUNDED
         started = last_progress = time.monotonic()
         while not reader.done:
@@ -210,15 +212,14 @@ class _PartitionReader:
     """Polls one partition into Messages cut every max_messages messages.
 
     A poll may bring more than one element's worth (whole record batches, see
-    connectors.kafka_blocks): what lies past a cut point waits in the reader for the next
-    element, so cut points stay a pure function of the start position.
+    connectors.kafka_blocks, or librdkafka's queue): what lies past a cut point waits in the
+    reader for the next element, so cut points stay a pure function of the start position.
     """
 
-    def __init__(self, consumer, element: PartitionRange, tracker, max_messages: int, blocks: bool):
-        self.consumer = consumer
+    def __init__(self, reader, element: PartitionRange, tracker, max_messages: int):
+        self.reader = reader
         self.tracker = tracker
         self.max_messages = max_messages
-        self.blocks = blocks
         self.tp = TopicPartition(element.topic, element.partition)
         self.batch_start = tracker.current_restriction().start  # where the next element begins
         self.fetched = self.batch_start  # offsets below it are waiting here or already emitted
@@ -226,8 +227,7 @@ class _PartitionReader:
         self.progressed = False
         self.held_since = time.monotonic()  # when the oldest message held was fetched
         self._clear()
-        consumer.assign([self.tp])
-        consumer.seek(self.tp, self.fetched)
+        reader.assign(self.tp, self.fetched)
 
     @property
     def stop(self) -> int:
@@ -258,17 +258,14 @@ class _PartitionReader:
         return self._emit()
 
     def _poll(self, stop: int) -> int:
-        # Block mode takes everything the fetcher holds, so that kafka-python sends the
-        # next fetch now and the broker prepares it while this one is decoded.
-        wanted = 1 << 20 if self.blocks else self.max_messages - len(self.offsets)
         with naming_missing_codec(f"{source_name(self.tp.topic, self.tp.partition)} at offset {self.fetched}"):
-            records = self.consumer.poll(timeout_ms=200, max_records=wanted)
-        block = blocks_of(records.get(self.tp, []))
+            polled = self.reader.poll(self.tp, self.max_messages - len(self.offsets), timeout_s=0.2)
+        block = polled.block
         before = self.fetched
         if len(block) and block.offsets[-1] >= stop:
             self.fetched = stop
         else:
-            self.fetched = max(self.fetched, min(self.consumer.position(self.tp), stop))
+            self.fetched = max(self.fetched, min(polled.position, stop))
         # A fetch answers with whole batches, which may begin before the position asked for.
         block = block.between(before, stop)
         self.progressed = self.fetched > before
@@ -306,7 +303,8 @@ class _PartitionReader:
 class ReadFromKafka(beam.PTransform):
     """PartitionRanges (given, or looked up now) in; Messages out.
 
-    connection: bootstrap servers and any kafka-python consumer settings (SASL, SSL, ...).
+    connection: bootstrap servers, the client, and any consumer settings in kafka-python's
+      names (SASL, SSL, ...).
     max_messages: messages per element at most (a cut point every max_messages messages).
     stall_timeout_s: a bounded read that makes no progress for this long fails, so that
       a cycle against a dead broker ends cleanly instead of hanging.

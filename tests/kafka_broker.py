@@ -7,6 +7,8 @@ points the tests at a real Kafka instead.
 Fixtures:
 - `kafka_bootstrap` (session): "host:port" of the shared broker;
 - `kafka_topic`: a fresh topic name for one test (topics are never reused);
+- `kafka_client`: each Kafka client a stream can read with (`--kafka-client`); a test
+  that takes it runs once per client;
 - `restartable_broker`: a broker of the test's own, which the test may stop and start
   again on the same port. It is always a local Tansu process, even when PICASSO_TEST_KAFKA
   is set: a test cannot stop someone else's Kafka. Tansu keeps data in memory, so a
@@ -41,6 +43,11 @@ def kafka_bootstrap(tmp_path_factory) -> str:
 @pytest.fixture
 def kafka_topic() -> str:
     return f"picasso-test-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(params=["kafka-python", "confluent"])
+def kafka_client(request) -> str:
+    return request.param
 
 
 @pytest.fixture

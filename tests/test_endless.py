@@ -133,7 +133,7 @@ def _assert_versions_once(workdir: Path, final: Path, why: str) -> None:
 
 
 def test_an_endless_job_killed_twice_trains_every_good_message_once_and_publishes_as_events_arrive(
-        kafka_bootstrap, tmp_path):
+        kafka_bootstrap, tmp_path, kafka_client):
     """The job is SIGKILLed twice at a random moment and resubmitted as it was each time (its
     parameter server dies with it, and the next one resumes from the newest checkpoint)."""
     seed = random.randrange(2**31)
@@ -142,7 +142,7 @@ def test_an_endless_job_killed_twice_trains_every_good_message_once_and_publishe
     create_topic(kafka_bootstrap, topic, PARTITIONS)
     workdir, log = tmp_path / "work", tmp_path / "endless.log"
     command = stream_command(write_spec(tmp_path), kafka_bootstrap, topic, workdir, *ENDLESS,
-                             "--dead-letter-topic", f"{topic}.dead")
+                             "--dead-letter-topic", f"{topic}.dead", "--kafka-client", kafka_client)
     producer = SteadyProducer(kafka_bootstrap, topic, rng)
     producer.start()
     waits = [round(rng.uniform(1.0, 15.0), 1) for _ in range(2)]

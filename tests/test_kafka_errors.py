@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 
 import pytest
 from helpers import CLI_PROCESS, refusal_in_process
@@ -17,9 +18,12 @@ from kafka.errors import KafkaTimeoutError
 from kafka_broker import create_topic
 from stream_helpers import fill_topic, json_messages, start_process, stream_command, wait_for, write_spec
 
+from picasso.connectors.kafka_clients import KafkaReadFailed, open_reader
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, topic_partitions
+from picasso.connectors.kafka_source import bounded_ranges
+from picasso.connectors.librdkafka_config import librdkafka_consumer_config
 from picasso.connectors.kafka_wait import BrokerWait, BrokerWaiter, KafkaUnreachable, TopicsMissing, check_topics
-from picasso.pipelines.runs.cycle_failures import retry_line
+from picasso.pipelines.runs.cycle_failures import OUTSIDE, classify, retry_line
 
 RETRY = re.compile(r"^no Kafka broker at (\S+) \(connection refused\); retrying in ([0-9.]+) s$")
 # What kafka-python logs of a failed connection, a dozen lines a try, when it is not kept quiet.
@@ -177,3 +181,45 @@ def test_a_stream_told_to_wait_for_its_topic_says_so_once_and_trains_once_it_exi
     assert text.count("waiting for topic") == 1
     summary = json.loads(text.strip().splitlines()[-1])
     assert summary["cycles"] == 1 and summary["messages"] > 0  # a cycle of what the topic held by then
+
+
+# -- the confluent client (--kafka-client confluent) ---------------------------------------
+
+
+def test_a_confluent_read_with_no_broker_fails_naming_the_broker_and_is_retried_as_kafka_pythons_is(free_port):
+    servers = f"127.0.0.1:{free_port}"
+    connection = KafkaConnection(servers, {"bootstrap_timeout_ms": 1000}, client="confluent")
+    with pytest.raises(KafkaReadFailed, match=rf"no answer from the Kafka broker at {servers} to list its topics"):
+        bounded_ranges(connection, ["events"], {})
+    try:
+        bounded_ranges(connection, ["events"], {})
+    except KafkaReadFailed as err:
+        # A cycle retries it (an outside failure), saying what a kafka-python cycle says.
+        assert classify(err) == OUTSIDE
+        assert retry_line(err, servers, 1.0) == f"no Kafka broker at {servers} (connection refused); retrying in 1 s"
+
+
+def test_a_confluent_read_of_a_missing_topic_names_it_with_the_topics_there(kafka_bootstrap, kafka_topic):
+    create_topic(kafka_bootstrap, kafka_topic)
+    with pytest.raises(TopicNotFound, match=f"'{kafka_topic}-nope' does not exist at .*{kafka_topic}"):
+        bounded_ranges(KafkaConnection(kafka_bootstrap, client="confluent"), [f"{kafka_topic}-nope"], {})
+
+
+def test_a_setting_librdkafka_has_no_name_for_is_an_error_naming_it():
+    connection = KafkaConnection("h:1", {"max_poll_records": 5, "ssl_cafile": "/ca.pem"}, client="confluent")
+    with pytest.raises(ValueError, match=r"--kafka-option max_poll_records: no librdkafka setting"):
+        open_reader(connection)
+    config = librdkafka_consumer_config(KafkaConnection("h:1", {"ssl_cafile": "/ca.pem", "ssl_check_hostname": False,
+                                                                "sasl_plain_username": "u"}))
+    assert config == {"bootstrap.servers": "h:1", "ssl.ca.location": "/ca.pem", "sasl.username": "u",
+                      "ssl.endpoint.identification.algorithm": "none"}
+
+
+def test_confluent_asked_for_where_it_is_not_installed_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "confluent_kafka", None)  # what `import confluent_kafka` then raises: ImportError
+    status, stderr = refusal_in_process(stream_command(write_spec(tmp_path), "127.0.0.1:1", "events", tmp_path / "w",
+                                                       "--kafka-client", "confluent"), capsys)
+    assert status == 2, stderr
+    assert "--kafka-client confluent needs confluent-kafka, which is not installed here: pip install " \
+           "confluent-kafka==2.16.1 (picasso-stage's extra 'confluent')" in " ".join(stderr.split()), stderr
+    assert "Traceback" not in stderr

@@ -16,7 +16,8 @@ from apache_beam.runners.sdf_utils import RestrictionTrackerView, ThreadsafeRest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka_broker import create_topic, produce_values
 
-from picasso.connectors import kafka_source
+from picasso.connectors import kafka_python_reader
+from picasso.connectors.confluent_reader import ConfluentReader
 from picasso.connectors.kafka_blocks import blocks_of, use_blocks
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets
 from picasso.connectors.record_batches import RecordBlock
@@ -34,11 +35,13 @@ def topic(kafka_bootstrap) -> str:
     return name
 
 
-def read_spans(bootstrap: str, topic: str, out_dir, positions=None, beam_args=(), max_messages=128):
+def read_spans(bootstrap: str, topic: str, out_dir, positions=None, beam_args=(), max_messages=128,
+               client="kafka-python"):
     """[source, start, next_position, offsets, values] of every element."""
+    connection = KafkaConnection(bootstrap, client=client)
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner", *beam_args])) as pipeline:
         (pipeline
-         | ReadFromKafka.bounded(KafkaConnection(bootstrap), [topic], positions, max_messages=max_messages)
+         | ReadFromKafka.bounded(connection, [topic], positions, max_messages=max_messages)
          | beam.Map(lambda m: json.dumps([m.source, m.start, m.next_position, m.offsets,
                                           [v.decode() for v in m.values]]))
          | beam.io.WriteToText(str(out_dir / "spans"), shard_name_template=""))
@@ -63,30 +66,34 @@ def _check_exact(spans, starts: dict[str, int], ends: dict[str, int], max_messag
         assert offsets == list(range(starts.get(source, 0), ends[source]))  # each offset once, in order
 
 
-@pytest.mark.parametrize("reading", ["blocks", "records"])
+@pytest.mark.parametrize("reading", ["blocks", "records", "confluent"])
 @pytest.mark.parametrize("beam_args", [(), ("--direct_num_workers=2", "--direct_running_mode=multi_threading")],
                          ids=["one-worker", "two-workers"])
 def test_bounded_read_yields_every_offset_once(kafka_bootstrap, topic, tmp_path, beam_args, reading, monkeypatch):
     if reading == "records":  # as with a kafka-python that batches cannot be taken from
-        monkeypatch.setattr(kafka_source, "use_blocks", lambda consumer: False)
-    spans = read_spans(kafka_bootstrap, topic, tmp_path, beam_args=beam_args)
+        monkeypatch.setattr(kafka_python_reader, "use_blocks", lambda consumer: False)
+    client = "confluent" if reading == "confluent" else "kafka-python"
+    spans = read_spans(kafka_bootstrap, topic, tmp_path, beam_args=beam_args, client=client)
     ends = {f"{topic}/{p}": MESSAGES // PARTITIONS for p in range(PARTITIONS)}
     _check_exact(spans, {}, ends, 128)
     values = sorted(v for span in spans for v in span[4])
     assert values == sorted(f"m{i}" for i in range(MESSAGES))
 
 
-def test_bounded_read_starts_from_positions_and_cuts_at_the_same_points(kafka_bootstrap, topic, tmp_path):
+def test_bounded_read_starts_from_positions_and_cuts_at_the_same_points(kafka_bootstrap, topic, tmp_path,
+                                                                         kafka_client):
     starts = {f"{topic}/0": 17, f"{topic}/2": 999}
-    first = read_spans(kafka_bootstrap, topic, tmp_path / "a", starts, max_messages=100)
-    second = read_spans(kafka_bootstrap, topic, tmp_path / "b", starts, max_messages=100)
+    first = read_spans(kafka_bootstrap, topic, tmp_path / "a", starts, max_messages=100, client=kafka_client)
+    # The other client cuts at the very same points: the cuts are picasso's, not a client's.
+    other = "confluent" if kafka_client == "kafka-python" else "kafka-python"
+    second = read_spans(kafka_bootstrap, topic, tmp_path / "b", starts, max_messages=100, client=other)
     _check_exact(first, starts, {f"{topic}/{p}": 1000 for p in range(PARTITIONS)}, 100)
     # Cut points depend on the start positions only, never on how the fetches went.
     assert sorted(s[:3] for s in first) == sorted(s[:3] for s in second)
     assert [s[2] - s[1] for s in sorted(first) if s[0] == f"{topic}/0"][:2] == [100, 100]
 
 
-def test_block_polls_hold_the_same_records_as_kafka_python_polls(kafka_bootstrap, kafka_topic):
+def test_block_polls_and_confluent_polls_hold_the_same_records_as_kafka_python_polls(kafka_bootstrap, kafka_topic):
     create_topic(kafka_bootstrap, kafka_topic)
     values = [None if i % 97 == 13 else b"v%d" % i * (i % 7) for i in range(2000)]
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, linger_ms=5, batch_size=4096)
@@ -110,11 +117,26 @@ def test_block_polls_hold_the_same_records_as_kafka_python_polls(kafka_bootstrap
             consumer.close()
         return RecordBlock.concat(parts).between(start, len(values))
 
-    with_blocks, with_records = read(True, 1234), read(False, 1234)
-    assert with_blocks.offsets.tolist() == with_records.offsets.tolist() == list(range(1234, 2000))
-    assert with_blocks.values == with_records.values == values[1234:]
-    assert with_blocks.keys == with_records.keys
-    assert with_blocks.timestamps.tolist() == with_records.timestamps.tolist()
+    def read_confluent(start: int) -> RecordBlock:
+        reader = ConfluentReader(KafkaConnection(kafka_bootstrap))
+        tp = TopicPartition(kafka_topic, 0)
+        reader.assign(tp, start)
+        parts, position = [], start
+        try:
+            while position < len(values):
+                polled = reader.poll(tp, 100, timeout_s=1.0)
+                parts.append(polled.block)
+                position = polled.position
+        finally:
+            reader.close()
+        return RecordBlock.concat(parts).between(start, len(values))
+
+    with_blocks, with_records, with_confluent = read(True, 1234), read(False, 1234), read_confluent(1234)
+    for block in (with_blocks, with_confluent):
+        assert block.offsets.tolist() == with_records.offsets.tolist() == list(range(1234, 2000))
+        assert block.values == with_records.values == values[1234:]
+        assert block.keys == with_records.keys
+        assert block.timestamps.tolist() == with_records.timestamps.tolist()
 
 
 def test_latest_offsets_reaches_the_tail_of_every_partition(kafka_bootstrap, topic):
@@ -124,12 +146,20 @@ def test_latest_offsets_reaches_the_tail_of_every_partition(kafka_bootstrap, top
         assert latest_offsets(consumer, partitions) == {tp: MESSAGES // PARTITIONS for tp in partitions}
     finally:
         consumer.close()
+    reader = ConfluentReader(KafkaConnection(kafka_bootstrap))
+    try:
+        assert reader.partitions([topic]) == partitions
+        assert reader.beginning_offsets(partitions) == {tp: 0 for tp in partitions}
+        assert reader.latest_offsets(partitions) == {tp: MESSAGES // PARTITIONS for tp in partitions}
+    finally:
+        reader.close()
 
 
-def test_unbounded_read_defers_its_remainder_and_follows_message_timestamps(kafka_bootstrap, kafka_topic):
+def test_unbounded_read_defers_its_remainder_and_follows_message_timestamps(kafka_bootstrap, kafka_topic,
+                                                                             kafka_client):
     create_topic(kafka_bootstrap, kafka_topic)
     produce_values(kafka_bootstrap, kafka_topic, [b"a%d" % i for i in range(50)])
-    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap), max_messages=20, stall_timeout_s=5, resume_every_s=0.5,
+    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap, client=kafka_client), max_messages=20, stall_timeout_s=5, resume_every_s=0.5,
                               max_delay_s=600)
     dofn.setup()
     try:
@@ -157,7 +187,8 @@ def test_unbounded_read_defers_its_remainder_and_follows_message_timestamps(kafk
 
 
 def test_an_unbounded_read_of_a_trickle_cuts_an_element_once_its_oldest_message_waited_max_delay(kafka_bootstrap,
-                                                                                                  kafka_topic):
+                                                                                                  kafka_topic,
+                                                                                                  kafka_client):
     """A message a tenth of a second never fills an element of 1,000: without the delay, the
     first would wait minutes (and the model's freshness with it)."""
     create_topic(kafka_bootstrap, kafka_topic)
@@ -173,7 +204,8 @@ def test_an_unbounded_read_of_a_trickle_cuts_an_element_once_its_oldest_message_
 
     thread = threading.Thread(target=trickle)
     thread.start()
-    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap), max_messages=1000, stall_timeout_s=60,
+    dofn = _ReadPartitionDoFn(KafkaConnection(kafka_bootstrap, client=kafka_client), max_messages=1000,
+                              stall_timeout_s=60,
                               resume_every_s=600, max_delay_s=0.3)
     dofn.setup()
     try:
@@ -190,15 +222,16 @@ def test_an_unbounded_read_of_a_trickle_cuts_an_element_once_its_oldest_message_
         dofn.teardown()
 
 
-def test_a_bounded_read_against_a_dead_broker_fails_instead_of_hanging(restartable_broker, tmp_path):
+def test_a_bounded_read_against_a_dead_broker_fails_instead_of_hanging(restartable_broker, tmp_path, kafka_client):
     create_topic(restartable_broker.bootstrap, "gone")
     produce_values(restartable_broker.bootstrap, "gone", [b"x"] * 10)
-    read = ReadFromKafka.bounded(KafkaConnection(restartable_broker.bootstrap), ["gone"], stall_timeout_s=2)
+    connection = KafkaConnection(restartable_broker.bootstrap, client=kafka_client)
+    read = ReadFromKafka.bounded(connection, ["gone"], stall_timeout_s=2)
     ranges = [PartitionRange(r.topic, r.partition, r.start, r.stop + 5) for r in read.ranges]  # beyond the end
     started = time.monotonic()
     with pytest.raises(Exception, match="no progress"):
         with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
-            pipeline | ReadFromKafka(KafkaConnection(restartable_broker.bootstrap), ranges, stall_timeout_s=2)
+            pipeline | ReadFromKafka(connection, ranges, stall_timeout_s=2)
     assert time.monotonic() - started < 60
 
 

@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from stream_helpers import SPEC, arrow_messages, fill_topic, json_messages
 
 from picasso.checkpoint import load_checkpoint
+from picasso.connectors.kafka_clients import CLIENTS
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
@@ -19,33 +20,43 @@ from picasso.trainer import TrainConfig
 
 
 @pytest.fixture(scope="module")
-def streamed(kafka_bootstrap, mlflow_server, tmp_path_factory):
-    """Two topics (JSON over 2 partitions with bad messages mixed in, Arrow IPC), streamed
-    until caught up while publishing."""
+def stream_topics(kafka_bootstrap):
+    """Two topics (JSON over 2 partitions with bad messages mixed in, Arrow IPC): their
+    names, and how many messages the JSON one has, bad ones among them."""
     events, batches = "stream-events", "stream-batches"
     good = json_messages(900)
     bad = [b"{broken", json.dumps({"d1": 1.0}).encode(), b""]  # invalid JSON, missing label, empty
     values = good[:400] + bad + good[400:]
     fill_topic(kafka_bootstrap, events, values, partitions=2)
     fill_topic(kafka_bootstrap, batches, arrow_messages(1200, 100), partitions=1)
+    return events, batches, len(values), len(bad)
+
+
+@pytest.fixture(scope="module", params=CLIENTS)
+def streamed(request, kafka_bootstrap, mlflow_server, stream_topics, tmp_path_factory):
+    """The topics streamed until caught up while publishing, read with one client
+    (--kafka-client); each client's stream has a workdir, group, model and dead-letter
+    topic of its own."""
+    events, batches, messages, bad = stream_topics
+    client = request.param
     workdir = tmp_path_factory.mktemp("stream")
     config = StreamConfig(
-        connection=KafkaConnection(kafka_bootstrap),
+        connection=KafkaConnection(kafka_bootstrap, client=client),
         topics={events: "json", batches: "arrow"},
         workdir=str(workdir),
         spec=SPEC,
-        mlflow=MLflowTarget(mlflow_server, experiment="stream-test", model_name="stream-test-model"),
+        mlflow=MLflowTarget(mlflow_server, experiment="stream-test", model_name=f"stream-test-model-{client}"),
         train=TrainConfig(hidden=(16, 8), device="cpu"),
-        dead_letter_topic="stream-test.dead",
+        dead_letter_topic=f"stream-test.dead.{client}",
         batch_messages=100,
         max_cycle_messages=200,
         publish_every_s=0.5,
         until_caught_up=True,
-        group_id="stream-test-group",
+        group_id=f"stream-test-group-{client}",
     )
     reports = []
     summary = run_stream(config, on_cycle=lambda report, _: reports.append(report))
-    return config, summary, reports, len(values), len(bad)
+    return config, summary, reports, messages, bad
 
 
 def test_stream_trains_every_message_once_and_checkpoints_each_cycle(streamed):
@@ -89,7 +100,7 @@ def test_stream_publishes_versions_tagged_with_their_checkpoint(streamed, mlflow
     records = [json.loads(line) for line in Path(config.folders.stream_versions).read_text().splitlines()]
     assert [r["version"] for r in records] == summary.versions
     client = MlflowClient(mlflow_server)
-    last = client.get_model_version("stream-test-model", summary.versions[-1])
+    last = client.get_model_version(config.mlflow.model_name, summary.versions[-1])
     assert last.tags["picasso.checkpoint_id"] == Path(summary.checkpoint).name
     assert json.loads(last.tags["picasso.positions"]) == load_checkpoint(summary.checkpoint).positions
     assert records[-1]["newest_event_ms"] > 0

@@ -353,16 +353,17 @@ class KilledStream:
         return "elsewhere: start, planning, reading, training, checkpoint or commit"
 
 
-def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp_path):
+def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp_path, kafka_client):
     seed = int(os.environ.get("PICASSO_TEST_SEED") or random.randrange(1 << 30))
     print(f"seed {seed} (PICASSO_TEST_SEED={seed} replays its kill plan)")
     spec_path = write_spec(tmp_path)
-    events, batches = "exactly-once-events", "exactly-once-batches"
+    events, batches = f"exactly-once-events-{kafka_client}", f"exactly-once-batches-{kafka_client}"
     values, bad_indices = _with_bad_messages(json_messages(1200, stream=3))
     fill_topic(kafka_bootstrap, events, values, partitions=2)
     fill_topic(kafka_bootstrap, batches, arrow_messages(600, 40, stream=4), partitions=1)
     bad = {(events, i % 2, i // 2) for i in bad_indices}  # produce_values goes round-robin by index
     topics = ("--topic", f"{events}:json", "--topic", f"{batches}:arrow")
+    client = ("--kafka-client", kafka_client)  # the reads' client, both runs
 
     # The reference: one uninterrupted run, which publishes nothing. It runs beside the
     # killed ones (its own workdir, dead-letter topic and consumer group; it only reads the
@@ -371,7 +372,7 @@ def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp
     reference_dir, reference_log = tmp_path / "reference", tmp_path / "reference.log"
     with open(reference_log, "ab") as out:
         reference_run = subprocess.Popen(
-            stream_command(spec_path, kafka_bootstrap, topics[1], reference_dir, *topics[2:], *CYCLE_ARGS,
+            stream_command(spec_path, kafka_bootstrap, topics[1], reference_dir, *topics[2:], *CYCLE_ARGS, *client,
                            "--publish-every", "0", "--dead-letter-topic", f"{events}-reference-dead",
                            "--group-id", "exactly-once-reference"), stdout=out, stderr=subprocess.STDOUT)
 
@@ -380,7 +381,7 @@ def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp
     # publishes a version to the default store, sqlite:///WORKDIR/mlflow.db.
     rng = random.Random(seed)
     killed_dir, dead_topic = tmp_path / "killed", f"{events}-dead"
-    command = stream_command(spec_path, kafka_bootstrap, topics[1], killed_dir, *topics[2:], *CYCLE_ARGS,
+    command = stream_command(spec_path, kafka_bootstrap, topics[1], killed_dir, *topics[2:], *CYCLE_ARGS, *client,
                              "--publish-every", "0.001", "--model-name", MODEL, "--dead-letter-topic", dead_topic)
     log = tmp_path / "killed.log"
     watch = DeadLetterWatch(kafka_bootstrap, dead_topic)

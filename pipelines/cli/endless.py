@@ -61,7 +61,7 @@ def add_endless_args(parser: argparse.ArgumentParser) -> None:
                        help="train a batch short of --batch-messages once its oldest event has waited this long "
                             "(default 0.5: a slow stream's batch would otherwise wait to fill)")
     group.add_argument("--kafka-io", choices=["picasso", "beam"], default="picasso",
-                       help="the Kafka reader: picasso's own (kafka-python, any runner; the default), or Beam's "
+                       help="the Kafka reader: picasso's own (on --kafka-client, any runner; the default), or Beam's "
                             "cross-language ReadFromKafka (Java KafkaIO, for Dataflow and Flink), which starts where "
                             "the server's positions, committed to --group-id before the job is submitted, say")
     group.add_argument("--expansion-service", metavar="HOST:PORT", default=None,

@@ -14,6 +14,7 @@ from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.message_formats import FORMATS
 from picasso.connectors.join_events import JOIN_FORMATS
+from picasso.connectors.kafka_clients import CLIENTS, KAFKA_PYTHON
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_wait import BrokerWait, BrokerWaiter, check_topics
 from picasso.connectors.publishing.contract import MLflowTarget
@@ -46,6 +47,13 @@ def _kafka_args(parser: argparse.ArgumentParser) -> None:
                              "sasl_mechanism=PLAIN, ssl_cafile=/path; repeatable")
 
 
+def _kafka_client_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kafka-client", choices=CLIENTS, default=KAFKA_PYTHON,
+                        help="the client that reads the topics: kafka-python (the default), or confluent "
+                             "(librdkafka: the install extra 'confluent'); --kafka-option keeps "
+                             "kafka-python's names with either")
+
+
 def quiet_kafka_client(args) -> None:
     """kafka-python logs each failed connection as ERROR and WARNING lines, a dozen a try,
     and each connection at INFO: the commands say one line a retry instead
@@ -67,7 +75,7 @@ def kafka_connection(args):
         if not sep:
             raise ValueError(f"--kafka-option {item!r}: expected KEY=VALUE")
         options[key.strip()] = yaml.safe_load(value)  # numbers and booleans as such
-    return KafkaConnection(args.bootstrap_servers, options)
+    return KafkaConnection(args.bootstrap_servers, options, client=getattr(args, "kafka_client", KAFKA_PYTHON))
 
 
 def _topic_formats(items: list[str]) -> dict[str, str]:
@@ -103,6 +111,7 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
                         help="how far the watermark trails the partitions' newest event time")
     stream.add_argument("--workdir", required=True, help="checkpoints and the published-version log go here")
     _kafka_args(stream)
+    _kafka_client_arg(stream)
     stream.add_argument("--group-id", default="picasso-stream", help="consumer group the positions are committed to")
     stream.add_argument("--dead-letter-topic", default="picasso.dead-letters")
     stream.add_argument("--batch-messages", type=int, default=1000, help="messages per training batch")

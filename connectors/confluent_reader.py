@@ -1,0 +1,163 @@
+"""PartitionReader on confluent-kafka (librdkafka, `--kafka-client confluent`).
+
+librdkafka fetches in a thread of its own and queues the messages; a poll here waits for
+the first one and then takes whatever else is queued at once. The consumer is only ever
+assigned partitions at positions: it joins no group and commits nothing (the group id
+librdkafka insists on is never used).
+
+The latest offsets are taken as kafka-python's are (connectors.kafka_config.latest_offsets):
+the offset the broker reports (get_watermark_offsets, a ListOffsets request), and the
+high watermark of a fetch from just before it (librdkafka caches each fetch answer's);
+Tansu under-reports the first. Errors of the broker or of a fetch are KafkaReadFailed,
+which a stream's cycle retries; bad settings are a ValueError at start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+from kafka import TopicPartition
+
+from picasso.connectors.kafka_clients import CONFLUENT, KafkaReadFailed, Polled, require_client
+from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, topics_missing_message
+from picasso.connectors.librdkafka_config import LOOKUP_TIMEOUT, librdkafka_consumer_config
+from picasso.connectors.record_batches import RecordBlock
+
+# librdkafka's log lines come here (on poll), below kafka-python's logger, so that what
+# quiets the client's lines in the commands (cli/stream.quiet_kafka_client) quiets both.
+_LOG = logging.getLogger("kafka.librdkafka")
+UNKNOWN = -1001  # librdkafka's OFFSET_INVALID: no offset known (yet)
+
+
+class ConfluentReader:
+    def __init__(self, connection: KafkaConnection, **overrides):
+        require_client(CONFLUENT)
+        import confluent_kafka
+
+        self._kafka = confluent_kafka
+        self.servers = connection.bootstrap_servers
+        # For each request a lookup makes (metadata, offsets, the first fetch); kafka-python's default.
+        self.timeout_s = {**connection.options, **overrides}.get(LOOKUP_TIMEOUT, 30_000) / 1000
+        overrides.pop("enable_auto_commit", None)  # never: positions live in picasso's checkpoint
+        config = librdkafka_consumer_config(connection, **overrides)
+        config.setdefault("group.id", "picasso")
+        config |= {"enable.auto.commit": False, "enable.auto.offset.store": False, "logger": _LOG}
+        try:
+            self.consumer = confluent_kafka.Consumer(config)
+        except (confluent_kafka.KafkaException, ValueError, TypeError) as err:
+            raise ValueError(f"--kafka-client confluent: {_reason(err)}") from None
+        self.next_position: dict[TopicPartition, int] = {}
+
+    def partitions(self, topics) -> list[TopicPartition]:
+        metadata = self._ask("list its topics", lambda: self.consumer.list_topics(timeout=self.timeout_s))
+        out = []
+        for topic in topics:
+            found = metadata.topics.get(topic)
+            if found is None or found.error is not None or not found.partitions:
+                raise TopicNotFound(topics_missing_message([topic], metadata.topics, self.servers))
+            out += [TopicPartition(topic, p) for p in sorted(found.partitions)]
+        return out
+
+    def beginning_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: self._watermarks(tp)[0] for tp in partitions}
+
+    def latest_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        reported = {tp: self._watermarks(tp)[1] for tp in partitions}
+        self.consumer.assign([self._kafka.TopicPartition(tp.topic, tp.partition, max(0, reported[tp] - 1))
+                              for tp in partitions])
+        self.next_position.clear()
+        fetched: dict[TopicPartition, int] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while len(fetched) < len(partitions):
+            for tp in partitions:
+                high = self._cached_high(tp)
+                if high != UNKNOWN:
+                    fetched[tp] = high
+            if len(fetched) == len(partitions):
+                break
+            if time.monotonic() > deadline:
+                missing = [f"{tp.topic}/{tp.partition}" for tp in partitions if tp not in fetched]
+                raise TimeoutError(f"no fetch answer for {', '.join(missing)} within {self.timeout_s:g}s")
+            message = self.consumer.poll(0.2)  # its record is not wanted: the fetch's answer is
+            if message is not None and message.error() is not None:
+                raise KafkaReadFailed(f"{self.servers}: {message.topic()}/{message.partition()}: "
+                                      f"{message.error().str()}")
+        return {tp: max(reported[tp], fetched[tp]) for tp in partitions}
+
+    def assign(self, tp: TopicPartition, position: int) -> None:
+        self.consumer.assign([self._kafka.TopicPartition(tp.topic, tp.partition, position)])
+        self.next_position = {tp: position}
+
+    def poll(self, tp: TopicPartition, max_records: int, timeout_s: float) -> Polled:
+        first = self.consumer.poll(timeout_s)
+        if first is None:
+            return Polled(_EMPTY, self._position_when_idle(tp))
+        # No more than asked for: librdkafka fetches ahead in its own thread anyway, and
+        # what a poll brings past the element's cut waits in the caller, sliced at every cut.
+        messages = self.consumer.consume(max_records - 1, timeout=0) if max_records > 1 else []
+        messages.insert(0, first)
+        failed = [m for m in messages if m.error() is not None]
+        if failed:
+            error = failed[0].error()
+            if error.code() != self._kafka.KafkaError._PARTITION_EOF:
+                raise KafkaReadFailed(f"{self.servers}: {failed[0].topic()}/{failed[0].partition()}: {error.str()}")
+            messages = [m for m in messages if m.error() is None]
+        # Only the assigned partition's: librdkafka drops what an earlier assignment
+        # fetched, and this makes sure of it.
+        mine = [m for m in messages if m.partition() == tp.partition and m.topic() == tp.topic]
+        if not mine:
+            return Polled(_EMPTY, self.next_position[tp])
+        block = RecordBlock(
+            np.fromiter([m.offset() for m in mine], np.int64, len(mine)),
+            np.fromiter([m.timestamp()[1] for m in mine], np.int64, len(mine)),
+            [m.key() for m in mine],
+            [m.value() for m in mine],
+        )
+        self.next_position[tp] = max(self.next_position[tp], int(block.offsets[-1]) + 1)
+        return Polled(block, self.next_position[tp])
+
+    def _position_when_idle(self, tp: TopicPartition) -> int:
+        """Where the partition reads on from when nothing is queued for it: librdkafka's
+        own position moves past offsets that hold no message for the application (a
+        transaction's marker, say), which the records alone never show. Taken only when
+        idle and up to the last fetch's high watermark, so it never passes a record that
+        is still on its way."""
+        known = self.next_position[tp]
+        position = self.consumer.position([self._kafka.TopicPartition(tp.topic, tp.partition)])[0].offset
+        high = self._cached_high(tp)
+        if position > known and high != UNKNOWN:
+            self.next_position[tp] = known = min(position, high)
+        return known
+
+    def _cached_high(self, tp: TopicPartition) -> int:
+        return self.consumer.get_watermark_offsets(self._kafka.TopicPartition(tp.topic, tp.partition),
+                                                   cached=True)[1]
+
+    def _watermarks(self, tp: TopicPartition) -> tuple[int, int]:
+        what = f"look up the offsets of {tp.topic}/{tp.partition}"
+        found = self._ask(what, lambda: self.consumer.get_watermark_offsets(
+            self._kafka.TopicPartition(tp.topic, tp.partition), timeout=self.timeout_s, cached=False))
+        if found is None:  # confluent-kafka's answer to a timeout
+            raise KafkaReadFailed(f"no answer from the Kafka broker at {self.servers} to {what} "
+                                  f"within {self.timeout_s:g} s")
+        return found
+
+    def _ask(self, what: str, call):
+        try:
+            return call()
+        except self._kafka.KafkaException as err:
+            raise KafkaReadFailed(f"no answer from the Kafka broker at {self.servers} to {what} "
+                                  f"(librdkafka: {_reason(err)})") from None
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+_EMPTY = RecordBlock(np.zeros(0, np.int64), np.zeros(0, np.int64), [], [])
+
+
+def _reason(err: BaseException) -> str:
+    first = err.args[0] if err.args else err
+    return first.str() if hasattr(first, "str") else str(first)
