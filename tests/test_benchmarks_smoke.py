@@ -123,3 +123,13 @@ def test_a_smoke_size_for_no_argument_is_named(harness, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench", "--smoke"])
     with pytest.raises(ValueError, match="rowz"):
         harness.parse_args("bench", _rows, smoke={"rowz": 10})
+
+
+def test_scaling_names_its_goal_figures_after_its_sizes(smoke_runs: dict[str, Future]):
+    """benchmarks.scaling (issue 39) reports step_growth_A_to_B and memory_over_state_B for
+    the smallest and largest tables it ran (--smoke: 20k and 60k rows), and draws its plots;
+    only the names are checked, never a value."""
+    done = smoke_runs["scaling"].result() if "scaling" in smoke_runs else _smoke("scaling")
+    assert done.returncode == 0, done.stderr[-5000:]
+    metrics = json.loads(done.stdout.strip().splitlines()[-1])["metrics"]
+    assert {"step_growth_20k_to_60k", "memory_over_state_60k", "plots"} <= set(metrics)
