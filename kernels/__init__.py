@@ -4,18 +4,27 @@ Three ops over a packed table (see reference.py for their exact definition):
 - `lookup`: pool every (sample, field) bag in one call;
 - `fused_update`: the backward pass of lookup fused with a sparse optimizer step;
 - `row_gradients`: that backward pass returning each row's gradient instead of stepping,
-  for a compact table of the rows a batch touches (a GBA worker's pulled rows).
+  for a compact table of the rows a batch touches (a GBA worker's pulled rows);
+- `lookup_many`, `fused_update_many`: lookup and fused_update of several tables over the
+  same rows, ids and offsets (Wide&Deep's deep and wide tables) in one call each; a
+  backend without them calls its one-table ops table by table (reference.lookup_each).
 Four for the hot-row cache's bookkeeping, which lives on the host:
 - `map_to_slots`: de-duplicate a batch's ids and map them to fast-tier indices;
 - `positions_in`: which of a batch's rows are among others (rows still in flight);
 - `copy_rows`: move rows between tiers;
 - `sketch_add`: a conservative count-min sketch update.
-Five for a dynamic table's id -> row map, also on the host (see id_map_reference.py):
+For a dynamic table's id -> row map, also on the host (see id_map_reference.py):
 - `id_map_find`: the rows of a batch's keys, stamping the rows found, and its misses;
 - `id_map_admit`: rows for new keys, free rows first, then LFU victims;
 - `id_map_expire`: free the rows not seen for a while;
+- `id_map_resolve`: all of the above as one training batch of one field uses them;
 - `id_map_rebuild`: the map's index again from its rows' keys;
-- `id_map_initial_rows`: the first values of the rows new keys take.
+- `id_map_initial_rows`: the first values of the rows new keys take; `id_map_reset_rows`
+  writes them into a table and zeroes their slots.
+And one for the decoder, on the host (see id_columns.py, decode_ids_reference.py):
+- `decode_ids`: every id column of a batch (Arrow arrays) hashed, bucketed and checked.
+And one for packing, on the host (see group_ids.py, pack_groups_reference.py):
+- `pack_group`: a packing group's ids and bag starts from its fields' columns (Arrow arrays).
 
 Backends, chosen per device at run time:
 - "reference": plain torch, the definition; runs anywhere;
@@ -34,7 +43,7 @@ from types import ModuleType
 
 import torch
 
-from picasso.kernels.reference import OPTIMIZERS, SparseOptimizer
+from picasso.kernels.reference import OPTIMIZERS, SparseOptimizer, fused_update_each, lookup_each
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +89,20 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step,
     )
 
 
+def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None):
+    backend = backend_for(weights[0].device)
+    many = getattr(backend, "lookup_many", None) or lookup_each(backend.lookup)
+    return many(weights, ids, offsets, num_fields, mean_pooled, max_len)
+
+
+def fused_update_many(weights, slots, ids, offsets, grads, num_fields, optimizers, steps, mean_pooled=None,
+                      max_len=None, field_rows=None, disjoint_fields=False):
+    backend = backend_for(weights[0].device)
+    many = getattr(backend, "fused_update_many", None) or fused_update_each(backend.fused_update)
+    return many(weights, slots, ids, offsets, grads, num_fields, optimizers, steps, mean_pooled, max_len, field_rows,
+                disjoint_fields)
+
+
 def row_gradients(num_rows, dim, ids, offsets, grad, num_fields, mean_pooled=None, max_len=None, field_rows=None,
                   disjoint_fields=False):
     return backend_for(grad.device).row_gradients(
@@ -91,14 +114,37 @@ def row_gradients(num_rows, dim, ids, offsets, grad, num_fields, mean_pooled=Non
 _ID_MAP = "id_map_"
 
 
+def host_backend() -> ModuleType | None:
+    """The C++ backend for host ops, or None where they run as the reference (no compiler,
+    or PICASSO_KERNELS names another backend)."""
+    return _try("cpu") if os.environ.get("PICASSO_KERNELS", "cpu") == "cpu" else None
+
+
 def _host_op(name: str):
     """The host ops (the cache's, the id map's): the CPU backend's, else the reference."""
-    backend = _try("cpu") if os.environ.get("PICASSO_KERNELS", "cpu") == "cpu" else None
+    backend = host_backend()
     if backend is not None:
         return getattr(backend, name)
     if name.startswith(_ID_MAP):
         return getattr(importlib.import_module("picasso.kernels.id_map_reference"), name.removeprefix(_ID_MAP))
+    if name == "decode_ids":
+        return importlib.import_module("picasso.kernels.decode_ids_reference").decode_ids
+    if name == "pack_group":
+        return importlib.import_module("picasso.kernels.pack_groups_reference").pack_group
     return getattr(load_backend("reference"), name)
+
+
+def decode_ids(columns, rules, num_rows):
+    """A batch's id columns (Arrow arrays) hashed, bucketed and checked in one call: see
+    id_columns.py for the contract, decode_ids_reference.py for the definition."""
+    return _host_op("decode_ids")(columns, rules, num_rows)
+
+
+def pack_group(columns, id_offsets, num_rows):
+    """A packing group's ids, sample-major, and its bag starts from its fields' columns
+    (Arrow list arrays) in one call: see group_ids.py for the contract,
+    pack_groups_reference.py for the definition."""
+    return _host_op("pack_group")(columns, id_offsets, num_rows)
 
 
 def map_to_slots(ids, slot_of_row, capacity):
@@ -150,6 +196,15 @@ def id_map_initial_rows(keys, width, scale):
     return _host_op("id_map_initial_rows")(keys, width, scale)
 
 
-__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "fused_update", "id_map_admit",
-           "id_map_expire", "id_map_find", "id_map_initial_rows", "id_map_rebuild", "id_map_resolve", "load_backend", "lookup", "map_to_slots", "positions_in",
+def id_map_reset_rows(weight, slots, targets, keys, scale):
+    """New keys' first values at rows `targets` of a host table, and those rows of its slots
+    zeroed; a table on another device: the reference, which indexes there."""
+    if weight.device.type != "cpu":
+        return importlib.import_module("picasso.kernels.id_map_reference").reset_rows(
+            weight, slots, targets.to(weight.device), keys, scale)
+    return _host_op("id_map_reset_rows")(weight, slots, targets, keys, scale)
+
+
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "host_backend", "decode_ids", "fused_update", "fused_update_many", "id_map_admit",
+           "id_map_expire", "id_map_find", "id_map_initial_rows", "id_map_rebuild", "id_map_reset_rows", "id_map_resolve", "load_backend", "lookup", "lookup_many", "map_to_slots", "pack_group", "positions_in",
            "row_gradients", "sketch_add"]

@@ -1,7 +1,8 @@
 """The C++ CPU backend: kernels/csrc/packed_embedding.cpp (lookup, fused update, and row
 gradients as a fused update: see reference.row_gradients_by_sgd_step) and
 kernels/csrc/hot_cache.cpp (the cache's per-batch bookkeeping) and kernels/csrc/id_map.cpp
-(a dynamic table's id -> row map: see id_map_reference.py), built on first use as one
+(a dynamic table's id -> row map: see id_map_reference.py) and kernels/csrc/key_index.cpp
+(the sample join's index of its records: picasso.key_index), built on first use as one
 extension, picasso_kernels (kernels/csrc/picasso_kernels.cpp compiles them as one unit).
 
 torch.utils.cpp_extension compiles it against the torch already installed (no build
@@ -36,11 +37,14 @@ import torch
 from torch.utils import cpp_extension
 
 from picasso.kernels.build_lock import build_lock
+from picasso.kernels.decode_ids_cpu import decoder
+from picasso.kernels.pack_groups_cpu import packer
 from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
 
 _SOURCES = Path(__file__).with_name("csrc")
-_UNIT = "picasso_kernels.cpp"  # includes the other three
-_SOURCE_FILES = (_UNIT, "packed_embedding.cpp", "hot_cache.cpp", "id_map.cpp")
+_UNIT = "picasso_kernels.cpp"  # includes the others
+_SOURCE_FILES = (_UNIT, "packed_embedding.cpp", "hot_cache.cpp", "id_map.cpp", "key_index.cpp", "decode_ids.cpp",
+                 "pack_groups.cpp")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
@@ -164,6 +168,12 @@ def _load_prebuilt(name: str, cache: Path):
 
 _kernels = _build("picasso_kernels")
 _ops, _cache_ops, _id_map_ops = _kernels.packed_embedding, _kernels.hot_cache, _kernels.id_map
+# The sample join's index of its records, int64 keys to int64 values: picasso.key_index.
+key_index = _kernels.key_index
+# A batch's id columns decoded in one call: decode_ids_cpu.py, over csrc/decode_ids.cpp.
+decode_ids = decoder(_kernels.decode_ids.decode)
+# A packing group's ids in one call: pack_groups_cpu.py, over csrc/pack_groups.cpp.
+pack_group = packer(_kernels.pack_groups.pack)
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
 # (when no field_rows are given) and of the cache ops, kept so that no call pays for filling
 # it. One buffer, as long as the largest table yet, whose first `rows` entries serve any
@@ -188,46 +198,75 @@ def _limits(max_len):
     return _NO_LIMITS if max_len is None else max_len.to(torch.int64).contiguous()
 
 
-# The last output of each shape, reused when nothing else holds it any more. A pooled
+# The outputs of the current batch size, each reused once nothing else holds it. A pooled
 # lookup is batch x fields x dim floats (100+ MB at 400 fields); glibc serves each such
 # block with a fresh mmap, and first touching it costs ~25k page faults, as long as the
-# lookup itself. Reuse is safe only when no tensor, view or saved activation shares the
-# storage: its use count is then ours alone.
-_outputs: dict[tuple[int, ...], torch.Tensor] = {}
+# lookup itself. A step makes lookups of several shapes (one per group, and Wide&Deep's deep
+# and wide tables), so every shape keeps its buffers (a few: two groups can share a shape);
+# a new batch size drops them all. Reuse is safe only when no tensor, view or saved
+# activation shares the storage: its use count is then ours alone.
+_outputs: dict[tuple[int, ...], list[torch.Tensor]] = {}
+_KEPT_PER_SHAPE = 4
 
 
-def _output_buffer(shape: tuple[int, ...]) -> torch.Tensor | None:
-    cached = _outputs.get(shape)
-    # Two users when free: our cached tensor, and the storage handle asked for here.
-    if cached is not None and torch._C._storage_Use_Count(cached.untyped_storage()._cdata) <= 2:
-        return cached
-    return None
+def _is_free(kept: torch.Tensor) -> bool:
+    # Two users when free: our kept tensor, and the storage handle asked for here.
+    return torch._C._storage_Use_Count(kept.untyped_storage()._cdata) <= 2
+
+
+def _output_buffers(shapes: list[tuple[int, ...]]) -> list[torch.Tensor | None]:
+    """A free kept buffer for each shape, the most recently used first (its pages are the
+    likeliest still cached), or None; never one buffer for two outputs."""
+    given: list[torch.Tensor | None] = []
+    for shape in shapes:
+        free = (kept for kept in reversed(_outputs.get(shape, ()))
+                if _is_free(kept) and all(kept is not g for g in given))
+        given.append(next(free, None))
+    return given
+
+
+def _keep_outputs(outs: list[torch.Tensor]) -> None:
+    """Keep the outputs as the most recently used buffers of their shapes."""
+    if any(shape[0] != outs[0].shape[0] for shape in _outputs):
+        _outputs.clear()
+    for out in outs:
+        shape = tuple(out.shape)
+        others = [k for k in _outputs.get(shape, ()) if k.data_ptr() != out.data_ptr()]
+        # A tensor of our own on the same storage (not the caller's object), so the use
+        # count tells whether the caller, or anything it made, still holds the buffer.
+        _outputs[shape] = [*others[-(_KEPT_PER_SHAPE - 1):], out.detach()]
+
+
+def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None):
+    shapes = [(offsets.numel() // num_fields, num_fields, weight.shape[1]) for weight in weights]
+    outs = _ops.lookup_many(list(weights), ids.contiguous(), offsets.contiguous(), num_fields, _flags(mean_pooled),
+                            _limits(max_len), _output_buffers(shapes))
+    _keep_outputs(outs)
+    return outs
 
 
 def lookup(weight, ids, offsets, num_fields, mean_pooled=None, max_len=None):
-    shape = (offsets.numel() // num_fields, num_fields, weight.shape[1])
-    out = _ops.lookup(weight, ids.contiguous(), offsets.contiguous(), num_fields, _flags(mean_pooled),
-                      _limits(max_len), _output_buffer(shape))
-    _outputs.clear()  # keep one buffer: the shape of the current batch
-    # A tensor of our own on the same storage (not the caller's object), so the use count
-    # tells whether the caller, or anything it made, still holds the buffer.
-    _outputs[shape] = out.detach()
-    return out
+    return lookup_many([weight], ids, offsets, num_fields, mean_pooled, max_len)[0]
+
+
+def fused_update_many(weights, slots, ids, offsets, grads, num_fields, optimizers: list[SparseOptimizer], steps,
+                      mean_pooled=None, max_len=None, field_rows=None, disjoint_fields=False):
+    if field_rows is None:
+        scratch, bounds = _scratch_for(weights[0].shape[0]), _NO_LIMITS
+    else:
+        scratch, bounds = _NO_SCRATCH, field_rows.to(torch.int64).contiguous()
+    _ops.fused_update_many(
+        list(weights), [list(s) for s in slots], ids.contiguous(), offsets.contiguous(),
+        [grad.contiguous().float() for grad in grads], num_fields, [o.name for o in optimizers],
+        [[o.lr, o.eps, o.beta1, o.beta2, o.weight_decay] for o in optimizers], [int(step) for step in steps],
+        _flags(mean_pooled), _limits(max_len), bounds, scratch, disjoint_fields,
+    )
 
 
 def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer: SparseOptimizer, step,
                  mean_pooled=None, max_len=None, field_rows=None, disjoint_fields=False):
-    rows = weight.shape[0]
-    if field_rows is None:
-        scratch, bounds = _scratch_for(rows), _NO_LIMITS
-    else:
-        scratch, bounds = _NO_SCRATCH, field_rows.to(torch.int64).contiguous()
-    _ops.fused_update(
-        weight, list(slots), ids.contiguous(), offsets.contiguous(), grad.contiguous().float(), num_fields,
-        optimizer.name, optimizer.lr, optimizer.eps, optimizer.beta1, optimizer.beta2, optimizer.weight_decay,
-        int(step),
-        _flags(mean_pooled), _limits(max_len), bounds, scratch, disjoint_fields,
-    )
+    fused_update_many([weight], [slots], ids, offsets, [grad], num_fields, [optimizer], [step], mean_pooled, max_len,
+                      field_rows, disjoint_fields)
 
 
 row_gradients = row_gradients_by_sgd_step(fused_update)
@@ -281,3 +320,7 @@ def id_map_rebuild(index, row_keys) -> None:
 
 def id_map_initial_rows(keys, width: int, scale: float):
     return _id_map_ops.initial_rows(keys.contiguous(), int(width), float(scale))
+
+
+def id_map_reset_rows(weight, slots, targets, keys, scale: float) -> None:
+    _id_map_ops.reset_rows(weight, list(slots), targets.contiguous(), keys.contiguous(), float(scale))

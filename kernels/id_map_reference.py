@@ -36,8 +36,9 @@ Four ops:
   only row_keys).
 And one op that is the four above as a training batch of one field uses them, in one
 call (picasso.dynamic_rows.DynamicField.resolve): `resolve(...)`, below.
-And one op on no map: `initial_rows(keys, width, scale)`, the first values of the rows
-new keys take.
+And two ops on no map: `initial_rows(keys, width, scale)`, the first values of the rows
+new keys take, and `reset_rows(weight, slots, targets, keys, scale)`, which writes them
+into a table (zeros when scale is 0) and zeroes the same rows of its optimizer slots.
 """
 
 from __future__ import annotations
@@ -200,6 +201,15 @@ def initial_rows(keys: torch.Tensor, width: int, scale: float) -> torch.Tensor:
                             + np.arange(1, width + 1, dtype=np.uint64))
     unit = (mixed >> np.uint64(40)).astype(np.float64) / float(1 << 24)
     return torch.from_numpy(((2 * unit - 1) * scale).astype(np.float32)).reshape(keys.numel(), width)
+
+
+def reset_rows(weight: torch.Tensor, slots: list[torch.Tensor], targets: torch.Tensor, keys: torch.Tensor,
+               scale: float) -> None:
+    """Rows `targets` of `weight` take `keys`' first values (zeros when scale is 0), and the
+    same rows of every slot tensor are zeroed, in place."""
+    weight[targets] = initial_rows(keys, weight.shape[1], scale).to(weight.device) if scale else 0.0
+    for slot in slots:
+        slot[targets] = 0
 
 
 # resolve's counts, in the order it returns them (DynamicStats' fields after lookups).

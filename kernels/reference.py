@@ -210,6 +210,36 @@ def row_gradients_by_sgd_step(fused_update):
     return row_gradients
 
 
+
+# Several tables over the same rows, ids and offsets (Wide&Deep's deep and wide tables):
+# the ops of one table, table by table. That is the definition of lookup_many and
+# fused_update_many (each table's result is exactly that of a call of its own), and the
+# many-table ops of a backend that has no fused ones.
+def lookup_each(lookup):
+    """lookup_many from a backend's lookup: one (num_samples, num_fields, dim) per table."""
+
+    def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None):
+        return [lookup(weight, ids, offsets, num_fields, mean_pooled, max_len) for weight in weights]
+
+    return lookup_many
+
+
+def fused_update_each(fused_update):
+    """fused_update_many from a backend's fused_update: per table, its slots, the gradient of
+    its lookup output, its optimizer and its step."""
+
+    def fused_update_many(weights, slots, ids, offsets, grads, num_fields, optimizers, steps, mean_pooled=None,
+                          max_len=None, field_rows=None, disjoint_fields=False):
+        for weight, table_slots, grad, optimizer, step in zip(weights, slots, grads, optimizers, steps, strict=True):
+            fused_update(weight, table_slots, ids, offsets, grad, num_fields, optimizer, step, mean_pooled, max_len,
+                         field_rows, disjoint_fields)
+
+    return fused_update_many
+
+
+lookup_many = lookup_each(lookup)
+fused_update_many = fused_update_each(fused_update)
+
 def map_to_slots(ids: torch.Tensor, slot_of_row: torch.Tensor, capacity: int):
     """De-duplicate ids and map them to fast-tier indices.
 

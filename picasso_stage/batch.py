@@ -37,6 +37,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from picasso import kernels
 from picasso.packing import PackedGroup, PackingPlan
 from picasso.sample_identity import Range, held_mask, identity_of, spans_of
 from picasso.spec import FeatureSpec
@@ -211,35 +212,16 @@ def _list_array(column: pa.Array | pa.ChunkedArray) -> pa.ListArray:
     return column
 
 
-def _pack_group(table: pa.Table, group: PackedGroup) -> tuple[pa.Array, pa.Array]:
-    n, num_fields = table.num_rows, group.num_fields
-    columns = [_list_array(table.column(name)) for name in group.fields]
-    # Every field's list offsets side by side, (n + 1, fields): one numpy pass for all of
-    # them instead of a few small calls per field, which at hundreds of fields cost more
-    # than the data.
-    list_offsets = np.stack([c.offsets.to_numpy() for c in columns], axis=1).astype(np.int64, copy=False)
-    lengths = np.diff(list_offsets, axis=0)
-    # The flat values of each field (a sliced list array's values start past offset 0).
-    values = [c.values.to_numpy(zero_copy_only=False)[o[0]:o[-1]]
-              for c, o in zip(columns, list_offsets.T)]
-    row_offsets = np.asarray(group.id_offsets, dtype=np.int64)
-    if n and (lengths == 1).all():  # all one-hot: the common case needs no scatter
-        ids = (np.stack(values, axis=1) + row_offsets).reshape(-1)
-        bag_starts = np.arange(n * num_fields + 1, dtype=np.int32)
-    else:
-        bag_starts = np.zeros(n * num_fields + 1, dtype=np.int64)
-        np.cumsum(lengths.reshape(-1), out=bag_starts[1:])
-        ids = np.empty(int(bag_starts[-1]), dtype=np.int64)
-        # The values arrive field after field; each bag's run moves from its place in
-        # that order to its place in sample-major order, all fields in one scatter.
-        field_major = lengths.T.reshape(-1)
-        source_starts = np.cumsum(field_major) - field_major
-        target_starts = bag_starts[:-1].reshape(n, num_fields).T.reshape(-1)
-        destination = np.repeat(target_starts - source_starts, field_major) + np.arange(len(ids))
-        ids[destination] = np.concatenate(values) + np.repeat(row_offsets, [len(v) for v in values])
-        bag_starts = bag_starts.astype(np.int32)
+def _pack_group(columns: dict[str, pa.ChunkedArray], n: int, group: PackedGroup) -> tuple[pa.Array, pa.Array]:
+    # One kernel call for the whole group (picasso.kernels.pack_group: C++ over the Arrow
+    # buffers where it is built, else its numpy reference): at hundreds of fields, a few
+    # numpy calls per field cost more than the ids. The arrays stay referenced here, as the
+    # kernel reads their buffers in place.
+    arrays = [_list_array(columns[name]) for name in group.fields]
+    packed = kernels.pack_group(arrays, group.id_offsets, n)
+    bag_starts, num_fields = packed.bag_starts, group.num_fields
     sample_offsets = pa.array(bag_starts[::num_fields])
-    ids_column = pa.ListArray.from_arrays(sample_offsets, pa.array(ids))
+    ids_column = pa.ListArray.from_arrays(sample_offsets, pa.array(packed.ids))
     offsets_column = pa.FixedSizeListArray.from_arrays(pa.array(bag_starts[:-1]), num_fields)
     return ids_column, offsets_column
 
@@ -253,8 +235,11 @@ def pack(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, positions: dict[
     if dense_names:
         dense = np.stack([table.column(name).to_numpy() for name in dense_names], axis=1).astype(np.float32)
         columns["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), len(dense_names))
+    # By name once: Table.column(name) looks the name up in the schema, a microsecond and
+    # more per field.
+    by_name = dict(zip(table.column_names, table.columns))
     for group in plan.groups:
-        columns[f"{group.name}.ids"], columns[f"{group.name}.offsets"] = _pack_group(table, group)
+        columns[f"{group.name}.ids"], columns[f"{group.name}.offsets"] = _pack_group(by_name, table.num_rows, group)
     metadata = {POSITIONS_KEY: json.dumps(positions or {}, sort_keys=True).encode()}
     if starts:
         metadata[STARTS_KEY] = json.dumps(starts, sort_keys=True).encode()

@@ -42,7 +42,7 @@ from torch import nn
 from picasso import kernels
 from picasso.batch import TorchBatch
 from picasso.frequency import DecayedSketch
-from picasso.kernels.id_map_reference import EMPTY_KEY, slots_for
+from picasso.kernels.id_map_reference import EMPTY_KEY, RESOLVE_STATS, slots_for
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, SparseField
 
@@ -111,6 +111,18 @@ class DynamicField(nn.Module):
         self.stats = DynamicStats()
 
     @property
+    def stats(self) -> DynamicStats:
+        """The field's counts since they were last reset."""
+        return DynamicStats(self._lookups, *self._counted.tolist())
+
+    @stats.setter
+    def stats(self, stats: DynamicStats) -> None:
+        # Kept as resolve's counts tensor and added to in place: a dataclass built and
+        # summed field by field cost more per batch than the rest of resolve's Python.
+        self._lookups = stats.lookups
+        self._counted = torch.tensor([getattr(stats, name) for name in RESOLVE_STATS], dtype=torch.int64)
+
+    @property
     def default_row(self) -> int:
         """The row (within the field's range) of every id without one of its own."""
         return self.capacity
@@ -142,7 +154,8 @@ class DynamicField(nn.Module):
             *((self.sketch_counters, self.sketch_multipliers, sketch.bits, self.sketch_added,
                _SKETCH_WINDOW * self.capacity) if sketch is not None else (_NO_COUNTERS, _NONE, 0, _NO_ADDED, 0)),
             table.admit_after)
-        self.stats.add(DynamicStats(keys.numel(), *counted.tolist()))
+        self._lookups += keys.numel()
+        self._counted += counted
         return rows, first, new_keys
 
     def rebuild_index(self) -> None:

@@ -3,7 +3,7 @@ group per step.
 
 The tables and their optimizer slots are buffers, not parameters: autograd never builds a
 gradient for them. The backward pass of the lookup applies the sparse optimizer directly
-to the rows the batch touched (kernels.fused_update), the way FBGEMM's table-batched
+to the rows the batch touched (see stepped_lookup), the way FBGEMM's table-batched
 embeddings do. So a training step is: forward, loss.backward() (which also steps every
 embedding table), then the dense optimizer's step. A GBA worker, which steps nothing, takes
 the rows' gradients from the same backward instead (lookup_with_row_gradients).
@@ -17,40 +17,26 @@ import torch
 from torch import nn
 
 from picasso import kernels
-from picasso.dynamic_rows import initial_rows
 from picasso.kernels import SparseOptimizer
-from picasso.packing import PackingPlan
+from picasso.packing import PackedGroup, PackingPlan
+from picasso.stepped_lookup import GroupBags, SteppedTable, pooled_tables
 
 
-class _FusedLookup(torch.autograd.Function):
-    """kernels.lookup forward; backward: the lookup's fused backward, in one of two modes.
-
-    - With an optimizer (local training): that optimizer's step on the table, in place; the
-      table is a buffer and gets no gradient.
-    - Without one (a GBA worker, whose table is a compact leaf of the rows it pulled): the
-      table's gradient, each row's, from kernels.row_gradients, which is the same fused
-      backward. So every update mode takes its step's arithmetic from the same kernels.
-    """
+class _RowGradientLookup(torch.autograd.Function):
+    """kernels.lookup forward; backward: the table's gradient, each row's, from
+    kernels.row_gradients, the same fused backward that steps the tables in local training
+    (stepped_lookup). So every update mode takes its step's arithmetic from the same kernels."""
 
     @staticmethod
-    def forward(ctx, anchor, weight, slots, ids, offsets, num_fields, mean, max_len, field_rows, disjoint_fields,
-                optimizer, step):
-        ctx.bags = (ids, offsets, num_fields, mean, max_len, field_rows, disjoint_fields)
-        ctx.table_shape = weight.shape
-        ctx.update = None if optimizer is None else (weight, slots, optimizer, step)
-        return kernels.lookup(weight, ids, offsets, num_fields, mean, max_len)
+    def forward(ctx, weight, bags: GroupBags):
+        ctx.bags, ctx.table_shape = bags, weight.shape
+        return kernels.lookup(weight, bags.ids, bags.offsets, bags.num_fields, bags.mean, bags.max_len)
 
     @staticmethod
     def backward(ctx, grad):
-        ids, offsets, num_fields, mean, max_len, field_rows, disjoint_fields = ctx.bags
-        if ctx.update is None:
-            weight_grad = kernels.row_gradients(*ctx.table_shape, ids, offsets, grad, num_fields, mean, max_len,
-                                                field_rows, disjoint_fields)
-            return None, weight_grad, *(None,) * 10
-        weight, slots, optimizer, step = ctx.update
-        kernels.fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step, mean, max_len, field_rows,
-                             disjoint_fields)
-        return (None,) * 12
+        b = ctx.bags
+        return kernels.row_gradients(*ctx.table_shape, b.ids, b.offsets, grad, b.num_fields, b.mean, b.max_len,
+                                     b.field_rows, False), None
 
 
 def lookup_with_row_gradients(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, num_fields: int,
@@ -58,9 +44,9 @@ def lookup_with_row_gradients(weight: torch.Tensor, ids: torch.Tensor, offsets: 
                               field_rows: torch.Tensor | None = None) -> torch.Tensor:
     """Pooled bags of `weight`, a leaf that requires grad, as (N, num_fields, dim): the
     backward pass leaves each row's gradient in weight.grad, summed by the fused kernels.
+    For a GBA worker, whose table is a compact leaf of the rows it pulled.
     field_rows: as kernels.fused_update's, row bounds of each field's ids in `weight`."""
-    return _FusedLookup.apply(None, weight, [], ids, offsets, num_fields, mean_pooled, max_len, field_rows, False,
-                              None, 0)
+    return _RowGradientLookup.apply(weight, GroupBags(ids, offsets, num_fields, mean_pooled, max_len, field_rows))
 
 
 class PackedEmbedding(nn.Module):
@@ -74,7 +60,7 @@ class PackedEmbedding(nn.Module):
                  optimizer: SparseOptimizer = SparseOptimizer()):
         super().__init__()
         self.plan = plan
-        self.init_scale = init_scale  # also a dynamic table's new rows' (dynamic_rows.initial_rows)
+        self.init_scale = init_scale  # also a dynamic table's new rows' (kernels.id_map_reset_rows)
         self.group_dims = {g.name: dim or g.embedding_dim for g in plan.groups}
         for group in plan.groups:
             width = self.group_dims[group.name]
@@ -137,10 +123,7 @@ class PackedEmbedding(nn.Module):
         """Give the rows at `targets` (of the table, or of its fast tier with a cache) the
         first values of a dynamic table's new rows for `keys`, and zero their slots."""
         weight, slots, _ = self._storage(group)
-        values = initial_rows(keys, weight.shape[1], self.init_scale)
-        weight[targets] = values.to(weight.device)
-        for slot in slots:
-            slot[targets] = 0
+        kernels.id_map_reset_rows(weight, slots, targets, keys, self.init_scale)
 
     def output_dim(self) -> int:
         return sum(g.num_fields * self.group_dims[g.name] for g in self.plan.groups)
@@ -150,21 +133,27 @@ class PackedEmbedding(nn.Module):
 
         In training mode with autograd on, the backward pass steps the tables.
         """
+        training = self.start_step()
+        return [self.lookup_group(g, ids[g.name], offsets[g.name], training) for g in self.plan.groups]
+
+    def start_step(self) -> bool:
+        """Whether a lookup now trains (training mode, autograd on); if it does, count the step."""
         training = self.training and torch.is_grad_enabled()
         if training:
             self.steps += 1
-        pooled = []
-        for g in self.plan.groups:
-            weight, slots, field_rows = self._storage(g.name)
-            mean, max_len = getattr(self, f"mean_{g.name}"), getattr(self, f"max_len_{g.name}")
-            if training:
-                # A zero-size input that requires grad makes autograd call backward.
-                anchor = torch.empty(0, requires_grad=True)
-                # Without row bounds (a fast tier), ids are still each field's own: rows are.
-                disjoint_fields = field_rows is None
-                pooled.append(_FusedLookup.apply(anchor, weight, slots, ids[g.name], offsets[g.name], g.num_fields,
-                                                 mean, max_len, field_rows, disjoint_fields, self.optimizers[g.name],
-                                                 int(self.steps)))
-            else:
-                pooled.append(kernels.lookup(weight, ids[g.name], offsets[g.name], g.num_fields, mean, max_len))
-        return pooled
+        return training
+
+    def lookup_group(self, group: PackedGroup, ids: torch.Tensor, offsets: torch.Tensor,
+                     training: bool) -> torch.Tensor:
+        """One group's pooled embeddings; in training (the step counted), with the backward
+        pass that steps its table."""
+        return pooled_tables(self.group_bags(group, ids, offsets), [self.stepped_table(group)], training)[0]
+
+    def group_bags(self, group: PackedGroup, ids: torch.Tensor, offsets: torch.Tensor) -> GroupBags:
+        _, _, field_rows = self._storage(group.name)
+        return GroupBags(ids, offsets, group.num_fields, getattr(self, f"mean_{group.name}"),
+                         getattr(self, f"max_len_{group.name}"), field_rows)
+
+    def stepped_table(self, group: PackedGroup) -> SteppedTable:
+        weight, slots, _ = self._storage(group.name)
+        return SteppedTable(weight, slots, self.optimizers[group.name], int(self.steps))

@@ -21,22 +21,11 @@ maps to the same embedding row everywhere and in every version.
 
 A string "123" and an integer 123 are different ids. The vectorised forms below are
 tested to agree with the scalar ones, which are the definition.
-
-hash_many buckets many id columns in few calls of hash_to_buckets. Each call has a fixed
-cost of a dozen numpy passes, which for a poll of 1,000 JSON events is most of the work:
-one call per sparse field cost about 1 µs per event for Criteo's 26 fields. The columns
-are concatenated and hashed once, modulo a common multiple L of their bucket counts;
-since (h mod L) mod b == h mod b whenever b divides L, reducing each field's part modulo
-its own bucket count gives exactly the rows of one call per field. Long columns (a table
-of many Arrow messages) gain nothing from that and would pay for the copy and the second
-modulo, so they keep one call each.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,10 +33,6 @@ import pyarrow as pa
 
 _MASK = (1 << 64) - 1
 _WORD = 8
-# hash_to_buckets returns int64 rows: a common multiple must stay below 2**63.
-_LARGEST_MULTIPLE = 2**62
-# Ids per combined call of hash_many: past this, a call's fixed cost is small next to its work.
-_COMBINE_UP_TO = 1 << 16
 
 
 def splitmix64(value: int) -> int:
@@ -159,6 +144,13 @@ def _derived_words(seed: int) -> _KeyWords:
     return _KeyWords(strings, splitmix64(strings))
 
 
+def key_words(seed: int | None) -> tuple[int, int] | None:
+    """The (strings, integers) words of a seed (_KeyWords), None for the fixed hash: what
+    the compiled decoder (picasso.kernels.decode_ids) computes key_of from."""
+    words = _key_words(seed)
+    return None if words is None else (words.strings, words.integers)
+
+
 def key_of(raw_id: str | int, seed: int | None = None) -> int:
     """A dynamic field's key of a raw id, as a signed 64-bit integer (its bits unsigned).
 
@@ -206,38 +198,3 @@ def keys_of(values: pa.Array, seed: int | None = None) -> np.ndarray:
         return _hashed(values, lambda ints: ints.astype(np.uint64)).view(np.int64)
     mask = np.uint64(words.integers)
     return _hashed(values, lambda ints: splitmix64_array(ints.astype(np.uint64) ^ mask), words.strings).view(np.int64)
-
-
-def hash_many(arrays: Sequence[pa.Array], buckets: Sequence[int]) -> list[np.ndarray]:
-    """hash_to_buckets(arrays[i], buckets[i]) for every i. The arrays are null-free and
-    share one Arrow type."""
-    out: list[np.ndarray] = []
-    per_group = max(1, _COMBINE_UP_TO // max(1, max(map(len, arrays), default=1)))
-    for group in _groups(buckets, per_group):
-        combined = pa.concat_arrays([arrays[i] for i in group]) if len(group) > 1 else arrays[group[0]]
-        multiple = math.lcm(*(buckets[i] for i in group))
-        rows = hash_to_buckets(combined, multiple)
-        if len(group) == 1:
-            out.append(rows)
-            continue
-        # Each part modulo its own bucket count, in one numpy pass.
-        lengths = [len(arrays[i]) for i in group]
-        rows %= np.repeat(np.array([buckets[i] for i in group], dtype=np.int64), lengths)
-        out += np.split(rows, np.cumsum(lengths)[:-1])
-    return out
-
-
-def _groups(buckets: Sequence[int], most: int) -> list[list[int]]:
-    """Runs of at most `most` consecutive fields whose bucket counts have a common
-    multiple below the limit."""
-    groups: list[list[int]] = []
-    multiple = _LARGEST_MULTIPLE + 1
-    for i, b in enumerate(buckets):
-        candidate = math.lcm(multiple, b) if groups else _LARGEST_MULTIPLE + 1
-        if groups and candidate <= _LARGEST_MULTIPLE and len(groups[-1]) < most:
-            groups[-1].append(i)
-            multiple = candidate
-        else:
-            groups.append([i])
-            multiple = b
-    return groups

@@ -56,13 +56,13 @@ import io
 import json
 import sys
 from dataclasses import asdict
-from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
 
 from picasso.feature_rows import MERGE_ROWS, FeatureRows
 from picasso.forgotten_keys import NOT_FOUND, ForgottenKeys
+from picasso.key_index import KeyIndex
 from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, FORGOTTEN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
                                 POSITIVE, SETTLED, Impressions, JoinCounts, JoinOutput, JoinPolicy, Labels, OrphanLabel,
                                 decide_labels, forgettable, orphaned, recalled, settle_waiting, timed_out, unrecalled)
@@ -92,7 +92,7 @@ class JoinState:
         self.label_times = np.zeros(0, np.int64)  # of the first label; -1 none
         self.ids = np.full(0, None, object)  # the key itself (join_ids), or None
         self.rows = FeatureRows(schema, merge_rows=min(MERGE_ROWS, 8 * block))  # small blocks, small tables
-        self._index: dict[int, int] = {}  # key -> slot of the first record of that hash
+        self._index = KeyIndex.new()  # key -> slot of the first record of that hash
         # key -> {id: slot} of the other records of that hash: keys that share the hash of
         # the record in _index (a collision); there is one only while _index holds the key.
         self._colliding: dict[int, dict[object, int]] = {}
@@ -123,13 +123,11 @@ class JoinState:
 
     def nbytes(self) -> int:
         """Bytes the records hold: features, arrays, the ids (their str objects), the key
-        index (an estimate of the dict's share: its table and its two int objects per entry)
-        and the forgotten keys."""
+        index and the forgotten keys."""
         arrays = sum(a.nbytes for a in (self.keys, self.times, self.states, self.label_times, self.ids))
         ids = self.ids[:self._size]
         texts = sum(map(sys.getsizeof, ids[np.not_equal(ids, None)].tolist()))
-        index = len(self._index) * (36 + 28) + _dict_table_bytes(len(self._index))
-        return self.rows.nbytes + arrays + texts + index + self._forgotten.nbytes
+        return self.rows.nbytes + arrays + texts + self._index.nbytes + self._forgotten.nbytes
 
     # -- the join ----------------------------------------------------------------------
 
@@ -325,7 +323,7 @@ class JoinState:
     def _lookup(self, keys: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The slot of each (key, id)'s record, -1 for none: the hash finds a record, and
         the ids, compared in one pass, confirm it."""
-        slots = np.fromiter(map(self._index.get, keys.tolist(), repeat(-1)), dtype=np.int64, count=len(keys))
+        slots = self._index.get(keys)
         found = np.flatnonzero(slots >= 0)
         other = found[self.ids[slots[found]] != ids[found]]
         if len(other):  # another key of the same hash: a colliding record of this one, or none
@@ -336,36 +334,27 @@ class JoinState:
     def _index_slots(self, keys: np.ndarray, ids: np.ndarray, start: int) -> None:
         """Index new records at slots start, start + 1, ...: the first of a hash in _index,
         any later one (another id) in _colliding."""
-        keys_list, slots = keys.tolist(), range(start, start + len(keys))
-        if self._index.keys().isdisjoint(keys_list):
-            size = len(self._index)
-            self._index.update(zip(keys_list, slots))
-            if len(self._index) - size == len(keys_list):
-                return  # no hash twice: the common case
-            for key in keys_list:  # a hash twice among the new records: index them one by one
-                self._index.pop(key, None)
-        for key, key_id, slot in zip(keys_list, ids.tolist(), slots):
-            if key in self._index:
-                self._colliding.setdefault(key, {})[key_id] = slot
-            else:
-                self._index[key] = slot
+        held = self._index.add(keys, np.arange(start, start + len(keys)))
+        for at in np.flatnonzero(held).tolist():  # a hash held already: another id's, or one of these
+            self._colliding.setdefault(int(keys[at]), {})[ids[at]] = start + at
 
     def _unindex(self, slots: np.ndarray) -> None:
         """Forget these records' index entries. Where one of a hash in _index goes while
         others of it collide, the first of those takes its place."""
-        keys = self.keys[slots].tolist()
-        if not self._colliding:
-            for key in keys:
-                del self._index[key]
-            return
-        for key, key_id, slot in zip(keys, self.ids[slots].tolist(), slots.tolist()):
-            others = self._colliding.get(key)
+        keys = self.keys[slots]
+        colliding = (np.fromiter((key in self._colliding for key in keys.tolist()), bool, len(keys))
+                     if self._colliding else np.zeros(len(keys), bool))
+        self._index.remove(keys[~colliding])
+        for key, key_id, slot in zip(keys[colliding].tolist(), self.ids[slots[colliding]].tolist(),
+                                     slots[colliding].tolist()):
+            others = self._colliding.get(key)  # gone when an earlier of these took the last of its hash
+            one = np.array([key], np.uint64)
             if others is None:
-                del self._index[key]
+                self._index.remove(one)
                 continue
-            if self._index[key] == slot:  # the first of its hash: another of it takes its place
+            if self._index.get(one)[0] == slot:  # the first of its hash: another of it takes its place
                 key_id = next(iter(others))
-                self._index[key] = others[key_id]
+                self._index.assign(one, np.array([others[key_id]]))
             del others[key_id]
             if not others:
                 del self._colliding[key]
@@ -421,10 +410,11 @@ class JoinState:
         remap[alive] = np.arange(n)
         self.rows.renumber(remap, len(self.keys))
         self._size = n
-        first = {key: self._index[key] for key in self._colliding}
-        self._index = dict(zip(self.keys[:n].tolist(), range(n)))  # of a colliding hash: its last record
+        first = {key: int(self._index.get(np.array([key], np.uint64))[0]) for key in self._colliding}
+        self._index = KeyIndex.new()
+        self._index.add(self.keys[:n], np.arange(n))  # of a colliding hash: its earliest record
         for key, others in self._colliding.items():
-            self._index[key] = int(remap[first[key]])
+            self._index.assign(np.array([key], np.uint64), np.array([remap[first[key]]]))
             self._colliding[key] = {key_id: int(remap[slot]) for key_id, slot in others.items()}
         self._reblock()
 
@@ -586,12 +576,4 @@ def _grown(array: np.ndarray, capacity: int, fill) -> np.ndarray:
     grown[:len(array)] = array
     return grown
 
-
-def _dict_table_bytes(entries: int) -> int:
-    """CPython's dict of `entries` int keys: 8-byte index slots and 24-byte entries at a
-    load of at most 2/3, sized in powers of two."""
-    slots = 8
-    while slots * 2 // 3 < entries:
-        slots *= 2
-    return slots * 8 + (slots * 2 // 3) * 24
 

@@ -230,7 +230,7 @@ def test_training_on_the_cpp_map_equals_training_on_the_reference(monkeypatch, s
     monkeypatch.setattr(kernels, "_host_op", reference_map)
     reference = Trainer(spec, TrainConfig(hidden=(8,), seed=seed))
     reference.train(batches)
-    assert {"id_map_resolve", "id_map_initial_rows"} <= set(referenced)
+    assert {"id_map_resolve", "id_map_reset_rows"} <= set(referenced)
     expected, got = cpp.state()["model"], reference.state()["model"]
     assert all(torch.equal(expected[key], got[key]) for key in expected), [
         key for key in expected if not torch.equal(expected[key], got[key])]

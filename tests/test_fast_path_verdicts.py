@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import pyarrow as pa
 import pytest
 from helpers import small_spec
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
+from property_settings import PROPERTY
 
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
@@ -32,13 +32,6 @@ from picasso.connectors.decoding.message_formats import decode_json_values, deco
 SPEC = small_spec()
 OPTIONS = {"ignore-unknown": DecodeOptions(), "reject-unknown": DecodeOptions(unknown_fields="reject")}
 DECODERS = {name: RecordDecoder(SPEC, options) for name, options in OPTIONS.items()}
-PROPERTY = settings(
-    max_examples=int(os.environ.get("PICASSO_PROPERTY_EXAMPLES", "150")),
-    derandomize=os.environ.get("PICASSO_PROPERTY_RANDOM") != "1",
-    deadline=None,  # never a timing assertion
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    database=None,
-)
 
 # -- JSON values of every kind a field may meet -----------------------------------------
 

@@ -16,9 +16,11 @@ from picasso.kernels import load_backend
 EMPTY = reference.EMPTY_KEY
 cpu = load_backend("cpu")
 CPP = {"find": cpu.id_map_find, "admit": cpu.id_map_admit, "expire": cpu.id_map_expire, "rebuild": cpu.id_map_rebuild,
-       "initial_rows": cpu.id_map_initial_rows, "resolve": cpu.id_map_resolve}
+       "initial_rows": cpu.id_map_initial_rows, "resolve": cpu.id_map_resolve,
+       "reset_rows": cpu.id_map_reset_rows}
 REFERENCE = {"find": reference.find, "admit": reference.admit, "expire": reference.expire, "rebuild": reference.rebuild,
-             "initial_rows": reference.initial_rows, "resolve": reference.resolve}
+             "initial_rows": reference.initial_rows, "resolve": reference.resolve,
+             "reset_rows": reference.reset_rows}
 STATE = ("index", "row_keys", "last_seen", "counts", "free_rows", "free_count")
 
 
@@ -314,9 +316,33 @@ def test_initial_rows_are_the_references_bit_for_bit_and_a_function_of_the_key(w
         cpu.id_map_initial_rows(keys, 0, scale)
 
 
-@pytest.mark.parametrize("op", ["find", "admit", "expire", "rebuild", "initial_rows", "resolve"])
+@pytest.mark.parametrize("op", ["find", "admit", "expire", "rebuild", "initial_rows", "resolve", "reset_rows"])
 def test_dispatch_runs_the_cpp_ops_unless_told_otherwise(monkeypatch, op):
     monkeypatch.delenv("PICASSO_KERNELS", raising=False)
     assert kernels._host_op(f"id_map_{op}") is CPP[op]
     monkeypatch.setenv("PICASSO_KERNELS", "reference")
     assert kernels._host_op(f"id_map_{op}") is REFERENCE[op]
+
+
+@pytest.mark.parametrize("width, scale, slot_shapes", [(4, 0.05, [(), (4,)]), (1, 0.0, [()]), (16, 0.01, [(16,), (16,)])])
+def test_reset_rows_writes_the_references_first_values_and_zeroes_the_slots(width, scale, slot_shapes):
+    rows = 50
+    keys, targets = torch.tensor([7, EMPTY + 1, 2**62, -3]), torch.tensor([3, 49, 0, 20])
+
+    def tensors():
+        generator = torch.Generator().manual_seed(width)
+        return (torch.rand(rows, width, generator=generator),
+                [torch.rand(rows, *shape, generator=generator) for shape in slot_shapes])
+
+    (weight, slots), (expected_weight, expected_slots) = tensors(), tensors()
+    cpu.id_map_reset_rows(weight, slots, targets, keys, scale)
+    reference.reset_rows(expected_weight, expected_slots, targets, keys, scale)
+    assert torch.equal(weight, expected_weight) and all(map(torch.equal, slots, expected_slots))
+    untouched = torch.ones(rows, dtype=torch.bool)
+    untouched[targets] = False
+    assert torch.equal(weight[targets], reference.initial_rows(keys, width, scale) if scale else torch.zeros(4, width))
+    assert all(not slot[targets].any() and slot[untouched].all() for slot in slots)  # rand: never exactly 0
+    with pytest.raises(RuntimeError, match="reset_rows: target 50 outside the 50 rows"):
+        cpu.id_map_reset_rows(weight, slots, torch.tensor([1, 2, 3, 50]), keys, scale)
+    with pytest.raises(RuntimeError, match="reset_rows: one target per key"):
+        cpu.id_map_reset_rows(weight, slots, targets[:2], keys, scale)

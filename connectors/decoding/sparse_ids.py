@@ -36,26 +36,26 @@ def sparse_bags(f: SparseField, values, n: int, verdicts: Verdicts) -> pa.ListAr
         owner = (np.repeat(np.arange(n), lengths) if not f.takes_strings or null_ids.any() or negative_ids
                  else None)
         if null_ids.any():
-            verdicts.refuse(owner[null_ids], lambda i: f"field '{f.name}': {_NULL_ID}")
+            verdicts.refuse(owner[null_ids], lambda i: null_id_reason(f))
         if f.takes_strings:
             if negative_ids:
                 negative = ids.to_numpy(zero_copy_only=False) < 0
                 first = _first_per_row(owner, negative, ids)
-                verdicts.refuse(owner[negative], lambda i: f"field '{f.name}': {_id_problem(first[i], f)}")
+                verdicts.refuse(owner[negative], lambda i: id_reason(f, first[i]))
             rows = string_id_rows(f, ids)
         elif pa.types.is_integer(ids.type):
             rows = ids.to_numpy(zero_copy_only=False).astype(np.int64)
         else:
             rows = np.zeros(len(ids), np.int64)
             first = _first_per_row(owner, np.ones(len(ids), dtype=bool), ids)
-            verdicts.refuse(lengths > 0, lambda i: f"field '{f.name}': {_id_problem(first[i], f)}")
+            verdicts.refuse(lengths > 0, lambda i: id_reason(f, first[i]))
     else:
         items = values.to_pylist() if isinstance(values, (pa.Array, pa.ChunkedArray)) else list(values)
         lengths, rows, owner = _bags_one_by_one(f, items, verdicts)
-    verdicts.refuse(lengths > f.max_len, lambda i: f"field '{f.name}': {lengths[i]} ids, more than max_len {f.max_len}")
+    verdicts.refuse(lengths > f.max_len, lambda i: too_long_reason(f, lengths[i]))
     if f.vocab_size is not None:
         out_of_range = (rows < 0) | (rows >= f.vocab_size)
-        verdicts.refuse(owner[out_of_range], lambda i: f"field '{f.name}': {_out_of_range(f)}")
+        verdicts.refuse(owner[out_of_range], lambda i: out_of_range_reason(f))
         rows = np.where(out_of_range, 0, rows)
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
@@ -81,6 +81,24 @@ def _bags_one_by_one(f: SparseField, items: list, verdicts: Verdicts):
         rows.extend(row_of(v, f) for v in bag)
         owner.extend([i] * len(bag))
     return lengths, np.array(rows, dtype=np.int64), np.array(owner, dtype=np.int64)
+
+
+# Why a field refuses a row: one text per check, whichever path (this module's, or the
+# kernel's: decoding.batch_ids) found it.
+def null_id_reason(f: SparseField) -> str:
+    return f"field '{f.name}': {_NULL_ID}"
+
+
+def id_reason(f: SparseField, value) -> str:
+    return f"field '{f.name}': {_id_problem(value, f)}"
+
+
+def too_long_reason(f: SparseField, length: int) -> str:
+    return f"field '{f.name}': {length} ids, more than max_len {f.max_len}"
+
+
+def out_of_range_reason(f: SparseField) -> str:
+    return f"field '{f.name}': {_out_of_range(f)}"
 
 
 def _out_of_range(f: SparseField) -> str:

@@ -2,7 +2,8 @@
 
 - label: required (in training), a number in [0, 1];
 - dense fields: numbers, finite; missing means 0; `log1p` fields become sign(x)·log(1+|x|);
-- sparse fields: see decoding.sparse_ids;
+- sparse fields: see decoding.sparse_ids (and decoding.batch_ids, which checks the
+  columns of one Arrow type of ids in one kernel call);
 - unknown fields: ignored, or refused when DecodeOptions.unknown_fields is "reject".
 
 The canonical table holds `label` (float32), one float32 column per dense field and one
@@ -24,8 +25,7 @@ import pyarrow as pa
 from picasso.connectors.dead_letters import DeadLetter
 from picasso.connectors.decoding.columns import as_arrow_array, describe, null_mask
 from picasso.connectors.decoding.contracts import DecodeOptions, DecodeResult, Verdicts
-from picasso.connectors.decoding.id_bucketing import plain_hashed_bags
-from picasso.connectors.decoding.sparse_ids import sparse_bags
+from picasso.connectors.decoding.batch_ids import SparseColumns
 from picasso.spec import FeatureSpec
 
 
@@ -40,6 +40,7 @@ class ColumnValidator:
         self.events = events
         self.known = {spec.label, *spec.dense_names, *spec.sparse_names, *(events.names if events else ())}
         self._log1p = np.array([f.transform == "log1p" for f in spec.dense], dtype=bool)
+        self._sparse = SparseColumns(spec.sparse)
         self.schema = pa.schema(
             [pa.field("label", pa.float32())]
             + [pa.field(f.name, pa.float32()) for f in spec.dense]
@@ -67,10 +68,7 @@ class ColumnValidator:
         for j, f in enumerate(spec.dense):
             out[f.name] = dense[:, j]
 
-        out.update(plain_hashed_bags(spec.sparse, columns, n))
-        for f in spec.sparse:
-            if f.name not in out:
-                out[f.name] = sparse_bags(f, columns.get(f.name), n, verdicts)
+        out.update(self._sparse.bags(columns, n, verdicts))
 
         if self.options.unknown_fields == "reject":
             for name in sorted(set(columns) - self.known):

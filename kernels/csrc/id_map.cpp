@@ -69,17 +69,6 @@ struct Probing {
     slots[slot] = {key, row};
     return static_cast<int64_t>(slot);
   }
-};
-
-// The tensors of one map, as map_of checked them.
-struct Map : Probing {
-  int64_t capacity;
-  int64_t* row_keys;
-  int64_t* last_seen;
-  int64_t* counts;
-
-  Map(Slot* slots_, int64_t count, int64_t capacity_, int64_t* row_keys_, int64_t* last_seen_, int64_t* counts_)
-      : Probing(slots_, count), capacity(capacity_), row_keys(row_keys_), last_seen(last_seen_), counts(counts_) {}
 
   // The row of each key (-1 when absent, or EMPTY_KEY), read only. The home slots of a
   // block of keys come first, so that each probe's first slot can be fetched
@@ -100,10 +89,11 @@ struct Map : Probing {
   }
 
   // Remove key, shifting back the entries after it in its probe run that may move: those
-  // whose home does not lie between the hole and where they are (cyclically).
-  void erase(int64_t key) {
+  // whose home does not lie between the hole and where they are (cyclically). False when
+  // the key is not there.
+  bool erase(int64_t key) {
     int64_t hole = slot_of(key, home(key));
-    TORCH_CHECK(hole >= 0, "id map: key ", key, " of a live row is not in the index (rebuild it from row_keys)");
+    if (hole < 0) return false;
     slots[hole] = {kEmptyKey, -1};
     for (int64_t probe = (hole + 1) & mask; slots[probe].key != kEmptyKey; probe = (probe + 1) & mask) {
       const int64_t at = home(slots[probe].key);
@@ -114,7 +104,19 @@ struct Map : Probing {
         hole = probe;
       }
     }
+    return true;
   }
+};
+
+// The tensors of one map, as map_of checked them.
+struct Map : Probing {
+  int64_t capacity;
+  int64_t* row_keys;
+  int64_t* last_seen;
+  int64_t* counts;
+
+  Map(Slot* slots_, int64_t count, int64_t capacity_, int64_t* row_keys_, int64_t* last_seen_, int64_t* counts_)
+      : Probing(slots_, count), capacity(capacity_), row_keys(row_keys_), last_seen(last_seen_), counts(counts_) {}
 
   // The live rows that `eligible` admits, the `limit` least by `less` (which ends on the row,
   // a total order), ascending. One pass keeping the least so far in a max-heap: memory for
@@ -163,6 +165,12 @@ Map map_of(const char* op, torch::Tensor& index, torch::Tensor& row_keys, torch:
               ", ", counts.numel(), ")");
   return Map(reinterpret_cast<Slot*>(index.data_ptr<int64_t>()), slots, capacity, row_keys.data_ptr<int64_t>(),
              last_seen.data_ptr<int64_t>(), counts.data_ptr<int64_t>());
+}
+
+// A live row's key out of the index; its absence means an index out of step with row_keys.
+void erase_live(Map& map, int64_t row) {
+  TORCH_CHECK(map.erase(map.row_keys[row]), "id map: key ", map.row_keys[row],
+              " of a live row is not in the index (rebuild it from row_keys)");
 }
 
 // The stack of free rows: free_rows[:free_count[0]], popped from the end.
@@ -281,7 +289,7 @@ std::vector<torch::Tensor> admit(torch::Tensor index, torch::Tensor row_keys, to
       row = victims[next_victim++];
       evicted_keys.push_back(map.row_keys[row]);
       evicted_rows.push_back(row);
-      map.erase(map.row_keys[row]);
+      erase_live(map, row);
     } else {
       continue;  // refused
     }
@@ -309,7 +317,7 @@ std::vector<torch::Tensor> expire(torch::Tensor index, torch::Tensor row_keys, t
   evicted_keys.reserve(expired.size());
   for (int64_t row : expired) {
     evicted_keys.push_back(map.row_keys[row]);
-    map.erase(map.row_keys[row]);
+    erase_live(map, row);
     map.row_keys[row] = kEmptyKey;
     map.last_seen[row] = -1;
     map.counts[row] = 0;
@@ -405,8 +413,15 @@ std::vector<torch::Tensor> resolve(torch::Tensor index, torch::Tensor row_keys, 
   return {rows, as_tensor(new_positions), as_tensor(new_keys), stats};
 }
 
-// The first values of the rows new keys take, as id_map_reference.initial_rows: column c
-// of key k from the top 24 bits of mix(k * (width + 1) + c + 1), in double, rounded once.
+// Column c of key k's first values, as id_map_reference.initial_rows: the top 24 bits of
+// mix(k * (width + 1) + c + 1), in double, rounded once.
+inline float initial_value(int64_t key, int64_t c, uint64_t stride, double scale) {
+  const uint64_t x = static_cast<uint64_t>(key) * stride + static_cast<uint64_t>(c + 1);
+  const double unit = static_cast<double>(mix(static_cast<int64_t>(x)) >> 40) / 16777216.0;
+  return static_cast<float>((2.0 * unit - 1.0) * scale);
+}
+
+// The first values of the rows new keys take.
 torch::Tensor initial_rows(torch::Tensor keys, int64_t width, double scale) {
   check_int64(keys, "initial_rows", "keys", 1);
   TORCH_CHECK(width >= 1, "initial_rows: width must be >= 1, got ", width);
@@ -415,14 +430,51 @@ torch::Tensor initial_rows(torch::Tensor keys, int64_t width, double scale) {
   const int64_t* key = keys.data_ptr<int64_t>();
   float* value = out.data_ptr<float>();
   const uint64_t stride = static_cast<uint64_t>(width) + 1;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t c = 0; c < width; ++c) {
-      const uint64_t x = static_cast<uint64_t>(key[i]) * stride + static_cast<uint64_t>(c + 1);
-      const double unit = static_cast<double>(mix(static_cast<int64_t>(x)) >> 40) / 16777216.0;
-      value[i * width + c] = static_cast<float>((2.0 * unit - 1.0) * scale);
-    }
-  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < width; ++c) value[i * width + c] = initial_value(key[i], c, stride, scale);
   return out;
+}
+
+// Rows `targets` of `weight` take keys' first values (zeros when scale is 0, as a wide
+// part's), and the same rows of every slot tensor (one value per row, or a row as wide
+// as the weight's) are zeroed: id_map_reference.reset_rows in place, with no values
+// tensor and no index_put per tensor. A step's new rows are few and scattered, so this
+// runs on one thread.
+void reset_rows(torch::Tensor weight, std::vector<torch::Tensor> slots, torch::Tensor targets, torch::Tensor keys,
+                double scale) {
+  check_int64(keys, "reset_rows", "keys", 1);
+  check_int64(targets, "reset_rows", "targets", 1);
+  TORCH_CHECK(targets.numel() == keys.numel(), "reset_rows: one target per key (", targets.numel(), " targets, ",
+              keys.numel(), " keys)");
+  auto check_rows = [&](const torch::Tensor& t, const char* name) {
+    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous() && t.dim() >= 1 &&
+                    t.dim() <= 2,
+                "reset_rows: ", name, " must be a contiguous float32 host tensor of rows, not ", t.scalar_type(),
+                " of shape ", t.sizes());
+  };
+  check_rows(weight, "weight");
+  TORCH_CHECK(weight.dim() == 2, "reset_rows: weight must be (rows, width), not ", weight.sizes());
+  for (const auto& slot : slots) {
+    check_rows(slot, "a slot");
+    TORCH_CHECK(slot.size(0) == weight.size(0), "reset_rows: a slot has ", slot.size(0), " rows, the weight ",
+                weight.size(0));
+  }
+  const int64_t n = keys.numel(), width = weight.size(1), rows = weight.size(0);
+  const int64_t* key = keys.data_ptr<int64_t>();
+  const int64_t* target = targets.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(target[i] >= 0 && target[i] < rows, "reset_rows: target ", target[i], " outside the ", rows, " rows");
+  float* w = weight.data_ptr<float>();
+  const uint64_t stride = static_cast<uint64_t>(width) + 1;
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = w + target[i] * width;
+    for (int64_t c = 0; c < width; ++c) row[c] = scale == 0.0 ? 0.0f : initial_value(key[i], c, stride, scale);
+  }
+  for (auto& slot : slots) {
+    const int64_t slot_width = slot.numel() / rows;
+    float* s = slot.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) std::fill(s + target[i] * slot_width, s + (target[i] + 1) * slot_width, 0.0f);
+  }
 }
 
 // The index again from row_keys, inserting the live rows in order.
@@ -446,6 +498,8 @@ void register_ops(py::module_ m) {
         py::call_guard<py::gil_scoped_release>());
   m.def("rebuild", &rebuild, "the index again from row_keys", py::call_guard<py::gil_scoped_release>());
   m.def("initial_rows", &initial_rows, "the first values of new keys' rows", py::call_guard<py::gil_scoped_release>());
+  m.def("reset_rows", &reset_rows, "new keys' first values and zeroed slots, in place",
+        py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace picasso_kernels::id_map

@@ -9,9 +9,15 @@
 #include "packed_embedding.cpp"
 #include "hot_cache.cpp"
 #include "id_map.cpp"
+#include "key_index.cpp"
+#include "decode_ids.cpp"
+#include "pack_groups.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   picasso_kernels::packed_embedding::register_ops(m.def_submodule("packed_embedding"));
   picasso_kernels::hot_cache::register_ops(m.def_submodule("hot_cache"));
   picasso_kernels::id_map::register_ops(m.def_submodule("id_map"));
+  picasso_kernels::key_index::register_ops(m.def_submodule("key_index"));
+  picasso_kernels::decode_ids::register_ops(m.def_submodule("decode_ids"));
+  picasso_kernels::pack_groups::register_ops(m.def_submodule("pack_groups"));
 }

@@ -37,8 +37,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from picasso.dynamic_rows import (Clock, DynamicField, DynamicStats, advance_event_clock, field_metrics,
-                                  initial_rows)
+from picasso import kernels
+from picasso.dynamic_rows import Clock, DynamicField, DynamicStats, advance_event_clock, field_metrics
 from picasso.embedding import PackedEmbedding
 from picasso.hashing import splitmix64_array
 from picasso.kernels.id_map_reference import EMPTY_KEY
@@ -248,10 +248,7 @@ class ShardMaps:
                     versions: dict[str, torch.Tensor]) -> None:
         local = (rows + layout.row_offset) // self.num_shards
         for table, slots, scale in zip(layout.tables, layout.slots, layout.init_scales):
-            weight = self.tensors[table]
-            weight[local] = initial_rows(keys, weight.shape[1], scale)
-            for slot in slots:
-                self.tensors[slot][local] = 0
+            kernels.id_map_reset_rows(self.tensors[table], [self.tensors[slot] for slot in slots], local, keys, scale)
             versions[table][local] += _NEW_KEY_VERSIONS
 
 

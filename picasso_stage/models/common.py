@@ -14,6 +14,7 @@ from picasso.delayed_feedback import importance_weights
 from picasso.dynamic_rows import RowResets, reset_new_rows
 from picasso.embedding import PackedEmbedding
 from picasso.packing import PackingPlan
+from picasso.stepped_lookup import lookup_together, share_bags
 
 
 class PackedModel(nn.Module):
@@ -31,6 +32,11 @@ class PackedModel(nn.Module):
     """
 
     lookups: tuple[str, ...] = ("embedding",)
+    # Several lookups over one plan (Wide&Deep's deep and wide tables, DeepFM's first order)
+    # share each group's ids: one kernel call per group looks them all up and, in the
+    # backward pass, steps them all (stepped_lookup). Off: each embedding on its own, the
+    # same arithmetic in more calls (the path the shared one is tested against).
+    share_lookups: bool = True
     dense_part: nn.Module
     precision: str = "fp32"  # the dense part's arithmetic (PRECISIONS); set by models.build_model
 
@@ -50,7 +56,10 @@ class PackedModel(nn.Module):
         reset_new_rows(self.embeddings(), ids, resets)
 
     def lookup(self, batch: TorchBatch) -> list[torch.Tensor]:
-        return [p for embedding in self.embeddings() for p in embedding(batch.ids, batch.offsets)]
+        embeddings = self.embeddings()
+        if self.share_lookups and share_bags(embeddings):
+            return lookup_together(embeddings, batch.ids, batch.offsets)
+        return [p for embedding in embeddings for p in embedding(batch.ids, batch.offsets)]
 
     def forward(self, batch: TorchBatch) -> torch.Tensor:
         """Logits, shape (N,)."""

@@ -1,0 +1,114 @@
+"""Pooled lookups whose backward pass steps the tables: of one table, or of several tables
+that index the same rows with the same ids (Wide&Deep's deep and wide tables, DeepFM's
+embeddings and first-order weights), in one kernel call each way.
+
+Several tables looked up together cost one kernels.lookup_many and, in the backward pass,
+one kernels.fused_update_many, which de-duplicates the batch's rows and splits the work
+once for all of them instead of once per table. Each table keeps its own optimizer,
+hyper-parameters, slots and step, and comes out exactly as it would alone: the kernels
+sum each row's gradient in the same order either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from picasso import kernels
+from picasso.kernels import SparseOptimizer
+
+if TYPE_CHECKING:
+    from picasso.embedding import PackedEmbedding
+
+
+@dataclass(frozen=True)
+class GroupBags:
+    """One packing group's bags in a batch: what every table over the group's rows is
+    looked up by, and what its update may split the work by."""
+
+    ids: torch.Tensor
+    offsets: torch.Tensor
+    num_fields: int
+    mean: torch.Tensor
+    max_len: torch.Tensor
+    # Each field's row bounds in the table, or None on a hot-row cache's fast tier, whose
+    # rows are not ordered by field (its ids are still each field's own: see disjoint_fields).
+    field_rows: torch.Tensor | None
+
+    @property
+    def disjoint_fields(self) -> bool:
+        return self.field_rows is None
+
+
+@dataclass(frozen=True)
+class SteppedTable:
+    """A table, and what its backward pass steps it with."""
+
+    weight: torch.Tensor
+    slots: list[torch.Tensor]
+    optimizer: SparseOptimizer
+    step: int  # the global step, counting from 1 (Adam's bias correction)
+
+
+class _SteppedLookup(torch.autograd.Function):
+    """kernels.lookup_many forward; backward: kernels.fused_update_many, each table stepped
+    in place by its optimizer (the tables are buffers and get no gradient)."""
+
+    @staticmethod
+    def forward(ctx, anchor, bags: GroupBags, tables: tuple[SteppedTable, ...]):
+        # An output the loss does not use gets no gradient (None, not zeros), and its table
+        # is not stepped: as when each table has its own lookup, whose backward never runs.
+        ctx.set_materialize_grads(False)
+        ctx.bags, ctx.tables = bags, tables
+        return tuple(kernels.lookup_many([t.weight for t in tables], bags.ids, bags.offsets, bags.num_fields,
+                                         bags.mean, bags.max_len))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        stepped = [(table, grad) for table, grad in zip(ctx.tables, grads) if grad is not None]
+        if stepped:
+            bags = ctx.bags
+            kernels.fused_update_many(
+                [t.weight for t, _ in stepped], [t.slots for t, _ in stepped], bags.ids, bags.offsets,
+                [grad for _, grad in stepped], bags.num_fields, [t.optimizer for t, _ in stepped],
+                [t.step for t, _ in stepped], bags.mean, bags.max_len, bags.field_rows, bags.disjoint_fields)
+        return None, None, None
+
+
+def pooled_tables(bags: GroupBags, tables: Sequence[SteppedTable], training: bool) -> list[torch.Tensor]:
+    """Each table's pooled bags, (N, fields of the group, dim); in training, with the
+    backward pass that steps the tables."""
+    if not training:
+        return kernels.lookup_many([t.weight for t in tables], bags.ids, bags.offsets, bags.num_fields, bags.mean,
+                                   bags.max_len)
+    # A zero-size input that requires grad makes autograd call backward.
+    anchor = torch.empty(0, requires_grad=True)
+    return list(_SteppedLookup.apply(anchor, bags, tuple(tables)))
+
+
+def share_bags(embeddings: Sequence[PackedEmbedding]) -> bool:
+    """Whether the embeddings can be looked up together: several, over one plan (so one
+    batch's ids index the same rows of each), in one mode."""
+    first = embeddings[0]
+    return len(embeddings) > 1 and all(e.plan == first.plan and e.training == first.training for e in embeddings)
+
+
+def lookup_together(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.Tensor],
+                    offsets: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """What each embedding's forward gives, one embedding after the other (see share_bags
+    for when it applies), with one kernel call per group for all the embeddings; a group
+    that a hot-row cache holds in fast tiers (one per embedding, each with its own rows)
+    takes each embedding's own lookup."""
+    training = [e.start_step() for e in embeddings][0]
+    by_group = []
+    for group in embeddings[0].plan.groups:
+        group_ids, group_offsets = ids[group.name], offsets[group.name]
+        if any(e.fast_tiers.get(group.name) is not None for e in embeddings):
+            by_group.append([e.lookup_group(group, group_ids, group_offsets, training) for e in embeddings])
+        else:
+            bags = embeddings[0].group_bags(group, group_ids, group_offsets)
+            by_group.append(pooled_tables(bags, [e.stepped_table(group) for e in embeddings], training))
+    return [pooled[i] for i in range(len(embeddings)) for pooled in by_group]
