@@ -14,7 +14,9 @@ batches, decoding included:
   (the three rivals: benchmarks/train_rivals.py)
 - picasso: RecordDecoder + pack, then Trainer.train with its defaults (no hot-row cache:
   on a CPU its fast tier would be the same memory; interleaving where it pays,
-  interleave.worth_interleaving), and the same with interleaving on. `--cache CAPACITY`
+  interleave.worth_interleaving), and the same with interleaving the other way (on where
+  the default is off, `picasso_interleaved`; off where it is on, as under `OMP_NUM_THREADS=1
+  taskset -c 0,1`: `picasso_not_interleaved`). `--cache CAPACITY`
   gives every picasso run the hot-row cache (`--cache-capacity`'s values: rows, bytes or a
   share of each table, e.g. 10%), to measure interleaving where a step also stages rows
   and refreshes the cache (picasso_cache_hit_rate@F in the metrics);
@@ -170,7 +172,11 @@ def contenders(model_name: str, data: Data, precision: str, other: str, rivals: 
     """name -> a function that trains once from scratch and returns an Outcome."""
     runs = {name: (lambda name=name: run_rival(name, model_name, data, precision)) for name in rivals}
     runs["picasso"] = lambda: run_picasso(model_name, data, precision, None, cache)
-    runs["picasso_interleaved"] = lambda: run_picasso(model_name, data, precision, True, cache)
+    # The other side of interleaving from picasso's default (auto), for interleave_on_vs_off.
+    if worth_interleaving(torch.device("cpu")):
+        runs["picasso_not_interleaved"] = lambda: run_picasso(model_name, data, precision, False, cache)
+    else:
+        runs["picasso_interleaved"] = lambda: run_picasso(model_name, data, precision, True, cache)
     runs[f"picasso_{other}"] = lambda: run_picasso(model_name, data, other, None, cache)
     runs["dense_only"] = lambda: Outcome(run_dense_only(model_name, data, precision), float("nan"))
     return runs
@@ -241,11 +247,12 @@ def main() -> None:
                 label = "torchrec_e2e" if name == "torchrec" else name
                 ratios[f"vs_{label}@{key}"] = ours / rate[name]
             ratios[f"vs_dense_only@{key}"] = ours / rate["dense_only"]
-            ratios[f"interleave_on_vs_off@{key}"] = rate["picasso_interleaved"] / ours
+            interleaved = {True: rate.get("picasso_interleaved", ours), False: rate.get("picasso_not_interleaved", ours)}
+            ratios[f"interleave_on_vs_off@{key}"] = interleaved[True] / interleaved[False]
             run_in = {precision: "picasso", other: f"picasso_{other}"}  # picasso's run in each precision
             ratios[f"bf16_vs_fp32@{key}"] = rate[run_in["bf16"]] / rate[run_in["fp32"]]
             metrics[f"auc_delta_bf16@{key}"] = scores[run_in["bf16"]] - scores[run_in["fp32"]]
-            compared = [name for name in scores if name in rivals or name == "picasso_interleaved"]
+            compared = [name for name in scores if name in rivals or name.endswith("interleaved")]
             auc_ok = all(abs(scores[name] - scores["picasso"]) <= AUC_TOLERANCE for name in compared)
             metrics[f"auc_ok@{key}"] = float(auc_ok)
             for name in runs:

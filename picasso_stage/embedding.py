@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from picasso import kernels
+from picasso import huge_pages, kernels
 from picasso.kernels import SparseOptimizer
 from picasso.packing import PackedGroup, PackingPlan
 from picasso.stepped_lookup import GroupBags, SteppedTable, pooled_tables
@@ -64,7 +64,10 @@ class PackedEmbedding(nn.Module):
         self.group_dims = {g.name: dim or g.embedding_dim for g in plan.groups}
         for group in plan.groups:
             width = self.group_dims[group.name]
-            self.register_buffer(f"table_{group.name}", torch.empty(group.num_rows, width).uniform_(-init_scale, init_scale))
+            # Filled after it is asked onto huge pages: a big table's random rows then cost
+            # fewer TLB misses (huge_pages).
+            table = huge_pages.empty(group.num_rows, width).uniform_(-init_scale, init_scale)
+            self.register_buffer(f"table_{group.name}", table)
             self.register_buffer(f"mean_{group.name}", torch.tensor(group.mean_pooled), persistent=False)
             self.register_buffer(f"max_len_{group.name}", torch.tensor(group.max_len), persistent=False)
             # Each field's ids stay in its own rows (packing adds the row offsets), which
@@ -89,7 +92,9 @@ class PackedEmbedding(nn.Module):
                 self._buffers.pop(f"slot{i}_{group.name}", None)
             table = getattr(self, f"table_{group.name}")
             for i, shape in enumerate(optimizer.slot_shapes(*table.shape)):
-                self.register_buffer(f"slot{i}_{group.name}", torch.zeros(shape, device=table.device))
+                slot = huge_pages.empty(*shape).zero_() if table.device.type == "cpu" else torch.zeros(
+                    shape, device=table.device)
+                self.register_buffer(f"slot{i}_{group.name}", slot)
 
     @property
     def tables(self) -> dict[str, torch.Tensor]:

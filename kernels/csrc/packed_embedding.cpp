@@ -295,7 +295,9 @@ void step_rows(DimT dim_t, const Table& t, const std::vector<int64_t>& rows, std
     if (u + kPrefetchDistance < rows.size()) {
       const int64_t ahead = rows[u + kPrefetchDistance];
       __builtin_prefetch(w + ahead * dim, 1);
-      // Element-wise optimizers keep a slot row as wide as the row: fetch it too.
+      // The row's optimizer state too: row-wise Adagrad's one float (a miss of its own in a
+      // table of many rows), element-wise optimizers' row as wide as the row.
+      if (s.kind == 1) __builtin_prefetch(s.state + ahead, 1);
       if (s.kind == 3) __builtin_prefetch(s.state + ahead * dim, 1);
       if (s.kind == 2) {
         __builtin_prefetch(s.m + ahead * dim, 1);
