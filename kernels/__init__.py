@@ -25,6 +25,8 @@ And one for the decoder, on the host (see id_columns.py, decode_ids_reference.py
 - `decode_ids`: every id column of a batch (Arrow arrays) hashed, bucketed and checked.
 And one for packing, on the host (see group_ids.py, pack_groups_reference.py):
 - `pack_group`: a packing group's ids and bag starts from its fields' columns (Arrow arrays).
+And the sample join's index of its records (csrc/key_index.cpp), which picasso.key_index
+reaches through host_backend(); without the C++ backend it is a dict, its definition.
 
 Backends, chosen per device at run time:
 - "reference": plain torch, the definition; runs anywhere;
@@ -205,6 +207,7 @@ def id_map_reset_rows(weight, slots, targets, keys, scale):
     return _host_op("id_map_reset_rows")(weight, slots, targets, keys, scale)
 
 
-__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "host_backend", "decode_ids", "fused_update", "fused_update_many", "id_map_admit",
-           "id_map_expire", "id_map_find", "id_map_initial_rows", "id_map_rebuild", "id_map_reset_rows", "id_map_resolve", "load_backend", "lookup", "lookup_many", "map_to_slots", "pack_group", "positions_in",
-           "row_gradients", "sketch_add"]
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "decode_ids", "fused_update",
+           "fused_update_many", "host_backend", "id_map_admit", "id_map_expire", "id_map_find", "id_map_initial_rows",
+           "id_map_rebuild", "id_map_reset_rows", "id_map_resolve", "load_backend", "lookup", "lookup_many",
+           "map_to_slots", "pack_group", "positions_in", "row_gradients", "sketch_add"]
