@@ -23,7 +23,7 @@ from apache_beam.runners.sdf_utils import RestrictionTrackerView, ThreadsafeRest
 from kafka_broker import create_topic
 from stream_helpers import json_messages, run_stream_process, stream_command, write_spec
 
-from picasso.connectors import kafka_source
+from picasso.connectors import kafka_python_reader, kafka_source
 from picasso.connectors.kafka_codecs import PACKAGES, CodecUnavailable, available_codecs, check_codecs
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_source import ReadFromKafka, bounded_ranges
@@ -106,7 +106,7 @@ def test_a_codec_that_cannot_be_read_fails_the_pipeline_instead_of_stalling(
     ranges = bounded_ranges(connection, [codec_topics[codec]], {})  # looked up while the codec is there
     hide_codec(codec)
     if reading == "records":  # as with a kafka-python that batches cannot be taken from
-        monkeypatch.setattr(kafka_source, "use_blocks", lambda consumer: False)
+        monkeypatch.setattr(kafka_python_reader, "use_blocks", lambda consumer: False)
 
     def read():
         with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
