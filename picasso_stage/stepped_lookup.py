@@ -93,7 +93,7 @@ def share_bags(embeddings: Sequence[PackedEmbedding]) -> bool:
     """Whether the embeddings can be looked up together: several, over one plan (so one
     batch's ids index the same rows of each), in one mode."""
     first = embeddings[0]
-    return len(embeddings) > 1 and all(e.plan == first.plan and e.training == first.training for e in embeddings)
+    return len(embeddings) > 1 and all(e.plan is first.plan and e.training == first.training for e in embeddings)
 
 
 def lookup_together(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.Tensor],
