@@ -204,9 +204,20 @@ def _limits(max_len):
 # lookup itself. A step makes lookups of several shapes (one per group, and Wide&Deep's deep
 # and wide tables), so every shape keeps its buffers (a few: two groups can share a shape);
 # a new batch size drops them all. Reuse is safe only when no tensor, view or saved
-# activation shares the storage: its use count is then ours alone.
-_outputs: dict[tuple[int, ...], list[torch.Tensor]] = {}
+# activation shares the storage: its use count is then ours alone. Per thread, as the
+# scratch is: a buffer handed to a lookup running in one thread (the GIL released) still
+# counts as free to another, since a tensor passed to the op does not raise its storage's
+# use count; two models scoring side by side (serving, a test's threads) would write into
+# one buffer.
+_kept = threading.local()
 _KEPT_PER_SHAPE = 4
+
+
+def _kept_outputs() -> dict[tuple[int, ...], list[torch.Tensor]]:
+    held = getattr(_kept, "outputs", None)
+    if held is None:
+        held = _kept.outputs = {}
+    return held
 
 
 def _is_free(kept: torch.Tensor) -> bool:
@@ -218,8 +229,9 @@ def _output_buffers(shapes: list[tuple[int, ...]]) -> list[torch.Tensor | None]:
     """A free kept buffer for each shape, the most recently used first (its pages are the
     likeliest still cached), or None; never one buffer for two outputs."""
     given: list[torch.Tensor | None] = []
+    outputs = _kept_outputs()
     for shape in shapes:
-        free = (kept for kept in reversed(_outputs.get(shape, ()))
+        free = (kept for kept in reversed(outputs.get(shape, ()))
                 if _is_free(kept) and all(kept is not g for g in given))
         given.append(next(free, None))
     return given
@@ -227,14 +239,15 @@ def _output_buffers(shapes: list[tuple[int, ...]]) -> list[torch.Tensor | None]:
 
 def _keep_outputs(outs: list[torch.Tensor]) -> None:
     """Keep the outputs as the most recently used buffers of their shapes."""
-    if any(shape[0] != outs[0].shape[0] for shape in _outputs):
-        _outputs.clear()
+    outputs = _kept_outputs()
+    if any(shape[0] != outs[0].shape[0] for shape in outputs):
+        outputs.clear()
     for out in outs:
         shape = tuple(out.shape)
-        others = [k for k in _outputs.get(shape, ()) if k.data_ptr() != out.data_ptr()]
+        others = [k for k in outputs.get(shape, ()) if k.data_ptr() != out.data_ptr()]
         # A tensor of our own on the same storage (not the caller's object), so the use
         # count tells whether the caller, or anything it made, still holds the buffer.
-        _outputs[shape] = [*others[-(_KEPT_PER_SHAPE - 1):], out.detach()]
+        outputs[shape] = [*others[-(_KEPT_PER_SHAPE - 1):], out.detach()]
 
 
 def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None):

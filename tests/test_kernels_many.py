@@ -4,6 +4,8 @@ its own, and each table comes out of a shared call exactly as from a call of its
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -124,3 +126,29 @@ def test_a_backend_without_many_table_ops_runs_its_own_table_by_table(monkeypatc
     kernels.fused_update_many(weights, [[], []], ids, offsets, [torch.ones_like(o) for o in outs], FIELDS,
                               [SparseOptimizer("sgd")] * 2, [1, 1], mean_pooled)
     assert calls == ["lookup", "lookup", "fused_update", "fused_update"]
+
+
+def test_lookups_in_two_threads_never_write_into_one_buffer():
+    """Two models scoring side by side (a server's threads, an evaluation beside another)
+    each get their own rows: the lookup releases the GIL, and the buffers it recycles are
+    per thread. Many rounds of same-shaped lookups of different tables, each checked."""
+    fields, rows = 8, 10_000
+    g, ids, offsets, mean_pooled = random_bags(0, samples=4_096, fields=fields, rows=rows)
+    tables = [torch.randn(rows, 16, generator=g) for _ in range(2)]
+    expected = [cpu.lookup(table, ids, offsets, fields, mean_pooled).clone() for table in tables]
+    start, wrong = threading.Barrier(2), []
+
+    def score(table: int) -> None:
+        start.wait()
+        for _ in range(100):
+            out = cpu.lookup(tables[table], ids, offsets, fields, mean_pooled)
+            if not torch.equal(out, expected[table]):
+                wrong.append(table)
+            del out  # its buffer is free again: the next lookup (either thread's) may take it
+
+    threads = [threading.Thread(target=score, args=(table,)) for table in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
