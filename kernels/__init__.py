@@ -133,6 +133,8 @@ def _host_op(name: str):
         return importlib.import_module("picasso.kernels.decode_ids_reference").decode_ids
     if name == "pack_group":
         return importlib.import_module("picasso.kernels.pack_groups_reference").pack_group
+    if name == "cross_ids":
+        return importlib.import_module("picasso.kernels.cross_ids_reference").cross_ids
     return getattr(load_backend("reference"), name)
 
 
@@ -140,6 +142,12 @@ def decode_ids(columns, rules, num_rows):
     """A batch's id columns (Arrow arrays) hashed, bucketed and checked in one call: see
     id_columns.py for the contract, decode_ids_reference.py for the definition."""
     return _host_op("decode_ids")(columns, rules, num_rows)
+
+
+def cross_ids(ids, offsets, starts, rules, num_rows):
+    """Feature crosses' bags from decoded columns of their fields' keys: see id_columns.py
+    for the contract, cross_ids_reference.py for the definition."""
+    return _host_op("cross_ids")(ids, offsets, starts, rules, num_rows)
 
 
 def pack_group(columns, id_offsets, num_rows):
@@ -207,7 +215,7 @@ def id_map_reset_rows(weight, slots, targets, keys, scale):
     return _host_op("id_map_reset_rows")(weight, slots, targets, keys, scale)
 
 
-__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "decode_ids", "fused_update",
-           "fused_update_many", "host_backend", "id_map_admit", "id_map_expire", "id_map_find", "id_map_initial_rows",
-           "id_map_rebuild", "id_map_reset_rows", "id_map_resolve", "load_backend", "lookup", "lookup_many",
-           "map_to_slots", "pack_group", "positions_in", "row_gradients", "sketch_add"]
+__all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "cross_ids", "decode_ids",
+           "fused_update", "fused_update_many", "host_backend", "id_map_admit", "id_map_expire", "id_map_find",
+           "id_map_initial_rows", "id_map_rebuild", "id_map_reset_rows", "id_map_resolve", "load_backend", "lookup",
+           "lookup_many", "map_to_slots", "pack_group", "positions_in", "row_gradients", "sketch_add"]

@@ -337,3 +337,4 @@ def id_map_initial_rows(keys, width: int, scale: float):
 
 def id_map_reset_rows(weight, slots, targets, keys, scale: float) -> None:
     _id_map_ops.reset_rows(weight, list(slots), targets.contiguous(), keys.contiguous(), float(scale))
+from picasso.kernels.cross_ids_reference import cross_ids  # noqa

@@ -15,8 +15,12 @@ null list being an empty bag. Its rule says what a raw id becomes:
 A row a rule refuses gets an empty bag and one Problem per column, the first that the
 decoder checks (connectors.decoding.sparse_ids), in this order: a null id in a bag; a
 negative integer id where a BUCKET or KEY field wants [0, 2^64); more than max_len ids; a
-VOCAB id out of range. Rules are per output column, so a later rule (a feature cross:
-several columns' ids hashed together) is one more kind of column, not another op.
+VOCAB id out of range.
+
+Feature crosses (picasso.hashing: cross) come after: cross_ids takes decoded columns of
+keys (KEY, with the cross's seed), consecutive ones per cross, and gives each cross's bags
+the way decode_ids gives a column's (CrossRule; its definition is cross_ids_reference.py).
+Their fields refuse bad rows; a cross refuses none.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from picasso.hashing import key_words
+from picasso.hashing import cross_start, key_words
 
 BUCKET, KEY, VOCAB = 0, 1, 2
 # How a column holds its ids (ColumnLayout): the ids' type, and whether they come in lists.
@@ -79,6 +83,31 @@ class IdRules:
 # The matrix's columns; string_start and integer_word are hashing.key_words(seed), and
 # integer_mixed says whether there is a seed (else an integer id is its own key).
 RULE_FIELDS = ("kind", "modulus", "max_len", "string_start", "integer_mixed", "integer_word")
+
+
+@dataclass(frozen=True)
+class CrossRule:
+    """One cross: its fields' key columns are `count` consecutive decoded columns from
+    `first`; BUCKET (modulus: hash buckets) or KEY; bags cut to max_len."""
+
+    kind: int  # BUCKET or KEY
+    first: int
+    count: int
+    max_len: int
+    modulus: int = 0
+    seed: int | None = None  # a dynamic cross's hash_seed
+
+    def row(self) -> tuple[int, ...]:
+        return (self.kind, self.modulus, self.max_len, _signed(cross_start(self.count, self.seed)), self.first,
+                self.count)
+
+
+# The columns of cross_ids' rules matrix (a row per cross, int64): CrossRule.row().
+CROSS_FIELDS = ("kind", "modulus", "max_len", "start", "first", "count")
+
+
+def cross_matrix(rules: Sequence[CrossRule]) -> np.ndarray:
+    return np.array([r.row() for r in rules], dtype=np.int64).reshape(len(rules), len(CROSS_FIELDS))
 
 
 @dataclass

@@ -344,8 +344,10 @@ def initial_rows(keys: torch.Tensor, width: int, scale: float) -> torch.Tensor:
 
 def reset_new_rows(embeddings, ids: dict[str, torch.Tensor], resets: dict[str, RowResets]) -> None:
     """Give the rows new keys took their first values and zeroed slots, in every embedding
-    over them, where the step's ids point (table rows, or fast-tier slots with a cache)."""
+    over them, where the step's ids point (table rows, or fast-tier slots with a cache); a
+    dynamic cross that feeds one part of the model has rows in that part's embeddings alone."""
     for group, reset in resets.items():
         targets = ids[group][reset.positions.to(ids[group].device)]
         for embedding in embeddings:
-            embedding.reset_rows(group, targets, reset.keys)
+            if embedding.has_group(group):
+                embedding.reset_rows(group, targets, reset.keys)

@@ -96,6 +96,10 @@ class PackedEmbedding(nn.Module):
                     shape, device=table.device)
                 self.register_buffer(f"slot{i}_{group.name}", slot)
 
+    def has_group(self, group: str) -> bool:
+        """Whether this embedding has a table of `group` (a model's part, packing.for_part)."""
+        return group in self.group_dims
+
     @property
     def tables(self) -> dict[str, torch.Tensor]:
         return {g.name: getattr(self, f"table_{g.name}") for g in self.plan.groups}

@@ -21,11 +21,22 @@ maps to the same embedding row everywhere and in every version.
 
 A string "123" and an integer 123 are different ids. The vectorised forms below are
 tested to agree with the scalar ones, which are the definition.
+
+- Cross (a feature cross of m fields, the spec's `crosses:`): each field's ids become keys
+  (key_of, keyed by the cross's own hash_seed when it is dynamic and has one, else the
+  fixed hash, whatever the field itself does). A row's bag of crosses is every
+  combination of one id per field, in bag order with the first field outermost, cut to
+  the cross's max_len; a row missing any of the fields has none. A combination of keys
+  k_1..k_m hashes as
+      h = m ^ s (s: 0, or the seed's string word: _KeyWords);  h = splitmix64(h ^ k_i) in turn;
+  a hashed cross's row is h modulo its hash_buckets, a dynamic cross's key is h. Keys
+  rather than rows: a field's hash buckets (or collisions) do not limit its crosses.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,6 +179,31 @@ def key_of(raw_id: str | int, seed: int | None = None) -> int:
     else:
         key = raw_id & _MASK if words is None else splitmix64((raw_id & _MASK) ^ words.integers)
     return key - (1 << 64) if key >= 1 << 63 else key
+
+
+def cross_start(fields: int, seed: int | None = None) -> int:
+    """Where a cross of `fields` fields starts hashing its keys (see the module's docstring)."""
+    words = _key_words(seed)
+    return fields ^ (words.strings if words else 0)
+
+
+def cross_hash(keys: list[int], seed: int | None = None) -> int:
+    """The 64-bit hash (unsigned) of one combination of a cross's keys, in field order."""
+    h = cross_start(len(keys), seed)
+    for key in keys:
+        h = splitmix64(h ^ (key & _MASK))
+    return h
+
+
+def cross_ids(bags: list[list[str | int]], max_len: int, buckets: int | None = None,
+              seed: int | None = None) -> list[int]:
+    """A row's bag of crosses, from each field's bag of raw ids (the definition): rows in
+    [0, buckets) for a hashed cross, signed 64-bit keys for a dynamic one (buckets None)."""
+    out = []
+    for combination in itertools.islice(itertools.product(*bags), max_len):
+        h = cross_hash([key_of(raw_id, seed) for raw_id in combination], seed)
+        out.append(h % buckets if buckets is not None else h - (1 << 64) if h >= 1 << 63 else h)
+    return out
 
 
 def _hashed(values: pa.Array, integers, start: int = 0) -> np.ndarray:

@@ -9,13 +9,22 @@ rows starting at its row offset, so ids never collide across fields.
 A dynamic field (spec.DynamicTable) owns capacity + 1 rows like any other field, but
 packing leaves its ids as 64-bit keys: the trainer maps them to rows
 (picasso.dynamic_rows), because which row a key has is model state that training changes.
+
+Feature crosses are packed like fields. A group also shares the part of the model its
+fields feed (spec.PARTS): fields and crosses that feed both parts share the dim groups;
+crosses that feed only the wide part, or only the deep part, get groups of their own,
+which a model's deep embeddings, or its wide ones, leave out (PackingPlan.for_part).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from picasso.spec import FeatureSpec, SpecError
+
+# Default group names of crosses that feed one part alone (a both-parts cross joins the
+# fields' dim group).
+_PART_ONLY = {"wide": "wide_crosses", "deep": "deep_crosses_dim{dim}"}
 
 
 @dataclass(frozen=True)
@@ -30,6 +39,7 @@ class PackedGroup:
     optimizer: str | None = None  # None: the trainer's default sparse optimizer
     # per field: a dynamic table's, whose packed ids are keys until the trainer maps them
     dynamic: tuple[bool, ...] = ()
+    part: str = "both"  # the part of a model its fields feed (spec.PARTS)
 
     @property
     def num_fields(self) -> int:
@@ -60,12 +70,31 @@ class PackedGroup:
 @dataclass(frozen=True)
 class PackingPlan:
     groups: tuple[PackedGroup, ...]
+    # The plan this one is a part of (for_part), None for a whole plan: embeddings over
+    # parts of one plan still share a batch's ids (stepped_lookup.share_bags).
+    whole: PackingPlan | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def root(self) -> PackingPlan:
+        return self.whole or self
+
+    def for_part(self, part: str) -> PackingPlan:
+        """The groups that feed `part` ("wide" or "deep") of a model: this plan itself
+        where every group feeds both (a spec without one-part crosses), so that embeddings
+        built from it share one plan object; else the same part object on every call."""
+        if all(g.part == "both" for g in self.groups):
+            return self
+        parts = self.__dict__.setdefault("_parts", {})
+        if part not in parts:
+            parts[part] = PackingPlan(tuple(g for g in self.groups if g.part in ("both", part)), whole=self)
+        return parts[part]
 
     @classmethod
     def from_spec(cls, spec: FeatureSpec) -> "PackingPlan":
         members: dict[str, list] = {}
-        for f in spec.sparse:
-            default_name = f"dim{f.embedding_dim}" + (f"_{f.optimizer}" if f.optimizer else "")
+        for f in spec.id_features:
+            default_name = (f"dim{f.embedding_dim}" if f.part == "both" else _PART_ONLY[f.part].format(
+                dim=f.embedding_dim)) + (f"_{f.optimizer}" if f.optimizer else "")
             members.setdefault(f.group or default_name, []).append(f)
         groups = []
         problems = []
@@ -73,11 +102,14 @@ class PackingPlan:
             fields = members[name]
             dims = sorted({f.embedding_dim for f in fields})
             optimizers = sorted({f.optimizer or "default" for f in fields})
+            parts = sorted({f.part for f in fields})
             if len(dims) > 1:
                 problems.append(f"group '{name}': its fields mix embedding dims {dims}")
             if len(optimizers) > 1:
                 problems.append(f"group '{name}': its fields mix sparse optimizers {optimizers}")
-            if len(dims) > 1 or len(optimizers) > 1:
+            if len(parts) > 1:
+                problems.append(f"group '{name}': its fields and crosses feed different parts of the model {parts}")
+            if len(dims) > 1 or len(optimizers) > 1 or len(parts) > 1:
                 continue
             offsets, start = [], 0
             for f in fields:
@@ -94,6 +126,7 @@ class PackingPlan:
                     max_len=tuple(f.max_len for f in fields),
                     optimizer=fields[0].optimizer,
                     dynamic=tuple(f.dynamic is not None for f in fields),
+                    part=parts[0],
                 )
             )
         if problems:

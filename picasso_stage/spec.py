@@ -20,6 +20,11 @@ from picasso.hashing import hash_seed_problem
 from picasso.join_spec import parse_join
 
 POOLING_MODES = ("sum", "mean")
+# Which parts of a model an id feature feeds: the deep part (an embedding of embedding_dim
+# for the MLP, FM or interactions), the wide part (a weight per row, summed into the logit:
+# Wide&Deep's linear model, DeepFM's first order), or both. Fields feed both; a cross
+# feeds the wide part unless it says otherwise.
+PARTS = ("wide", "deep", "both")
 SPARSE_OPTIMIZERS = ("sgd", "adagrad", "adagrad_elementwise", "adam")
 DENSE_TRANSFORMS = ("identity", "log1p")
 
@@ -104,6 +109,10 @@ class SparseField:
     # None takes the trainer's default. Fields only share a table with fields that agree.
     optimizer: str | None = None
     dynamic: DynamicTable | None = None
+    # A feature cross (the spec's `crosses:`), whose ids the decoder computes from the ids of
+    # these fields (picasso.crosses); empty for a field read from the input.
+    cross_of: tuple[str, ...] = ()
+    part: str = "both"  # PARTS
 
     @property
     def num_rows(self) -> int:
@@ -125,13 +134,34 @@ class SparseField:
     def multi_hot(self) -> bool:
         return self.max_len > 1
 
+    @property
+    def is_cross(self) -> bool:
+        return bool(self.cross_of)
+
+    @property
+    def deep(self) -> bool:
+        return self.part != "wide"
+
+    @property
+    def wide(self) -> bool:
+        return self.part != "deep"
+
 
 @dataclass(frozen=True)
 class FeatureSpec:
     label: str
     dense: tuple[DenseField, ...]
-    sparse: tuple[SparseField, ...]
+    sparse: tuple[SparseField, ...]  # the sparse fields the input holds
     name: str = "spec"
+    # Feature crosses: id features computed from the sparse fields' ids, each with a table
+    # of its own rows like a field's (SparseField.cross_of).
+    crosses: tuple[SparseField, ...] = ()
+
+    @property
+    def id_features(self) -> tuple[SparseField, ...]:
+        """Every feature with rows in a table: the sparse fields, then the crosses. Packing,
+        the tables and everything after decoding go by these; the input holds the fields."""
+        return self.sparse + self.crosses
 
     @property
     def dense_names(self) -> list[str]:
@@ -148,10 +178,12 @@ class FeatureSpec:
 
     @property
     def dynamic_fields(self) -> list[SparseField]:
-        return [f for f in self.sparse if f.dynamic is not None]
+        """The id features (fields and crosses) with dynamic tables."""
+        return [f for f in self.id_features if f.dynamic is not None]
 
     def sparse_field(self, name: str) -> SparseField:
-        for f in self.sparse:
+        """A sparse field or a cross, by name."""
+        for f in self.id_features:
             if f.name == name:
                 return f
         raise KeyError(name)
@@ -163,12 +195,15 @@ class FeatureSpec:
             return {k: compact(v) if dataclasses.is_dataclass(v) else v
                     for k, v in values.items() if k == "name" or v != defaults[k]}
 
-        return {
+        out = {
             "name": self.name,
             "label": self.label,
             "dense": [compact(f) for f in self.dense],
             "sparse": [compact(f) for f in self.sparse],
         }
+        if self.crosses:  # absent otherwise: a spec without crosses reads as before them
+            out["crosses"] = [_cross_dict(compact(c)) for c in self.crosses]
+        return out
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -177,12 +212,27 @@ class FeatureSpec:
         Path(path).write_text(self.to_yaml())
 
 
+def _cross_dict(compacted: dict[str, Any]) -> dict[str, Any]:
+    """A cross as the `crosses:` section writes it (see _parse_cross)."""
+    out = {"name": compacted.pop("name"), "fields": list(compacted.pop("cross_of"))}
+    part = compacted.pop("part", "both")
+    if part != CROSS_PART:
+        out["part"] = part
+    if part == "wide":
+        compacted.pop("embedding_dim", None)
+    return {**out, **compacted}
+
+
 # ---------------------------------------------------------------------------------------
 # Parsing and validation
 
-_TOP_KEYS = {"name", "label", "dense", "sparse", "join"}
+_TOP_KEYS = {"name", "label", "dense", "sparse", "crosses", "join"}
 _DENSE_KEYS = {f.name for f in dataclasses.fields(DenseField)}
-_SPARSE_KEYS = {f.name for f in dataclasses.fields(SparseField)}
+# cross_of and part are a cross's (the `crosses:` section's `fields` and `part`).
+_SPARSE_KEYS = {f.name for f in dataclasses.fields(SparseField)} - {"cross_of", "part"}
+_CROSS_KEYS = {"name", "fields", "hash_buckets", "dynamic", "part", "embedding_dim", "pooling", "max_len", "group",
+               "optimizer"}
+CROSS_PART = "wide"  # where a cross goes unless it says
 _DYNAMIC_KEYS = {f.name for f in dataclasses.fields(DynamicTable)}
 _VOCABULARIES = ("hash_buckets", "vocab_size", "dynamic")
 _BYTE_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
@@ -211,16 +261,19 @@ def _parse_dense(i: int, entry: Any, problems: list[str]) -> DenseField | None:
     return DenseField(name=entry["name"], transform=transform)
 
 
-def _parse_sparse(i: int, entry: Any, problems: list[str]) -> SparseField | None:
+def _parse_sparse(i: int, entry: Any, problems: list[str], kind: str = "sparse field",
+                  keys: set[str] = _SPARSE_KEYS) -> SparseField | None:
     if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
-        problems.append(f"sparse field #{i}: needs a 'name'")
+        problems.append(f"{kind} #{i}: needs a 'name'")
         return None
-    where = f"sparse field '{entry['name']}'"
+    where = f"{kind} '{entry['name']}'"
     before = len(problems)
-    _check_unknown(where, entry, _SPARSE_KEYS, problems)
+    _check_unknown(where, entry, keys, problems)
     hash_buckets, vocab_size = entry.get("hash_buckets"), entry.get("vocab_size")
-    if sum(entry.get(key) is not None for key in _VOCABULARIES) != 1:
-        problems.append(f"{where}: needs exactly one of 'hash_buckets', 'vocab_size' or 'dynamic'")
+    vocabularies = [key for key in _VOCABULARIES if key in keys]
+    if sum(entry.get(key) is not None for key in vocabularies) != 1:
+        quoted = [f"'{key}'" for key in vocabularies]
+        problems.append(f"{where}: needs exactly one of {', '.join(quoted[:-1])} or {quoted[-1]}")
     for key in ("hash_buckets", "vocab_size"):
         if entry.get(key) is not None and not _positive_int(entry[key]):
             problems.append(f"{where}: {key} must be a positive integer, got {entry[key]!r}")
@@ -254,6 +307,53 @@ def _parse_sparse(i: int, entry: Any, problems: list[str]) -> SparseField | None
         optimizer=optimizer,
         dynamic=dynamic,
     )
+
+
+def _parse_cross(i: int, entry: Any, sparse: dict[str, SparseField], others: dict[str, str],
+                 problems: list[str]) -> SparseField | None:
+    """A `crosses:` entry: `name`, the sparse `fields` it crosses (two or more, in order),
+    `hash_buckets` or `dynamic`, and `part` (PARTS; CROSS_PART unless given), with
+    `embedding_dim` where it feeds the deep part. Its ids: picasso.crosses. `pooling`,
+    `group` and `optimizer` are a field's; `max_len` caps the bag of crosses (by default
+    the product of the fields' max_len: every combination kept). `others` names what is
+    not a sparse field (the label, the dense fields, the crosses) for the messages."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        problems.append(f"cross #{i}: needs a 'name'")
+        return None
+    where = f"cross '{entry['name']}'"
+    before = len(problems)
+    part = entry.get("part", CROSS_PART)
+    if part not in PARTS:
+        problems.append(f"{where}: part must be one of {PARTS}, got {part!r}")
+    elif part != "wide" and entry.get("embedding_dim") is None:
+        problems.append(f"{where}: embedding_dim is needed where a cross feeds the deep part (part: {part})")
+    names = entry.get("fields")
+    members: list[SparseField] = []
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        problems.append(f"{where}: fields must be a list of sparse field names, got {names!r}")
+    elif len(names) < 2:
+        problems.append(f"{where}: a cross takes two or more fields, got {len(names)}")
+    else:
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"{where}: field '{name}' is listed more than once")
+        for name in names:
+            if name in sparse:
+                members.append(sparse[name])
+            elif name in others:
+                problems.append(f"{where}: '{name}' is {others[name]}; a cross takes sparse fields")
+            else:
+                problems.append(f"{where}: unknown field '{name}'")
+    # A cross that feeds the wide part alone has a weight a row: its embedding_dim is 1,
+    # whatever it says (so that switching a cross to `wide` needs no other edit).
+    dim = entry.get("embedding_dim") if part in ("deep", "both") and entry.get("embedding_dim") is not None else 1
+    cross = _parse_sparse(i, {**entry, "embedding_dim": dim, "max_len": entry.get("max_len", 1)}, problems, "cross",
+                          _CROSS_KEYS)
+    if cross is None or len(problems) > before:
+        return None
+    every = 1
+    for member in members:
+        every *= member.max_len
+    return dataclasses.replace(cross, cross_of=tuple(names), part=part, max_len=entry.get("max_len", every))
 
 
 def _parse_dynamic(where: str, raw: Any, embedding_dim: Any, problems: list[str]) -> DynamicTable | None:
@@ -329,6 +429,16 @@ def parse_spec(raw: Any) -> FeatureSpec:
     sparse = [_parse_sparse(i, e, problems) for i, e in enumerate(sparse_raw if isinstance(sparse_raw, list) else [])]
     if isinstance(sparse_raw, list) and not sparse_raw:
         problems.append("spec: needs at least one sparse field")
+    crosses_raw = raw.get("crosses") if raw.get("crosses") is not None else []
+    if not isinstance(crosses_raw, list):
+        problems.append("spec: 'crosses' must be a list of crosses")
+        crosses_raw = []
+    others = {label: "the label"} if isinstance(label, str) else {}
+    others.update({f.name: "a dense field" for f in dense if f is not None})
+    by_name = {f.name: f for f in sparse if f is not None}
+    cross_names = {c["name"] for c in crosses_raw if isinstance(c, dict) and isinstance(c.get("name"), str)}
+    crosses = [_parse_cross(i, e, by_name, {name: "a cross" for name in cross_names} | others, problems)
+               for i, e in enumerate(crosses_raw)]
     parse_join(raw.get("join"), problems)  # kept apart from the FeatureSpec: see picasso.join_spec
 
     seen: set[str] = set()
@@ -337,6 +447,13 @@ def parse_spec(raw: Any) -> FeatureSpec:
         if name in seen:
             problems.append(f"field '{name}': duplicate name")
         seen.add(name)
+    for entry in crosses_raw:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if isinstance(name, str) and name in seen:
+            taken = others.get(name, "a sparse field") if name in names else "another cross"
+            problems.append(f"cross '{name}': its name is taken by {taken}")
+        seen.add(name)
     if problems:
         raise SpecError(problems)
-    return FeatureSpec(label=label, dense=tuple(dense), sparse=tuple(sparse), name=str(raw.get("name", "spec")))
+    return FeatureSpec(label=label, dense=tuple(dense), sparse=tuple(sparse), name=str(raw.get("name", "spec")),
+                       crosses=tuple(crosses))

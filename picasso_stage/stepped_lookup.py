@@ -90,25 +90,31 @@ def pooled_tables(bags: GroupBags, tables: Sequence[SteppedTable], training: boo
 
 
 def share_bags(embeddings: Sequence[PackedEmbedding]) -> bool:
-    """Whether the embeddings can be looked up together: several, over one plan (so one
-    batch's ids index the same rows of each), in one mode."""
+    """Whether the embeddings can be looked up together: several, over one plan or parts
+    of one plan (so one batch's ids index the same rows of each group they share), in one
+    mode."""
     first = embeddings[0]
-    return len(embeddings) > 1 and all(e.plan is first.plan and e.training == first.training for e in embeddings)
+    return len(embeddings) > 1 and all(e.plan.root is first.plan.root and e.training == first.training
+                                       for e in embeddings)
 
 
 def lookup_together(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.Tensor],
                     offsets: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     """What each embedding's forward gives, one embedding after the other (see share_bags
-    for when it applies), with one kernel call per group for all the embeddings; a group
-    that a hot-row cache holds in fast tiers (one per embedding, each with its own rows)
-    takes each embedding's own lookup."""
+    for when it applies), with one kernel call per group for all the embeddings that have
+    it (a cross may feed one part of a model alone: packing); a group that a hot-row cache
+    holds in fast tiers (one per embedding, each with its own rows) takes each embedding's
+    own lookup."""
     training = [e.start_step() for e in embeddings][0]
-    by_group = []
-    for group in embeddings[0].plan.groups:
+    pooled: list[dict[str, torch.Tensor]] = [{} for _ in embeddings]
+    for group in embeddings[0].plan.root.groups:
+        having = [i for i, e in enumerate(embeddings) if e.has_group(group.name)]
         group_ids, group_offsets = ids[group.name], offsets[group.name]
-        if any(e.fast_tiers.get(group.name) is not None for e in embeddings):
-            by_group.append([e.lookup_group(group, group_ids, group_offsets, training) for e in embeddings])
+        if any(embeddings[i].fast_tiers.get(group.name) is not None for i in having):
+            outs = [embeddings[i].lookup_group(group, group_ids, group_offsets, training) for i in having]
         else:
-            bags = embeddings[0].group_bags(group, group_ids, group_offsets)
-            by_group.append(pooled_tables(bags, [e.stepped_table(group) for e in embeddings], training))
-    return [pooled[i] for i in range(len(embeddings)) for pooled in by_group]
+            bags = embeddings[having[0]].group_bags(group, group_ids, group_offsets)
+            outs = pooled_tables(bags, [embeddings[i].stepped_table(group) for i in having], training)
+        for i, out in zip(having, outs):
+            pooled[i][group.name] = out
+    return [pooled[i][g.name] for i, e in enumerate(embeddings) for g in e.plan.groups]

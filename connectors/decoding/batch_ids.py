@@ -8,6 +8,12 @@ Any other column (Python values from json.loads, mixed types, dictionaries, floa
 vocab field's strings) goes to sparse_ids.sparse_bags, the path that names each culprit.
 Either way a row keeps the reason of the first check it failed: fields are judged in spec
 order, and within a field the kernel reports the first problem in sparse_bags' order.
+
+Feature crosses (picasso.hashing: cross) follow their fields: each field's ids decoded as
+keys (in the same kernel call where the column fits it, else by sparse_bags, so both give
+one key per id), then every cross of the batch hashed in one kernels.cross_ids call. A
+cross refuses no row: its fields judge the row, and a row missing one of them has an
+empty bag of crosses.
 """
 
 from __future__ import annotations
@@ -21,9 +27,9 @@ from picasso import kernels
 from picasso.connectors.decoding.contracts import Verdicts
 from picasso.connectors.decoding.sparse_ids import (id_reason, null_id_reason, out_of_range_reason, sparse_bags,
                                                     too_long_reason)
-from picasso.kernels.id_columns import (BUCKET, KEY, NEGATIVE_ID, NULL_ID, OUT_OF_RANGE, TOO_LONG, VOCAB, DecodedIds,
-                                        IdRule, IdRules, column_layout)
-from picasso.spec import SparseField
+from picasso.kernels.id_columns import (BUCKET, KEY, NEGATIVE_ID, NULL_ID, OUT_OF_RANGE, TOO_LONG, VOCAB, CrossRule,
+                                        DecodedIds, IdRule, IdRules, column_layout)
+from picasso.spec import DynamicTable, SparseField
 
 _BAGS = pa.list_(pa.int64())
 
@@ -47,21 +53,37 @@ def id_rule(f: SparseField) -> IdRule:
     return IdRule(VOCAB, f.vocab_size, f.max_len)
 
 
-class SparseColumns:
-    """The sparse fields of a spec, with their rules made once."""
+def key_field(f: SparseField, cross: SparseField) -> SparseField:
+    """Field f as a cross reads it: its ids as keys (KEY), keyed by the cross's seed."""
+    seed = cross.dynamic.hash_seed if cross.dynamic is not None else None
+    return SparseField(f.name, 1, max_len=f.max_len, dynamic=DynamicTable(capacity=1, hash_seed=seed))
 
-    def __init__(self, fields: Sequence[SparseField]):
+
+class SparseColumns:
+    """The sparse fields of a spec and its crosses, with their rules made once."""
+
+    def __init__(self, fields: Sequence[SparseField], crosses: Sequence[SparseField] = ()):
         self.fields = tuple(fields)
-        self.rules = IdRules.of([id_rule(f) for f in self.fields])
+        self.crosses = tuple(crosses)
+        by_name = {f.name: f for f in self.fields}
+        # Per cross, its fields as keys; their rules follow the fields' in one IdRules.
+        self.members = [[key_field(by_name[name], cross) for name in cross.cross_of] for cross in self.crosses]
+        self.rules = IdRules.of([id_rule(f) for f in self.fields] + [id_rule(m) for ms in self.members for m in ms])
+        self.first_member = np.cumsum([len(self.fields)] + [len(ms) for ms in self.members]).tolist()
 
     def bags(self, columns: dict[str, object], n: int, verdicts: Verdicts) -> dict[str, pa.ListArray]:
-        """Each field's bags of rows (before packing offsets), one per row; bad rows refused."""
+        """Each field's bags of rows (before packing offsets), one per row, bad rows
+        refused; then each cross's."""
         chosen = [i for i, f in enumerate(self.fields) if fits_kernel(f, columns.get(f.name), n)]
-        bags = {}
-        if chosen:
-            rules = self.rules if len(chosen) == len(self.fields) else self.rules.take(chosen)
-            decoded = kernels.decode_ids([columns[self.fields[i].name] for i in chosen], rules, n)
-            bags = dict(zip(chosen, zip(_list_arrays(decoded, n), _problems_by_column(decoded, len(chosen)))))
+        # Crosses whose every field the kernel takes: their keys decode in the same call.
+        fast = [x for x, members in enumerate(self.members)
+                if all(fits_kernel(m, columns.get(m.name), n) for m in members)]
+        taken = chosen + [self.first_member[x] + k for x in fast for k in range(len(self.members[x]))]
+        bags, decoded = {}, None
+        if taken:
+            rules = self.rules if len(taken) == len(self.rules) else self.rules.take(taken)
+            decoded = kernels.decode_ids([columns[name] for name in self._names(taken)], rules, n)
+            bags = dict(zip(chosen, zip(_list_arrays(decoded, n, len(chosen)), _problems_by_column(decoded, len(chosen)))))
         out = {}
         for i, f in enumerate(self.fields):
             if i in bags:
@@ -70,7 +92,58 @@ class SparseColumns:
                     _refuse(f, problems, verdicts)
             else:
                 out[f.name] = sparse_bags(f, columns.get(f.name), n, verdicts)
+        if self.crosses:
+            out.update(self._crosses(columns, n, fast, decoded, len(chosen)))
         return out
+
+    def _names(self, taken: list[int]) -> list[str]:
+        everything = [f.name for f in self.fields] + [m.name for ms in self.members for m in ms]
+        return [everything[c] for c in taken]
+
+    def _crosses(self, columns: dict[str, object], n: int, fast: list[int], decoded: DecodedIds | None,
+                 first: int) -> dict[str, pa.ListArray]:
+        """The crosses' bags: those in `fast` from the decoded key columns after the first
+        `first` (the fields'), the others from their fields' keys by sparse_bags."""
+        out = {}
+        if fast:
+            rules, at = [], first
+            for x in fast:
+                rules.append(cross_rule(self.crosses[x], at))
+                at += len(self.members[x])
+            crossed = kernels.cross_ids(decoded.ids, decoded.offsets, decoded.starts, rules, n)
+            out.update(zip((self.crosses[x].name for x in fast), _list_arrays(crossed, n)))
+        slow = [x for x in range(len(self.crosses)) if x not in set(fast)]
+        if slow:
+            # A field's refusals are its own (already judged): this Verdicts is a scratch pad.
+            scratch = Verdicts(n)
+            keys = [sparse_bags(m, columns.get(m.name), n, scratch) for x in slow for m in self.members[x]]
+            ids, offsets, starts = _layout(keys, n)
+            rules, at = [], 0
+            for x in slow:
+                rules.append(cross_rule(self.crosses[x], at))
+                at += len(self.members[x])
+            crossed = kernels.cross_ids(ids, offsets, starts, rules, n)
+            out.update(zip((self.crosses[x].name for x in slow), _list_arrays(crossed, n)))
+        return {cross.name: out[cross.name] for cross in self.crosses}
+
+
+def cross_rule(cross: SparseField, first: int) -> CrossRule:
+    """What kernels.cross_ids makes of a cross whose fields' keys start at column `first`."""
+    seed = cross.dynamic.hash_seed if cross.dynamic is not None else None
+    return CrossRule(BUCKET if cross.hashed else KEY, first, len(cross.cross_of), cross.max_len,
+                     cross.hash_buckets or 0, seed)
+
+
+def _layout(bags: list[pa.ListArray], n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """List arrays of keys as decoded columns (DecodedIds' ids, offsets and starts)."""
+    offsets = np.zeros((len(bags), n + 1), dtype=np.int32)
+    values = []
+    for c, bag in enumerate(bags):
+        list_offsets = bag.offsets.to_numpy()
+        offsets[c] = list_offsets - list_offsets[0]
+        values.append(bag.values.slice(list_offsets[0], list_offsets[-1] - list_offsets[0]).to_numpy())
+    starts = np.concatenate([[0], np.cumsum([len(v) for v in values])[:-1]]).astype(np.int64)
+    return (np.concatenate(values).astype(np.int64) if values else np.zeros(0, np.int64)), offsets, starts
 
 
 def fits_kernel(f: SparseField, values, n: int) -> bool:
@@ -82,13 +155,14 @@ def fits_kernel(f: SparseField, values, n: int) -> bool:
     return layout is not None and (f.takes_strings or not layout.strings)
 
 
-def _list_arrays(decoded: DecodedIds, n: int) -> list[pa.ListArray]:
-    """One list<int64> array per column, on the kernel's buffers (no copy). Each column
-    gets slices of its own: an array over a shared buffer would pickle all of it (Beam
-    pickles decoded tables between stages), 400 columns' ids for each column."""
+def _list_arrays(decoded: DecodedIds, n: int, columns: int | None = None) -> list[pa.ListArray]:
+    """One list<int64> array per column (the first `columns`, or all), on the kernel's
+    buffers (no copy). Each column gets slices of its own: an array over a shared buffer
+    would pickle all of it (Beam pickles decoded tables between stages), 400 columns' ids
+    for each column."""
     ids, offsets = pa.py_buffer(decoded.ids), pa.py_buffer(decoded.offsets)
     width = (n + 1) * decoded.offsets.itemsize
-    lengths = decoded.offsets[:, n].tolist()
+    lengths = decoded.offsets[:columns, n].tolist()
     return [
         pa.Array.from_buffers(_BAGS, n, [None, offsets.slice(c * width, width)],
                               children=[pa.Array.from_buffers(pa.int64(), length, [None, ids.slice(8 * start, 8 * length)])])

@@ -8,7 +8,8 @@
 
 The canonical table holds `label` (float32), one float32 column per dense field and one
 list<int64> column of row indices per sparse field (a dynamic field's: its ids' 64-bit
-keys, picasso.hashing.key_of), in spec order, then a decoder's join fields, if any.
+keys, picasso.hashing.key_of), in spec order, then one per feature cross (computed from
+its fields: decoding.batch_ids), then a decoder's join fields, if any.
 Columns are checked with vectorised Arrow/numpy ops; only a column that fails its fast
 path (mixed types from JSON, say) is walked element by element, to name the culprit rows.
 No exception escapes.
@@ -40,11 +41,11 @@ class ColumnValidator:
         self.events = events
         self.known = {spec.label, *spec.dense_names, *spec.sparse_names, *(events.names if events else ())}
         self._log1p = np.array([f.transform == "log1p" for f in spec.dense], dtype=bool)
-        self._sparse = SparseColumns(spec.sparse)
+        self._sparse = SparseColumns(spec.sparse, spec.crosses)
         self.schema = pa.schema(
             [pa.field("label", pa.float32())]
             + [pa.field(f.name, pa.float32()) for f in spec.dense]
-            + [pa.field(f.name, pa.list_(pa.int64())) for f in spec.sparse]
+            + [pa.field(f.name, pa.list_(pa.int64())) for f in spec.id_features]
             + (list(events.schema) if events else [])
         )
 
@@ -81,11 +82,11 @@ class ColumnValidator:
         if verdicts.bad.any():
             keep = pa.array(good)
             arrays = [pa.array(out["label"][good])] + [pa.array(out[f.name][good]) for f in spec.dense]
-            arrays += [out[f.name].filter(keep) for f in spec.sparse]
+            arrays += [out[f.name].filter(keep) for f in spec.id_features]
             arrays += [column.filter(keep) for column in events.values()]
         else:
             arrays = [pa.array(out["label"])] + [pa.array(out[f.name]) for f in spec.dense]
-            arrays += [out[f.name] for f in spec.sparse]
+            arrays += [out[f.name] for f in spec.id_features]
             arrays += list(events.values())
         table = pa.Table.from_arrays(arrays, schema=self.schema)
         dead = [

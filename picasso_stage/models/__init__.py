@@ -25,6 +25,11 @@ def build_model(name: str, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[i
     if not 0.0 <= dropout < 1.0:
         raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
     check_precision(precision)
+    wide_only = [f.name for f in spec.crosses if f.part == "wide"]
+    if wide_only and not MODELS[name].wide_part:
+        raise ValueError(f"model {name!r} has no wide part, which cross(es) {', '.join(wide_only)} feed alone: give "
+                         f"them `part: deep` or `part: both` in the spec, or choose a model with one "
+                         f"({', '.join(sorted(n for n, m in MODELS.items() if m.wide_part))})")
     model = MODELS[name](spec, plan, hidden)
     model.precision = precision
     if spec.dynamic_fields:  # the id -> row maps, model state like the tables they index

@@ -32,6 +32,9 @@ class PackedModel(nn.Module):
     """
 
     lookups: tuple[str, ...] = ("embedding",)
+    # Whether a weight per id enters the logit (Wide&Deep's wide part, DeepFM's first
+    # order): where a cross that feeds only the wide part can go (models.build_model).
+    wide_part: bool = False
     # Several lookups over one plan (Wide&Deep's deep and wide tables, DeepFM's first order)
     # share each group's ids: one kernel call per group looks them all up and, in the
     # backward pass, steps them all (stepped_lookup). Off: each embedding on its own, the

@@ -38,5 +38,5 @@ class DCNv2(PackedModel):
     def __init__(self, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...] = (256, 128),
                  cross_layers: int = 3):
         super().__init__()
-        self.embedding = PackedEmbedding(plan)
+        self.embedding = PackedEmbedding(plan.for_part("deep"))
         self.dense_part = DCNv2DensePart(len(spec.dense), self.embedding.output_dim(), hidden, cross_layers)

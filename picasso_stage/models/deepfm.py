@@ -45,10 +45,12 @@ class DeepFMDensePart(nn.Module):
 
 class DeepFM(PackedModel):
     lookups = ("embedding", "first_order")
+    wide_part = True  # the first order
 
     def __init__(self, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...] = (256, 128)):
         super().__init__()
-        self.embedding = PackedEmbedding(plan)
+        deep = plan.for_part("deep")  # a cross may feed one part alone (packing)
+        self.embedding = PackedEmbedding(deep)
         # Zero start, as Wide&Deep's wide part: the first-order weights grow from the data.
-        self.first_order = PackedEmbedding(plan, dim=1, init_scale=0.0)
-        self.dense_part = DeepFMDensePart(len(spec.dense), plan, self.embedding.output_dim(), hidden)
+        self.first_order = PackedEmbedding(plan.for_part("wide"), dim=1, init_scale=0.0)
+        self.dense_part = DeepFMDensePart(len(spec.dense), deep, self.embedding.output_dim(), hidden)

@@ -53,5 +53,6 @@ class DLRMDensePart(nn.Module):
 class DLRM(PackedModel):
     def __init__(self, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...] = (256, 128)):
         super().__init__()
-        self.embedding = PackedEmbedding(plan)
-        self.dense_part = DLRMDensePart(len(spec.dense), plan, hidden)
+        deep = plan.for_part("deep")
+        self.embedding = PackedEmbedding(deep)
+        self.dense_part = DLRMDensePart(len(spec.dense), deep, hidden)

@@ -28,11 +28,13 @@ class WideDeepDensePart(nn.Module):
 
 class WideDeep(PackedModel):
     lookups = ("embedding", "wide_embedding")
+    wide_part = True
 
     def __init__(self, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...] = (256, 128)):
         super().__init__()
         # Built in the order of the model before the dense part was split out, so the
         # same seed still gives the same initial weights.
-        self.embedding = PackedEmbedding(plan)
-        self.wide_embedding = PackedEmbedding(plan, dim=1, init_scale=0.0)
-        self.dense_part = WideDeepDensePart(len(spec.dense), len(plan.groups), self.embedding.output_dim(), hidden)
+        deep = plan.for_part("deep")  # a cross may feed one part alone (packing)
+        self.embedding = PackedEmbedding(deep)
+        self.wide_embedding = PackedEmbedding(plan.for_part("wide"), dim=1, init_scale=0.0)
+        self.dense_part = WideDeepDensePart(len(spec.dense), len(deep.groups), self.embedding.output_dim(), hidden)
