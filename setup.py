@@ -119,7 +119,7 @@ setup(
     packages=list(PACKAGE_DIR),
     package_dir=PACKAGE_DIR,
     # The C++ sources, in the sdist and in the installed package (cpu.py builds from them).
-    package_data={"picasso.kernels": ["csrc/*.cpp"]},
+    package_data={"picasso.kernels": ["csrc/*.cpp", "csrc/*.h"]},
     cmdclass={"build_py": BuildPyWithKernels},
     install_requires=[
         # A range, never a pin: the set-up command pins the CPU build, and a pin here that

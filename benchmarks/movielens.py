@@ -68,7 +68,6 @@ from picasso.batch import pack
 from picasso.checkpoint import latest_checkpoint
 from picasso.connectors.day_files import list_day_files, partition_dir, read_chunks, write_part
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import holdout_mask
 from picasso.pipelines.runs.generate import dates_from
@@ -230,14 +229,18 @@ def _tokens(rows: pd.DataFrame, crosses) -> list[list[str]]:
 class LRResult:
     C: float
     crosses: str
-    validation_auc: float
+    validation: EvalMetrics  # the chosen setting's, on the validation days
     test: EvalMetrics
-    grid: dict  # (crosses, C) -> validation AUC
+    grid: dict  # (crosses, C) -> validation metrics
+
+    @property
+    def validation_auc(self) -> float:
+        return self.validation.auc
 
     @property
     def validation_auc_no_crosses(self) -> float:
         """The best validation AUC of the one-hot fields alone (any C)."""
-        return max(score for (crosses, _), score in self.grid.items() if crosses == "none")
+        return max(m.auc for (crosses, _), m in self.grid.items() if crosses == "none")
 
 
 def _one_hot(train: pd.DataFrame, others: list[pd.DataFrame], crosses):
@@ -268,8 +271,9 @@ def tuned_lr(rows: pd.DataFrame, split: Split) -> LRResult:
     for name, crosses in CROSS_SETS.items():
         x_fit, (x_val,) = _one_hot(fit, [val], crosses)
         for C in C_GRID:
-            grid[(name, C)] = auc(val["label"].to_numpy(), _lr_scores(x_fit, fit["label"].to_numpy(), x_val, C))
-    (name, C), best = max(grid.items(), key=lambda kv: kv[1])
+            grid[(name, C)] = evaluation_metrics(val["label"].to_numpy(),
+                                                 _lr_scores(x_fit, fit["label"].to_numpy(), x_val, C))
+    (name, C), best = max(grid.items(), key=lambda kv: kv[1].auc)
     train, test = on_days(rows, split.train), on_days(rows, split.test)
     x_train, (x_test,) = _one_hot(train, [test], CROSS_SETS[name])
     scores = _lr_scores(x_train, train["label"].to_numpy(), x_test, C)
@@ -485,7 +489,8 @@ def sweeps_asked(args) -> list[str]:
 
 def main() -> None:
     from benchmarks.harness import parse_args, print_table, report
-    from benchmarks.movielens_stream import add_stream_args, stream_benchmark  # it imports this module
+    from benchmarks.movielens_crosses import cross_benchmark, mean_metrics  # they import this module
+    from benchmarks.movielens_stream import add_stream_args, stream_benchmark
 
     def extra(parser):
         parser.add_argument("--wheel", default=None, help=f"the recbole wheel (default: ${WHEEL_ENV}, else download)")
@@ -519,6 +524,7 @@ def main() -> None:
         lr = tuned_lr(rows, split)
         runs = [picasso_run(root, spec, split, TrainConfig(seed=seed, log_every=0), DailySettings())
                 for seed in range(args.seeds)]
+        crossed = cross_benchmark(root, spec, split, args.seeds)
         cli = cli_check(root, SPEC_PATH, split.train[: args.check_cli], Path(scratch) / "work") if args.check_cli else None
         done: dict[str, list[EvalMetrics]] = {}
         swept = {name: sweep_summary(SWEEPS[name], sweep(root, spec, split, SWEEPS[name], args.seeds, done))
@@ -526,7 +532,8 @@ def main() -> None:
     picasso_auc = float(np.mean([m.auc for m in runs]))
     picasso_logloss = float(np.mean([m.logloss for m in runs]))
     metrics = {"lr": vars(lr.test), "lr_C": lr.C, "lr_crosses": lr.crosses, "lr_validation_auc": lr.validation_auc,
-               "lr_validation_auc_no_crosses": lr.validation_auc_no_crosses,
+               "lr_validation": vars(lr.validation), "lr_validation_auc_no_crosses": lr.validation_auc_no_crosses,
+               **crossed.metrics(),
                "picasso": [vars(m) for m in runs], "picasso_auc": picasso_auc, "picasso_logloss": picasso_logloss,
                "split": {"train_days": len(split.train), "test_days": len(split.test), "test_rows": lr.test.samples,
                          "first_test_day": split.test[0]}}
@@ -542,12 +549,29 @@ def main() -> None:
                     [[setting, f"{m['auc']:.4f}", f"{m['auc_delta_vs_defaults']:+.4f}",
                       f"{m['auc_min']:.4f}..{m['auc_max']:.4f}", f"{m['logloss']:.4f}", f"{m['mean_prediction']:.3f}"]
                      for setting, m in summary.items()])
+    chosen = crossed.choice
+    with_crosses = {"validation": mean_metrics(chosen.validation), "test": mean_metrics(crossed.test_with)}
+    print_table(f"crosses chosen on the validation days ({split.validation[0]}..{split.validation[-1]}): mean "
+                f"validation AUC of {args.seeds} seeds, each candidate trained on the fit days' every row",
+                ["crosses (part)", "validation AUC"],
+                [[name, f"{score:.4f}"] for name, score in chosen.grid.items()], caption=f"chosen: {chosen.label}")
+    print_table(f"movielens-100k: the validation days ({split.validation[0]}..{split.validation[-1]}), trained on "
+                "the days before them", ["model", "validation AUC", "validation log loss", "mean prediction"],
+                [_row(f"LR one-hot, C={lr.C}, crosses: {lr.crosses} (tuned here)", lr.validation),
+                 _row(f"picasso, every row, no crosses (mean of {args.seeds})", mean_metrics(crossed.validation_without)),
+                 _row(f"picasso, every row, crosses: {chosen.label} (mean of {args.seeds})", with_crosses["validation"])])
     report(
         f"movielens-100k: the last {len(split.test)} days ({split.test[0]}..{split.test[-1]})",
         ["model", "test AUC", "test log loss", "mean prediction"],
         [_row(f"LR one-hot, C={lr.C}, crosses: {lr.crosses}; offline, every training row", lr.test),
-         *[_row(f"picasso daily, defaults, seed {seed}", m) for seed, m in enumerate(runs)]],
-        {"auc_vs_lr": picasso_auc - lr.test.auc, "logloss_vs_lr": lr.test.logloss - picasso_logloss},
+         *[_row(f"picasso daily, defaults, seed {seed}", m) for seed, m in enumerate(runs)],
+         _row(f"picasso daily --holdout 0, no crosses (mean of {args.seeds})", mean_metrics(crossed.test_without)),
+         _row(f"picasso daily --holdout 0, crosses: {chosen.label} (mean of {args.seeds})", with_crosses["test"])],
+        {"auc_vs_lr": picasso_auc - lr.test.auc, "logloss_vs_lr": lr.test.logloss - picasso_logloss,
+         **{f"crosses_{key}_vs_lr_{on}": value for on, ours, theirs in (
+             ("validation", with_crosses["validation"], lr.validation), ("test", with_crosses["test"], lr.test))
+            for key, value in (("auc", ours.auc - theirs.auc), ("logloss", theirs.logloss - ours.logloss))},
+         "crosses_auc_gain_test": with_crosses["test"].auc - mean_metrics(crossed.test_without).auc},
         metrics, args.json,
         caption=f"mean label on the test days {lr.test.mean_label:.3f}"
                 + (f"; picasso daily CLI vs this driver over {cli['days']} days: identical={cli['identical']}"

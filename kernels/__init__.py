@@ -21,8 +21,10 @@ For a dynamic table's id -> row map, also on the host (see id_map_reference.py):
 - `id_map_rebuild`: the map's index again from its rows' keys;
 - `id_map_initial_rows`: the first values of the rows new keys take; `id_map_reset_rows`
   writes them into a table and zeroes their slots.
-And one for the decoder, on the host (see id_columns.py, decode_ids_reference.py):
-- `decode_ids`: every id column of a batch (Arrow arrays) hashed, bucketed and checked.
+And two for the decoder, on the host (see id_columns.py, decode_ids_reference.py and
+cross_ids_reference.py):
+- `decode_ids`: every id column of a batch (Arrow arrays) hashed, bucketed and checked;
+- `cross_ids`: the feature crosses' bags, from decoded columns of their fields' keys.
 And one for packing, on the host (see group_ids.py, pack_groups_reference.py):
 - `pack_group`: a packing group's ids and bag starts from its fields' columns (Arrow arrays).
 And the sample join's index of its records (csrc/key_index.cpp), which picasso.key_index

@@ -37,6 +37,7 @@ import torch
 from torch.utils import cpp_extension
 
 from picasso.kernels.build_lock import build_lock
+from picasso.kernels.cross_ids_cpu import crosser
 from picasso.kernels.decode_ids_cpu import decoder
 from picasso.kernels.pack_groups_cpu import packer
 from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
@@ -44,7 +45,7 @@ from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
 _SOURCES = Path(__file__).with_name("csrc")
 _UNIT = "picasso_kernels.cpp"  # includes the others
 _SOURCE_FILES = (_UNIT, "packed_embedding.cpp", "hot_cache.cpp", "id_map.cpp", "key_index.cpp", "decode_ids.cpp",
-                 "pack_groups.cpp")
+                 "pack_groups.cpp", "cross_ids.cpp", "hashing.h")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
@@ -174,6 +175,8 @@ key_index = _kernels.key_index
 decode_ids = decoder(_kernels.decode_ids.decode)
 # A packing group's ids in one call: pack_groups_cpu.py, over csrc/pack_groups.cpp.
 pack_group = packer(_kernels.pack_groups.pack)
+# A batch's feature crosses in one call: cross_ids_cpu.py, over csrc/cross_ids.cpp.
+cross_ids = crosser(_kernels.cross_ids.cross)
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
 # (when no field_rows are given) and of the cache ops, kept so that no call pays for filling
 # it. One buffer, as long as the largest table yet, whose first `rows` entries serve any
@@ -337,4 +340,3 @@ def id_map_initial_rows(keys, width: int, scale: float):
 
 def id_map_reset_rows(weight, slots, targets, keys, scale: float) -> None:
     _id_map_ops.reset_rows(weight, list(slots), targets.contiguous(), keys.contiguous(), float(scale))
-from picasso.kernels.cross_ids_reference import cross_ids  # noqa

@@ -34,7 +34,9 @@ def _cross(ids: np.ndarray, offsets: np.ndarray, starts: np.ndarray, rule: Cross
            n: int) -> tuple[np.ndarray, np.ndarray]:
     members = range(rule.first, rule.first + rule.count)
     lengths = [np.diff(offsets[m, : n + 1]).astype(np.int64) for m in members]
-    count = np.minimum(np.prod(lengths, axis=0), rule.max_len) if n else np.zeros(0, np.int64)
+    count = np.ones(n, dtype=np.int64)
+    for length in lengths:  # cut field by field: a product of long bags would overflow int64
+        count = np.minimum(count * length, rule.max_len)
     out_offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(count, out=out_offsets[1:])
     row = np.repeat(np.arange(n), count)

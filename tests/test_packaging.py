@@ -147,7 +147,7 @@ def test_the_sdist_carries_the_cpp_sources_and_building_it_builds_nothing(sdist)
         names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
     assert {"kernels/csrc/picasso_kernels.cpp", "kernels/csrc/packed_embedding.cpp", "kernels/csrc/hot_cache.cpp",
             "kernels/csrc/id_map.cpp", "kernels/csrc/decode_ids.cpp", "kernels/csrc/key_index.cpp",
-            "kernels/csrc/pack_groups.cpp",
+            "kernels/csrc/pack_groups.cpp", "kernels/csrc/cross_ids.cpp", "kernels/csrc/hashing.h",
             "kernels/build.py", "pyproject.toml"} <= names
     assert not (sdist.parent / "driver-cache").exists()  # the driver only packs
 

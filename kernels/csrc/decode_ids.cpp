@@ -20,6 +20,8 @@
 #include <tuple>
 #include <vector>
 
+#include "hashing.h"  // splitmix64, FastMod
+
 // A namespace of its own: picasso_kernels.cpp compiles the sources as one unit.
 namespace picasso_kernels::decode_ids {
 
@@ -53,13 +55,6 @@ enum Problem : int64_t { kFine, kNullId, kNegativeId, kTooLong, kOutOfRange };
 
 constexpr int64_t kGrainIds = 65536;  // ids per thread at least: waking a second thread costs more than hashing fewer
 
-inline uint64_t splitmix64(uint64_t z) {
-  z += 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
 // hashing.hash_bytes: the length XOR start, then one mix per little-endian 8-byte word of
 // the zero-padded bytes (at least one word).
 inline uint64_t hash_bytes(const uint8_t* data, int64_t length, uint64_t start) {
@@ -77,23 +72,6 @@ inline uint64_t hash_bytes(const uint8_t* data, int64_t length, uint64_t start) 
   }
   return h;
 }
-
-// h % d without a division (Lemire, Kaser and Kurz, "Faster remainder by direct
-// computation", 2019): exact for every 64-bit h and d, with M = ceil(2^128 / d). A 64-bit
-// division takes 40 to 90 cycles on many x86 cores, more than hashing a short id.
-struct FastMod {
-  unsigned __int128 m;
-  uint64_t d;
-
-  explicit FastMod(uint64_t divisor) : m(~static_cast<unsigned __int128>(0) / (divisor ? divisor : 1) + 1), d(divisor) {}
-
-  uint64_t operator()(uint64_t h) const {
-    const unsigned __int128 low = m * h;  // modulo 2^128
-    const unsigned __int128 bottom = static_cast<unsigned __int128>(static_cast<uint64_t>(low)) * d;
-    const unsigned __int128 top = (low >> 64) * d;
-    return static_cast<uint64_t>((top + (bottom >> 64)) >> 64);
-  }
-};
 
 inline bool bit(const uint8_t* bitmap, int64_t i) { return !bitmap || (bitmap[i >> 3] >> (i & 7)) & 1; }
 

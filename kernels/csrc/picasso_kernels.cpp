@@ -12,6 +12,7 @@
 #include "key_index.cpp"
 #include "decode_ids.cpp"
 #include "pack_groups.cpp"
+#include "cross_ids.cpp"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   picasso_kernels::packed_embedding::register_ops(m.def_submodule("packed_embedding"));
@@ -20,4 +21,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   picasso_kernels::key_index::register_ops(m.def_submodule("key_index"));
   picasso_kernels::decode_ids::register_ops(m.def_submodule("decode_ids"));
   picasso_kernels::pack_groups::register_ops(m.def_submodule("pack_groups"));
+  picasso_kernels::cross_ids::register_ops(m.def_submodule("cross_ids"));
 }
