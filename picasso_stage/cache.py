@@ -42,7 +42,8 @@ from picasso.hot_rows import HotRowDirectory
 class CacheConfig:
     # Fast-tier size per packed group: rows ("50000"), bytes ("64MiB", "2GB") or a share
     # of the group's rows ("5%"). Bytes count the row and its optimizer slots, summed over
-    # every embedding of the model that uses the group (Wide&Deep has two).
+    # every embedding of the model that uses the group (Wide&Deep has two; a cross's group
+    # that feeds one part of the model, one).
     capacity: str = "10%"
     group_capacity: dict[str, str] = field(default_factory=dict)  # per-group overrides
     refresh_every: int = 100  # steps between admissions/evictions (every step while slots are free)
@@ -173,27 +174,36 @@ class PreparedBatch:
 
 
 class HotCache:
-    """The fast tiers of every PackedEmbedding of a model, one directory per packed group."""
+    """The fast tiers of every PackedEmbedding of a model, one directory per packed group
+    (over the tables of the embeddings that have the group)."""
 
     def __init__(self, embeddings: list[PackedEmbedding], config: CacheConfig, device: torch.device, seed: int = 0):
-        plan = embeddings[0].plan
+        # The whole plan: a model's embeddings may each hold a part of its groups (a cross
+        # that feeds one part of the model: packing), and a group's tiers are those of the
+        # embeddings that have it.
+        plan = embeddings[0].plan.root
+        groups = [(i, g) for i, g in enumerate(plan.groups) if any(e.has_group(g.name) for e in embeddings)]
         big_dir = Path(config.big_tier_dir) if config.big_tier_dir else None
         if big_dir is not None:
             big_dir.mkdir(parents=True, exist_ok=True)
-        unknown = sorted(set(config.group_capacity) - {g.name for g in plan.groups})
+        unknown = sorted(set(config.group_capacity) - {g.name for _, g in groups})
         if unknown:
             raise ValueError(f"cache capacity for {unknown}: no such packed table; the tables are "
-                             f"{[g.name for g in plan.groups]}")
+                             f"{[g.name for _, g in groups]}")
         self.directories: dict[str, HotRowDirectory] = {}
         self.tables: dict[str, list[TieredTable]] = {}
-        for i, group in enumerate(plan.groups):
-            row_bytes = sum(t[0].numel() * 4 for e in embeddings for t in [e.tables[group.name], *e.slots(group.name)])
+        for embedding in embeddings:
+            embedding.fast_tiers = {}
+        for i, group in groups:  # seeded by the group's place in the plan, whichever embeddings have it
+            having = [e for e in embeddings if e.has_group(group.name)]
+            row_bytes = sum(t[0].numel() * 4 for e in having for t in [e.tables[group.name], *e.slots(group.name)])
             capacity = parse_capacity(config.capacity_of(group.name), group.num_rows, row_bytes)
             self.directories[group.name] = HotRowDirectory(
                 group.num_rows, capacity, config.refresh_every, config.half_life, seed=seed + i)
-            self.tables[group.name] = [TieredTable(e, group.name, capacity, device, big_dir) for e in embeddings]
-        for index, embedding in enumerate(embeddings):
-            embedding.fast_tiers = {name: tables[index] for name, tables in self.tables.items()}
+            self.tables[group.name] = [TieredTable(e, group.name, capacity, device, big_dir) for e in having]
+            for embedding, tier in zip(having, self.tables[group.name]):
+                embedding.fast_tiers[group.name] = tier
+        for embedding in embeddings:
             # state_dict() and load_state_dict() see the tables: keep them and the fast tier
             # in step, so that saving or loading the model directly is right too.
             embedding.register_state_dict_pre_hook(lambda *_: self.flush())

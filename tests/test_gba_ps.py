@@ -268,6 +268,25 @@ def test_a_worker_counted_as_lost_whose_first_pull_comes_late_is_not_lost():
     assert service.lost == set() and not service.stopped.is_set()
 
 
+def test_a_dropped_worker_keeps_the_job_open_for_a_lease_to_come_back():
+    """The others finished while a worker was dropped: the job waits a lease for it before
+    counting it done, so that one that only stalled rejoins and trains its source to its
+    end instead of finding the server gone; one that never comes back ends the job then."""
+    shard, _ = build_shard(Trainer(SPEC, CONFIG), 0, 1, GBAConfig(1))
+    service = ShardService(shard, num_workers=2, lease_s=0.2, join_timeout_s=600)
+    workers = [service.join(f"worker{rank}", "first")[0] for rank in range(2)]
+    for worker in workers:
+        service.start_line(worker)
+        shard.pull(worker, {}, dense=False)
+    shard.control.drop_worker(workers[1])  # as drop_silent does past its lease
+    service.finish(workers[0])
+    service.settle()
+    assert not service.stopped.is_set()  # worker1 may be back at its next call
+    time.sleep(0.3)  # a lease since the drop: given up
+    service.settle()
+    assert service.stopped.is_set()
+
+
 def test_dead_workers_are_dropped_and_the_others_train_on(tiny_spec, tmp_path):
     """worker1 dies while training: dropped when its lease runs out. worker2 dies after
     the group met but before its first pull (it is still planting 2M rows): counted as

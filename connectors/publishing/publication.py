@@ -264,7 +264,8 @@ def _plan_dict(checkpoint: Checkpoint) -> dict:
     plan = PackingPlan.from_spec(checkpoint.spec)
     return {"spec": checkpoint.spec.name, "groups": [
         {"name": g.name, "embedding_dim": g.embedding_dim, "fields": list(g.fields), "rows": g.num_rows,
-         "row_offsets": list(g.row_offsets), "optimizer": g.optimizer, "table_bytes": g.table_bytes()}
+         "row_offsets": list(g.row_offsets), "optimizer": g.optimizer, "table_bytes": g.table_bytes(),
+         "part": g.part}  # the model's parts it feeds: a cross's may be one (packing)
         for g in plan.groups]}
 
 

@@ -68,7 +68,7 @@ class DynamicLayout:
     field: SparseField
     prefix: str  # its map's state-dict prefix, e.g. "dynamic_rows.maps.0"
     row_offset: int  # its first row in its group's tables
-    tables: tuple[str, ...]  # the tables over its group (every embedding of the model)
+    tables: tuple[str, ...]  # the tables over its group (every embedding of the model that has it)
     slots: tuple[tuple[str, ...], ...]  # each table's optimizer slots
     init_scales: tuple[float, ...]  # each table's PackedEmbedding.init_scale
     map_keys: tuple[str, ...]  # the map's state-dict keys
@@ -102,9 +102,11 @@ def dynamic_layouts(model: nn.Module, num_shards: int) -> tuple[DynamicLayout, .
     layouts = []
     for index, member in enumerate(rows.members):
         prefix = f"dynamic_rows.maps.{index}"
+        # The embeddings over its group: every one of the model's, but a dynamic cross that
+        # feeds one part of the model has rows in that part's embeddings alone (packing).
         tables = [(f"{name}.table_{member.group}",
                    tuple(f"{name}.slot{i}_{member.group}" for i in range(len(e.slots(member.group)))), e.init_scale)
-                  for name, e in embeddings]
+                  for name, e in embeddings if e.has_group(member.group)]
         layout = DynamicLayout(member.field.field, prefix, member.row_offset, tuple(t for t, _, _ in tables),
                                tuple(s for _, s, _ in tables), tuple(float(c) for _, _, c in tables),
                                tuple(f"{prefix}.{name}" for name in member.field.state_dict()))

@@ -4,8 +4,9 @@ The layout follows the model the packing plan built, under the Trainer's state-d
 - every dense parameter (and any other persistent buffer) lives on shard 0. CTR models'
   dense parts are small next to their tables, and one owner keeps the dense optimizer's
   state in exactly torch.optim.Adam's layout;
-- every packed table (one per packing group and PackedEmbedding: `embedding.table_dim16`,
-  `wide_embedding.table_dim16`, ...) is sharded by row id: row r lives on shard
+- every packed table (one per packing group and PackedEmbedding that has it:
+  `embedding.table_dim16`, `wide_embedding.table_dim16`, `wide_embedding.table_wide_crosses`
+  (a cross that feeds the wide part alone), ...) is sharded by row id: row r lives on shard
   r % num_shards at local index r // num_shards, with its optimizer slots beside it.
   Packing gives each field a range of rows, so striping by id spreads every field (and the
   Zipf-hot ids, which hashing scatters) over all shards.
@@ -32,8 +33,9 @@ from picasso.kernels import SparseOptimizer
 # In sync mode every rank steps a replica of the whole model: the replicas' maps would
 # admit and evict each rank's own ids and part ways. GBA's shards own ids instead
 # (dynamic_shard.py).
-SYNC_DYNAMIC = ("dynamic tables (a sparse field's `dynamic:`) train in the local and gba modes, not in sync: "
-                "its replicas would each admit their own ids; give the field hash_buckets, or train with gba")
+SYNC_DYNAMIC = ("dynamic tables (a sparse field's or a cross's `dynamic:`) train in the local and gba modes, not in "
+                "sync: its replicas would each admit their own ids; give the field or cross hash_buckets, or train "
+                "with gba")
 
 
 @dataclass(frozen=True)

@@ -113,6 +113,7 @@ class ShardService:
         self.finished: set[str] = set()
         self.joined: dict[str, tuple[str, float]] = {}  # name -> (its latest id, when it joined)
         self.lost: set[str] = set()  # names nobody brought to training
+        self.dropped_since: dict[str, float] = {}  # name -> when settle first saw its holder dropped
         self.at_start: dict[str, float] = {}  # names that reached the start line, and when
         self.all_at_start = threading.Event()
         self.stopped = threading.Event()
@@ -198,6 +199,12 @@ class ShardService:
             # A name counted as lost whose first pull came late after all (a worker slow to
             # load its data on a busy machine) was brought to training: it is not lost.
             self.lost -= live | dropped
+            # A dropped worker may only have stalled (a pause, a swapped-out process, a busy
+            # machine): it rejoins at its next call. Its name counts as done a lease after the
+            # drop, so that the job does not end under one that comes back at once because
+            # the others finished first (its source would then stop short of its end).
+            self.dropped_since = {name: self.dropped_since.get(name, now) for name in dropped}
+            given_up = {name for name, since in self.dropped_since.items() if now - since > self.lease_s}
             for name in sorted(self.expected - live - dropped - self.finished - self.lost):
                 joined = self.joined.get(name)
                 if joined is None:
@@ -210,7 +217,7 @@ class ShardService:
                     self.lost.add(name)
             if self.expected <= set(self.at_start) | self.lost:
                 self.all_at_start.set()
-            done = self.finished | (dropped - live) | self.lost
+            done = self.finished | (given_up - live) | self.lost
             if self.shard.index == 0 and not self.endless and self.expected <= done:
                 self.stopped.set()
 

@@ -27,8 +27,9 @@ class PackedModel(nn.Module):
 
     `dense_part(dense, pooled)` -> logits (N,): `dense` is (N, num_dense), possibly with 0
     columns; `pooled` is the output of every PackedEmbedding named in `lookups`, one after
-    the other, each contributing one (N, fields of the group, width) tensor per plan group
-    in plan.groups order.
+    the other, each contributing one (N, fields of the group, width) tensor per group of
+    its own plan, in that plan's order (an embedding's plan is the model's, or the part of
+    it that feeds the deep or the wide part: PackingPlan.for_part).
     """
 
     lookups: tuple[str, ...] = ("embedding",)

@@ -144,15 +144,19 @@ def _event_summary(day) -> str:
 def _plan_command(args) -> CommandResult:
     spec = load_spec(args.spec)
     packing = PackingPlan.from_spec(spec)
-    table = Table(title=f"packing plan of {spec.name}: {len(spec.sparse)} sparse fields in {len(packing.groups)} tables")
-    for column in ("group", "dim", "optimizer", "fields", "rows", "table MB", "optimizer state MB"):
+    crosses = f" and {len(spec.crosses)} crosses" if spec.crosses else ""
+    table = Table(title=f"packing plan of {spec.name}: {len(spec.sparse)} sparse fields{crosses} in "
+                        f"{len(packing.groups)} tables")
+    for column in ("group", "dim", "part", "optimizer", "fields", "rows", "table MB", "optimizer state MB"):
         table.add_column(column)
     groups = []
     for g in packing.groups:
         optimizer = g.optimizer or args.sparse_optimizer
-        groups.append({"name": g.name, "embedding_dim": g.embedding_dim, "optimizer": optimizer, "fields": list(g.fields),
-                       "rows": g.num_rows, "table_bytes": g.table_bytes(), "slot_bytes": g.slot_bytes(optimizer)})
-        table.add_row(g.name, str(g.embedding_dim), optimizer, str(g.num_fields), f"{g.num_rows:,}",
+        # part: the model's parts the group feeds (a cross's may be one alone: packing).
+        groups.append({"name": g.name, "embedding_dim": g.embedding_dim, "part": g.part, "optimizer": optimizer,
+                       "fields": list(g.fields), "rows": g.num_rows, "table_bytes": g.table_bytes(),
+                       "slot_bytes": g.slot_bytes(optimizer)})
+        table.add_row(g.name, str(g.embedding_dim), g.part, optimizer, str(g.num_fields), f"{g.num_rows:,}",
                       f"{g.table_bytes() / 2**20:,.1f}", f"{g.slot_bytes(optimizer) / 2**20:,.1f}")
     Console().print(table)
     return CommandResult({"spec": spec.name, "groups": groups,
