@@ -106,11 +106,7 @@ class SparseColumns:
         `first` (the fields'), the others from their fields' keys by sparse_bags."""
         out = {}
         if fast:
-            rules, at = [], first
-            for x in fast:
-                rules.append(cross_rule(self.crosses[x], at))
-                at += len(self.members[x])
-            crossed = kernels.cross_ids(decoded.ids, decoded.offsets, decoded.starts, rules, n)
+            crossed = kernels.cross_ids(decoded.ids, decoded.offsets, decoded.starts, self._rules(fast, first), n)
             out.update(zip((self.crosses[x].name for x in fast), _list_arrays(crossed, n)))
         slow = [x for x in range(len(self.crosses)) if x not in set(fast)]
         if slow:
@@ -118,13 +114,17 @@ class SparseColumns:
             scratch = Verdicts(n)
             keys = [sparse_bags(m, columns.get(m.name), n, scratch) for x in slow for m in self.members[x]]
             ids, offsets, starts = _layout(keys, n)
-            rules, at = [], 0
-            for x in slow:
-                rules.append(cross_rule(self.crosses[x], at))
-                at += len(self.members[x])
-            crossed = kernels.cross_ids(ids, offsets, starts, rules, n)
+            crossed = kernels.cross_ids(ids, offsets, starts, self._rules(slow, 0), n)
             out.update(zip((self.crosses[x].name for x in slow), _list_arrays(crossed, n)))
         return {cross.name: out[cross.name] for cross in self.crosses}
+
+    def _rules(self, crosses: list[int], first: int) -> list[CrossRule]:
+        """The rules of these crosses, whose fields' key columns follow one another from `first`."""
+        rules = []
+        for x in crosses:
+            rules.append(cross_rule(self.crosses[x], first))
+            first += len(self.members[x])
+        return rules
 
 
 def cross_rule(cross: SparseField, first: int) -> CrossRule:
