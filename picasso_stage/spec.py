@@ -110,7 +110,7 @@ class SparseField:
     optimizer: str | None = None
     dynamic: DynamicTable | None = None
     # A feature cross (the spec's `crosses:`), whose ids the decoder computes from the ids of
-    # these fields (picasso.crosses); empty for a field read from the input.
+    # these fields (picasso.hashing: cross); empty for a field read from the input.
     cross_of: tuple[str, ...] = ()
     part: str = "both"  # PARTS
 
@@ -313,7 +313,7 @@ def _parse_cross(i: int, entry: Any, sparse: dict[str, SparseField], others: dic
                  problems: list[str]) -> SparseField | None:
     """A `crosses:` entry: `name`, the sparse `fields` it crosses (two or more, in order),
     `hash_buckets` or `dynamic`, and `part` (PARTS; CROSS_PART unless given), with
-    `embedding_dim` where it feeds the deep part. Its ids: picasso.crosses. `pooling`,
+    `embedding_dim` where it feeds the deep part. Its ids: picasso.hashing (cross). `pooling`,
     `group` and `optimizer` are a field's; `max_len` caps the bag of crosses (by default
     the product of the fields' max_len: every combination kept). `others` names what is
     not a sparse field (the label, the dense fields, the crosses) for the messages."""
