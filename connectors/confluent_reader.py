@@ -8,7 +8,10 @@ librdkafka insists on is never used).
 The latest offsets are taken as kafka-python's are (connectors.kafka_config.latest_offsets):
 the offset the broker reports (get_watermark_offsets, a ListOffsets request), and the
 high watermark of a fetch from just before it (librdkafka caches each fetch answer's);
-Tansu under-reports the first. Errors of the broker or of a fetch are KafkaReadFailed,
+Tansu under-reports the first. The fetch is waited for, partition by partition (a record,
+or the partition's end: enable.partition.eof): until it answers, the cached value may be
+an older fetch's, from when the partition was last read, and an endless job that took it
+would wait for ever under a record it believes is not there yet. Errors of the broker or of a fetch are KafkaReadFailed,
 which a stream's cycle retries; bad settings are a ValueError at start.
 """
 
@@ -43,7 +46,8 @@ class ConfluentReader:
         overrides.pop("enable_auto_commit", None)  # never: positions live in picasso's checkpoint
         config = librdkafka_consumer_config(connection, **overrides)
         config.setdefault("group.id", "picasso")
-        config |= {"enable.auto.commit": False, "enable.auto.offset.store": False, "logger": _LOG}
+        config |= {"enable.auto.commit": False, "enable.auto.offset.store": False, "logger": _LOG,
+                   "enable.partition.eof": True}  # a fetch's answer at a partition's end (latest_offsets)
         try:
             self.consumer = confluent_kafka.Consumer(config)
         except (confluent_kafka.KafkaException, ValueError, TypeError) as err:
@@ -68,23 +72,20 @@ class ConfluentReader:
         self.consumer.assign([self._kafka.TopicPartition(tp.topic, tp.partition, max(0, reported[tp] - 1))
                               for tp in partitions])
         self.next_position.clear()
-        fetched: dict[TopicPartition, int] = {}
+        answered: set[TopicPartition] = set()
         deadline = time.monotonic() + self.timeout_s
-        while len(fetched) < len(partitions):
-            for tp in partitions:
-                high = self._cached_high(tp)
-                if high != UNKNOWN:
-                    fetched[tp] = high
-            if len(fetched) == len(partitions):
-                break
+        while not answered.issuperset(partitions):
             if time.monotonic() > deadline:
-                missing = [f"{tp.topic}/{tp.partition}" for tp in partitions if tp not in fetched]
+                missing = [f"{tp.topic}/{tp.partition}" for tp in partitions if tp not in answered]
                 raise TimeoutError(f"no fetch answer for {', '.join(missing)} within {self.timeout_s:g}s")
-            message = self.consumer.poll(0.2)  # its record is not wanted: the fetch's answer is
-            if message is not None and message.error() is not None:
-                raise KafkaReadFailed(f"{self.servers}: {message.topic()}/{message.partition()}: "
-                                      f"{message.error().str()}")
-        return {tp: max(reported[tp], fetched[tp]) for tp in partitions}
+            message = self.consumer.poll(0.2)  # its record is not wanted: that the fetch answered is
+            if message is None:
+                continue
+            error = message.error()
+            if error is not None and error.code() != self._kafka.KafkaError._PARTITION_EOF:
+                raise KafkaReadFailed(f"{self.servers}: {message.topic()}/{message.partition()}: {error.str()}")
+            answered.add(TopicPartition(message.topic(), message.partition()))
+        return {tp: max(reported[tp], self._cached_high(tp)) for tp in partitions}
 
     def assign(self, tp: TopicPartition, position: int) -> None:
         self.consumer.assign([self._kafka.TopicPartition(tp.topic, tp.partition, position)])

@@ -45,15 +45,21 @@ TRAINING_ROWS = len(STREAMS) * ROWS_PER_STREAM
 HELD_OUT_STREAM, HELD_OUT_ROWS = 999, 10_000
 
 
-def learning_spec(dynamic: bool = False) -> FeatureSpec:
+def learning_spec(dynamic: bool = False, crosses: bool = False) -> FeatureSpec:
     """Four sparse fields (hashed, vocabulary, multi-hot) in two packed tables, no dense
     field. With `dynamic`, field `a` is a dynamic table of 49 rows and its default row:
     the planted model draws its tokens from a field's row count, so both specs plant the
     very same rows (the fixed table hashes them into 50 buckets, the dynamic one gives
-    each admitted token a row of its own)."""
+    each admitted token a row of its own). With `crosses`, two feature crosses as well (b x
+    c in the wide part alone, a x tags, a bag of up to 3, in both): the planted model reads
+    the fields alone, so it plants the same rows again."""
     a = {"dynamic": {"capacity": 49}} if dynamic else {"hash_buckets": 50}
+    more = {"crosses": [{"name": "b_x_c", "fields": ["b", "c"], "hash_buckets": 1_000},
+                        {"name": "a_x_tags", "fields": ["a", "tags"], "hash_buckets": 2_500, "part": "both",
+                         "embedding_dim": 4}]} if crosses else {}
     return parse_spec({
-        "name": "learns-dynamic" if dynamic else "learns",
+        **more,
+        "name": "learns-dynamic" if dynamic else "learns-crosses" if crosses else "learns",
         "label": "click",
         "sparse": [
             {"name": "a", "embedding_dim": 8, **a},

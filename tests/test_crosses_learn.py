@@ -43,7 +43,7 @@ def planted_rows(rows: int, stream: int) -> tuple[pa.Table, np.ndarray]:
     return pa.table({"click": clicks, "a": [f"a{v}" for v in a], "b": [f"b{v}" for v in b], "c": c}), probability
 
 
-def learning_spec(part: str | None) -> FeatureSpec:
+def pair_spec(part: str | None) -> FeatureSpec:
     """Three hashed fields; with `part`, the cross a x b feeding that part of the model."""
     raw = {"label": "click", "sparse": [{"name": name, "embedding_dim": 8, "hash_buckets": buckets}
                                          for name, buckets in (("a", 100), ("b", 100), ("c", 1000))]}
@@ -72,13 +72,13 @@ def ceiling() -> float:
 
 @pytest.fixture(scope="module")
 def without_cross() -> dict[str, float]:
-    return {model: held_out_auc(learning_spec(None), model) for model in ("wide_deep", "deepfm", "dlrm")}
+    return {model: held_out_auc(pair_spec(None), model) for model in ("wide_deep", "deepfm", "dlrm")}
 
 
 @pytest.mark.parametrize("model, part", [("wide_deep", "wide"), ("wide_deep", "deep"), ("wide_deep", "both"),
                                          ("deepfm", "wide"), ("deepfm", "both"), ("dlrm", "deep")])
 def test_a_cross_learns_the_signal_its_fields_cannot(model, part, without_cross):
-    best, crossed, alone = ceiling(), held_out_auc(learning_spec(part), model), without_cross[model]
+    best, crossed, alone = ceiling(), held_out_auc(pair_spec(part), model), without_cross[model]
     print({"model": model, "part": part, "with": round(crossed, 4), "without": round(alone, 4),
            "ceiling": round(best, 4)})
     assert crossed >= alone + MARGIN, (crossed, alone)

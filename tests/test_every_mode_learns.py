@@ -14,6 +14,8 @@ final checkpoint the test asks:
 The dynamic table's case is held to a daily run of its own spec: on the same rows, a
 dynamic table (a row per admitted token) ranks 0.002 to 0.008 better than the fixed
 table, which hashes tokens into buckets they share; the spec, not the mode, makes that.
+So is the case of a spec with feature crosses (a wide-only cross and one that feeds both
+parts), whose tables must train as the fields' do.
 
 A stream that scores each batch before training it used to leave the model in eval mode,
 where the lookup steps no row: only the dense part learned (0.52 to 0.54 AUC here, 0.13
@@ -64,7 +66,7 @@ from picasso.connectors.testing.loopback import free_port
 from picasso.spec import FeatureSpec
 from picasso.synthetic_events import EventStreamConfig
 
-SPEC, DYNAMIC_SPEC = learning_spec(), learning_spec(dynamic=True)
+SPEC, DYNAMIC_SPEC, CROSSES_SPEC = learning_spec(), learning_spec(dynamic=True), learning_spec(crosses=True)
 TOLERANCE = 0.01
 DAY, FIRST_HALF, SECOND_HALF, HELD_OUT_DAY = "2026-03-01", "2026-03-02", "2026-03-03", "2026-04-01"
 ROWS_PER_MESSAGE = 50  # Arrow messages of the labelled-events topic: BATCH rows are 10 of them
@@ -95,7 +97,7 @@ class Planted:
 def planted(tmp_path_factory) -> Planted:
     root = tmp_path_factory.mktemp("every-mode")
     specs = {}
-    for spec in (SPEC, DYNAMIC_SPEC):
+    for spec in (SPEC, DYNAMIC_SPEC, CROSSES_SPEC):
         specs[spec.name] = root / f"{spec.name}.yaml"
         specs[spec.name].write_text(spec.to_yaml())
     rows = training_rows(SPEC)  # the dynamic spec plants the very same rows
@@ -310,6 +312,7 @@ MODES = [
                                                                         "--cache-refresh-every", "2")),
          saved={"cache": {"capacity": "20%", "refresh_every": 2}}, reads=LABELLED_TOPIC),
     Mode("stream --topic, a dynamic table", cycle_stream, spec=DYNAMIC_SPEC, reads=LABELLED_TOPIC),
+    Mode("stream --topic, feature crosses", cycle_stream, spec=CROSSES_SPEC, reads=LABELLED_TOPIC),
     Mode("stream --topic, bf16", partial(cycle_stream, flags=("--precision", "bf16")), saved={"precision": "bf16"},
          reads=LABELLED_TOPIC),
     Mode("endless job", endless_job, reads=LABELLED_TOPIC),

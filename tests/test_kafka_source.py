@@ -155,6 +155,25 @@ def test_latest_offsets_reaches_the_tail_of_every_partition(kafka_bootstrap, top
         reader.close()
 
 
+def test_the_confluent_readers_latest_offsets_are_the_latest_fetchs_not_an_older_one(kafka_bootstrap, kafka_topic):
+    """Offsets asked again after more records came, while another partition was being
+    read: the first answer already counts the new records (the high watermark librdkafka
+    had cached was the earlier fetch's, and Tansu's own answer under-reports)."""
+    create_topic(kafka_bootstrap, kafka_topic, 2)
+    produce_values(kafka_bootstrap, kafka_topic, [b"x%d" % i for i in range(10)], partitions=2)
+    reader = ConfluentReader(KafkaConnection(kafka_bootstrap))
+    try:
+        partitions = reader.partitions([kafka_topic])
+        before = reader.latest_offsets(partitions)
+        reader.assign(partitions[1], 0)
+        reader.poll(partitions[1], 100, 0.5)
+        produce_values(kafka_bootstrap, kafka_topic, [b"y%d" % i for i in range(4)], partitions=2)
+        after = reader.latest_offsets(partitions)
+        assert sum(after.values()) == sum(before.values()) + 4, (before, after)
+    finally:
+        reader.close()
+
+
 def test_unbounded_read_defers_its_remainder_and_follows_message_timestamps(kafka_bootstrap, kafka_topic,
                                                                              kafka_client):
     create_topic(kafka_bootstrap, kafka_topic)
