@@ -174,3 +174,6 @@ def test_a_stream_that_ends_with_a_version_pending_exits_3_and_counts_it(kafka_b
     assert summary["pending"] == 0 and summary["versions"] == ["1"] and summary["messages"] == 0, done.stderr[-5000:]
     [record] = [json.loads(line) for line in (workdir / "runs" / "stream-versions.jsonl").read_text().splitlines()]
     assert record["version"] == "1"
+    # Recorded by the retry, with the facts the first run queued with it (what a follower's
+    # freshness is measured from): the newest event trained, the step, the samples.
+    assert record["newest_event_ms"] > 0 and record["samples"] == 200 and record["step"] > 0, record

@@ -48,6 +48,10 @@ class PublishOutbox:
                    if not name.startswith(".")]
         return [entry for entry in entries if storage.exists(storage.join(entry, _REQUEST))]
 
+    def pending_requests(self) -> list[PublishRequest]:
+        """The pending entries' requests, oldest first."""
+        return [self._request(entry) for entry in self.pending()]
+
     def _request(self, entry: str) -> PublishRequest:
         return PublishRequest.from_dict(json.loads(storage.read_text(storage.join(entry, _REQUEST))))
 

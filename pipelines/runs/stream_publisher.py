@@ -44,6 +44,14 @@ def _freshness_tag(facts: dict) -> dict[str, str]:
     return {} if newest is None else {registry_tags.NEWEST_EVENT_MS: str(int(newest))}
 
 
+def _kept_facts(request) -> dict:
+    """The version log's facts that a queued request keeps (publish_version puts them
+    there): the newest event trained, the step and the samples."""
+    facts = {key: int(request.metrics[key]) for key in ("step", "samples") if key in request.metrics}
+    newest = request.tags.get(registry_tags.NEWEST_EVENT_MS)
+    return facts if newest is None else {"newest_event_ms": int(newest), **facts}
+
+
 class StreamPublisher:
     """Publishes a stream's model (a StreamModel: pipelines/runs/stream_state.py) every
     config.publish_every_s seconds of cycles, and records each version once, in
@@ -154,8 +162,10 @@ class StreamPublisher:
     def _flush(self, outbox, newest: dict[str, dict] | None = None) -> list:
         """Flush the outbox, recording each version in stream-versions.jsonl as it is made
         (once, however often a kill makes the outbox report it), with the freshness facts
-        (`newest`, by checkpoint) of the one this process just checkpointed."""
+        (`newest`, by checkpoint) of the one this process just checkpointed, and those its
+        request kept for a version an earlier process queued (killed before recording it)."""
         config = self.config
+        newest = {**{r.checkpoint_path: _kept_facts(r) for r in outbox.pending_requests()}, **(newest or {})}
         if self.recorded_versions is None:  # read once per process; kept up to date below
             path = config.folders.stream_versions
             lines = storage.read_text(path).splitlines() if storage.exists(path) else []
@@ -167,7 +177,7 @@ class StreamPublisher:
                 return
             entry = {"version": outcome.version.version, "model_uri": outcome.version.model_uri,
                      "published_ms": int(time.time() * 1000), "checkpoint": outcome.checkpoint_path,
-                     "champion": outcome.version.champion, **(newest or {}).get(outcome.checkpoint_path, {})}
+                     "champion": outcome.version.champion, **newest.get(outcome.checkpoint_path, {})}
             storage.append_line(config.folders.stream_versions, json.dumps(entry))  # kept before the outbox forgets it
             recorded.add(outcome.version.version)
             self.versions.append(outcome.version.version)
