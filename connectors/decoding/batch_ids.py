@@ -70,6 +70,7 @@ class SparseColumns:
         self.members = [[key_field(by_name[name], cross) for name in cross.cross_of] for cross in self.crosses]
         self.rules = IdRules.of([id_rule(f) for f in self.fields] + [id_rule(m) for ms in self.members for m in ms])
         self.first_member = np.cumsum([len(self.fields)] + [len(ms) for ms in self.members]).tolist()
+        self.column_names = [f.name for f in self.fields] + [m.name for ms in self.members for m in ms]  # by rule
 
     def bags(self, columns: dict[str, object], n: int, verdicts: Verdicts) -> dict[str, pa.ListArray]:
         """Each field's bags of rows (before packing offsets), one per row, bad rows
@@ -82,7 +83,7 @@ class SparseColumns:
         bags, decoded = {}, None
         if taken:
             rules = self.rules if len(taken) == len(self.rules) else self.rules.take(taken)
-            decoded = kernels.decode_ids([columns[name] for name in self._names(taken)], rules, n)
+            decoded = kernels.decode_ids([columns[self.column_names[c]] for c in taken], rules, n)
             bags = dict(zip(chosen, zip(_list_arrays(decoded, n, len(chosen)), _problems_by_column(decoded, len(chosen)))))
         out = {}
         for i, f in enumerate(self.fields):
@@ -95,10 +96,6 @@ class SparseColumns:
         if self.crosses:
             out.update(self._crosses(columns, n, fast, decoded, len(chosen)))
         return out
-
-    def _names(self, taken: list[int]) -> list[str]:
-        everything = [f.name for f in self.fields] + [m.name for ms in self.members for m in ms]
-        return [everything[c] for c in taken]
 
     def _crosses(self, columns: dict[str, object], n: int, fast: list[int], decoded: DecodedIds | None,
                  first: int) -> dict[str, pa.ListArray]:
