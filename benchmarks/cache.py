@@ -34,7 +34,7 @@ from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso import kernels
 from picasso.hot_rows import HotRowDirectory
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 ALPHAS = (0.8, 1.05, 1.2)

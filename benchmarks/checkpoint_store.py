@@ -34,7 +34,7 @@ from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.testing.s3_server import S3Server
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 

@@ -32,7 +32,7 @@ from picasso.builtin_specs import builtin_spec
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.models import build_model
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig
 
 MODELS = ("wide_deep", "deepfm", "dlrm", "dcn_v2")

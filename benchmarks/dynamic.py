@@ -1,6 +1,6 @@
 """Dynamic tables against fixed hashed tables of equal bytes, on a stream whose items churn.
 
-Quality. The churn data set (picasso.synthetic_churn): new item ids arrive all the time
+Quality. The churn data set (picasso.connectors.synthetic.churn): new item ids arrive all the time
 and old ones fade, each with its own planted effect. Two settings of it, over the same
 stream of --days days of 100,000 rows, with about 2,500 items alive at a time in both:
 - 45 impressions (the defaults of `picasso generate --churn`): each churning item gets
@@ -60,11 +60,11 @@ from benchmarks.harness import parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import CHURN_CAPACITY, churn_spec
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.hashing import hash_to_buckets
+from picasso.kernels.hashing import hash_to_buckets
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.spec import DynamicTable, FeatureSpec, SparseField
-from picasso.synthetic_churn import ITEM_FIELD, ChurnConfig, ChurnModel
+from picasso.connectors.synthetic.churn import ITEM_FIELD, ChurnConfig, ChurnModel
 from picasso.trainer import TrainConfig, Trainer
 
 BATCH = 2048

@@ -42,7 +42,7 @@ from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, read_applied
 from picasso.connectors.decoding.message_formats import encode_json
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 KILLS = 2
 BAD_EVERY = 50  # one bad message in every BAD_EVERY, for the exactly-once run

@@ -8,7 +8,7 @@ the publish interval; the targets are p50 ≤ 1.5 × interval + 5 s and p99 ≤ 
 and each ratio is target / measured (≥ 1 meets it).
 
 With --joined, the producer sends the planted model's impressions and delayed clicks
-(picasso.synthetic_events) to two topics, paced in event time --speedup times faster than
+(picasso.connectors.synthetic.events) to two topics, paced in event time --speedup times faster than
 the wall clock, and the stream joins them with W = --label-wait. A version then holds a
 final label for every impression older than its join's watermark less W, so its age is
 measured from there, in event time; the join's W is in it by design, and what is reported
@@ -49,17 +49,17 @@ from picasso.checkpoint import latest_checkpoint
 from picasso.connectors.day_files import partition_dir, write_part
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.decoding.message_formats import encode_json
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.durations import parse_duration_ms
-from picasso.join_spec import JoinSpec
+from picasso.sample_join.join_spec import JoinSpec
 from picasso.metrics import auc
 from picasso.pipelines.runs.daily import DailyConfig, run_daily
 from picasso.pipelines.runs.generate import dates_from
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.runs.produce import EventTimePacer
 from picasso.pipelines.runs.stream import StreamConfig, StreamRunner
-from picasso.synthetic import PlantedModel
-from picasso.synthetic_events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream
+from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.connectors.synthetic.events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig
 
 HELD_OUT_ROWS = 20_000

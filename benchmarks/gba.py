@@ -83,7 +83,7 @@ from picasso import kernels
 from picasso.checkpoint import latest_checkpoint
 from picasso.connectors.testing.loopback import free_port
 from picasso.distributed.aggregation import ROW_GRADIENTS
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 

@@ -30,7 +30,7 @@ from picasso.distributed.ps_client import PSClient
 from picasso.distributed.shard import Shard
 from picasso.distributed.staleness import NO_DECAY
 from picasso.packing import PackingPlan
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.trainer import Trainer
 
 HOLDOUT_STREAM = 9_999  # the held-out rows' planted stream: no worker trains on it

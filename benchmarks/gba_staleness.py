@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.gba_inprocess import HOLDOUT_STREAM, JITTER, WARM_STREAM_BASE, Schedule, train, warm_up
 from benchmarks.harness import parse_args, report
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 

@@ -45,7 +45,7 @@ from picasso.connectors.decoding.message_formats import encode_arrow, encode_jso
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import DecodeMessages
 from picasso.pipelines.transforms.pack import PackMessages
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 BATCH = 1000  # messages per element / per naive batch
 

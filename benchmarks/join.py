@@ -1,12 +1,12 @@
 """Sample join: throughput, memory, exactness and what late labels cost the model.
 
-The planted model's impression and click streams (picasso.synthetic_events: Criteo's 39
+The planted model's impression and click streams (picasso.connectors.synthetic.events: Criteo's 39
 fields, clicks after an exponential delay with a mean of 5 minutes, 2% of them sent twice)
-are joined with W = 15 minutes by picasso's columnar core (picasso.sample_join) and by two
+are joined with W = 15 minutes by picasso's columnar core (picasso.sample_join.join_state) and by two
 joins of the same policy, one event at a time over dicts: the dict join a competent user
 would write, whose records point at their rows in the calls' Arrow tables and whose samples
-are one Arrow take per call (picasso.sample_join_dict), and the reference join, which holds
-every row as a Python dict and builds its samples from dicts (picasso.sample_join_reference).
+are one Arrow take per call (picasso.sample_join.dict_join), and the reference join, which holds
+every row as a Python dict and builds its samples from dicts (picasso.sample_join.reference).
 All three are fed the very same calls: events in event-time order, cut into calls of
 --call-events, each followed by the watermark (the newest event time), every event with its
 key's hash and the key itself (join_keys, join_ids: all three compare keys exactly).
@@ -26,7 +26,7 @@ key's hash and the key itself (join_keys, join_ids: all three compare keys exact
 - Quality: three models trained on the same impressions, decided while impressions
   arrive: with the true labels in their order of arrival (no delay), with the joined
   samples in their order of emission under `drop`, and under `correct` (with its loss
-  weights, picasso.delayed_feedback); each scored on the same held-out impressions with
+  weights, picasso.sample_join.delayed_feedback); each scored on the same held-out impressions with
   their true labels. `auc_delta@drop` and `auc_delta@correct` are the
   joined models' AUC less the true-label model's.
 """
@@ -48,16 +48,16 @@ from picasso.batch import pack
 from picasso.builtin_specs import criteo_spec
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.delayed_feedback import late_share
+from picasso.sample_join.delayed_feedback import late_share
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
-from picasso.sample_buffer import SampleBuffer
-from picasso.join_rules import CORRECTION_COLUMN, KEY_COLUMN, Impressions, JoinPolicy, Labels, join_ids, join_keys
-from picasso.sample_join import JoinState
-from picasso.sample_join_dict import ArrowDictJoin
-from picasso.sample_join_reference import DictJoin
-from picasso.synthetic import PlantedModel
-from picasso.synthetic_events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream
+from picasso.sample_join.sample_buffer import SampleBuffer
+from picasso.sample_join.join_rules import CORRECTION_COLUMN, KEY_COLUMN, Impressions, JoinPolicy, Labels, join_ids, join_keys
+from picasso.sample_join.join_state import JoinState
+from picasso.sample_join.dict_join import ArrowDictJoin
+from picasso.sample_join.reference import DictJoin
+from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.connectors.synthetic.events import EVENT_TIME, REQUEST_ID, EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig, Trainer
 
 START_MS = 1_780_000_000_000
@@ -206,7 +206,7 @@ def label_errors(samples: pa.Table, expected: dict[int, list[tuple[int, int]]]) 
 def train_and_score(spec, samples: pa.Table, held_out: pa.Table, labels: np.ndarray, batch: int,
                     mix: bool = True) -> float:
     """Train on the samples in their order, in batches as the joined stream cuts them
-    (picasso.sample_buffer), then score the held-out rows. Samples with a LATE_SHARE
+    (picasso.sample_join.sample_buffer), then score the held-out rows. Samples with a LATE_SHARE
     column train with the loss weights of late labels (the share at their emission)."""
     plan = PackingPlan.from_spec(spec)
     trainer = Trainer(spec, TrainConfig(device="cpu", seed=0))

@@ -49,7 +49,7 @@ from picasso.connectors.day_files import partition_dir, write_part
 from picasso.durations import parse_duration_ms
 from picasso.pipelines.transforms.decode import holdout_mask
 from picasso.spec_refs import load_spec
-from picasso.synthetic_events import EVENT_TIME, IMPRESSIONS, LABELS, REQUEST_ID
+from picasso.connectors.synthetic.events import EVENT_TIME, IMPRESSIONS, LABELS, REQUEST_ID
 from picasso.trainer import EvalMetrics, TrainConfig, Trainer
 
 MINUTE, HOUR = 60_000, 3_600_000

@@ -19,10 +19,10 @@ from benchmarks.harness import median_seconds, parse_args, report
 from picasso.batch import PackedBatch, pack
 from picasso.builtin_specs import builtin_spec
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.hashing import bucket_of
+from picasso.kernels.hashing import bucket_of
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 
 def picasso_pack(spec: FeatureSpec, plan: PackingPlan, decoder: RecordDecoder, batches: list[pa.RecordBatch]) -> list[PackedBatch]:

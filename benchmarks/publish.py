@@ -26,11 +26,11 @@ from benchmarks.harness import parse_args, report
 from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.contract import MLflowTarget, PublishRequest
+from picasso.serving.publishing.publication import publish
 from picasso.connectors.testing.mlflow_server import MlflowServer
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 TARGET_S_39 = 3.0
@@ -89,8 +89,8 @@ def _touched_share(version, cycles: Cycles, uri: str, work: Path) -> float:
     """The share of embedding-table rows the last delta ships (the rows its cycle moved)."""
     from mlflow.tracking import MlflowClient
 
-    from picasso.connectors.publishing.delta_store import download_delta
-    from picasso.connectors.publishing.model_delta import load_delta
+    from picasso.serving.publishing.delta_store import download_delta
+    from picasso.serving.publishing.model_delta import load_delta
 
     client = MlflowClient(uri)
     delta = load_delta(download_delta(client, client.get_model_version(version.model_name, version.version),

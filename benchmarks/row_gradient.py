@@ -39,10 +39,10 @@ from picasso.batch import PackedBatch, pack
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.distributed.aggregation import ROW_GRADIENTS
 from picasso.packing import PackingPlan
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.spec import FeatureSpec
 from picasso.spec_refs import load_spec
-from picasso.synthetic_churn import ChurnModel
+from picasso.connectors.synthetic.churn import ChurnModel
 from picasso.trainer import TrainConfig, Trainer
 
 STREAM_BASE = 100  # planted: worker r reads stream STREAM_BASE + r

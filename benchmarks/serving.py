@@ -55,13 +55,13 @@ from benchmarks.publish import Cycles
 from picasso.builtin_specs import criteo_spec
 from picasso.connectors.decoding.message_formats import encode_json
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
-from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
-from picasso.connectors.publishing.policy import PublishPolicy
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.contract import MLflowTarget, PublishRequest
+from picasso.serving.publishing.policy import PublishPolicy
+from picasso.serving.publishing.publication import publish
 from picasso.connectors.testing.mlflow_server import MlflowServer, picasso_served, served_model
 from picasso.pipelines.runs.stream import StreamConfig, StreamRunner
 from picasso.serving.versions import VersionLoader
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig
 
 ROW_COUNTS = (1, 100, 10_000)

@@ -67,7 +67,7 @@ from picasso.models.dlrm import DLRMDensePart
 from picasso.models.wide_deep import WideDeepDensePart
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, parse_spec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 BATCH = 1024

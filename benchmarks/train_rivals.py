@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.hashing import bucket_of
+from picasso.kernels.hashing import bucket_of
 from picasso.models.common import dense_autocast
 
 LR_SPARSE, LR_DENSE, EPS = 0.05, 1e-3, 1e-8

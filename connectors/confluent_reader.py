@@ -26,7 +26,7 @@ from kafka import TopicPartition
 from picasso.connectors.kafka_clients import CONFLUENT, KafkaReadFailed, Polled, require_client
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, topics_missing_message
 from picasso.connectors.librdkafka_config import LOOKUP_TIMEOUT, librdkafka_consumer_config
-from picasso.connectors.record_batches import RecordBlock
+from picasso.connectors.kafka_record_batches import RecordBlock
 
 # librdkafka's log lines come here (on poll), below kafka-python's logger, so that what
 # quiets the client's lines in the commands (cli/stream.quiet_kafka_client) quiets both.

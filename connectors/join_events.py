@@ -1,7 +1,7 @@
-"""Impression and label events off Kafka, decoded for the join (picasso.sample_join).
+"""Impression and label events off Kafka, decoded for the join (picasso.sample_join.join_state).
 
 An impression event is a raw record of the spec's features plus the join section's key
-fields and event time (picasso.join_spec); a label event carries the key fields, the event
+fields and event time (picasso.sample_join.join_spec); a label event carries the key fields, the event
 time and the label, 0 or 1. Both go through the RecordDecoder of day files and streams,
 which reads and checks the event fields too (EventFields), so a bad event becomes a dead
 letter with its reason like any other bad record:
@@ -27,11 +27,11 @@ import pyarrow.compute as pc
 from picasso.connectors.decoding.columns import as_arrow_array
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.connectors.kafka_sink import MessageDeadLetter
+from picasso.connectors.dead_letters.topic import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.decoding.message_formats import DecodedMessages, decode_messages
-from picasso.join_spec import JoinSpec
-from picasso.join_rules import Impressions, Labels, OrphanLabel, join_ids, join_keys
+from picasso.sample_join.join_spec import JoinSpec
+from picasso.sample_join.join_rules import Impressions, Labels, OrphanLabel, join_ids, join_keys
 from picasso.spec import FeatureSpec
 
 KEY_COLUMN = "_join_key"  # uint64: the hash of the key fields

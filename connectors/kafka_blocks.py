@@ -24,7 +24,7 @@ from collections.abc import Sequence
 
 import kafka
 
-from picasso.connectors.record_batches import RecordBlock, read_batch
+from picasso.connectors.kafka_record_batches import RecordBlock, read_batch
 
 log = logging.getLogger(__name__)
 

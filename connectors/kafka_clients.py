@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from kafka import TopicPartition
 
-from picasso.connectors.record_batches import RecordBlock
+from picasso.connectors.kafka_record_batches import RecordBlock
 
 if TYPE_CHECKING:
     from picasso.connectors.kafka_config import KafkaConnection

@@ -1,5 +1,5 @@
 """cross_ids in plain numpy: the definition csrc/cross_ids.cpp is held to, bit for bit
-(the contract: id_columns.py; the hash: picasso.hashing, cross).
+(the contract: id_columns.py; the hash: picasso.kernels.hashing, cross).
 
 Per cross, per row: the product of its fields' bag lengths, cut to max_len, gives the
 row's number of crosses; output position p of a row is the combination whose index, read
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from picasso.hashing import splitmix64_array
+from picasso.kernels.hashing import splitmix64_array
 from picasso.kernels.id_columns import BUCKET, CrossRule, DecodedIds
 
 

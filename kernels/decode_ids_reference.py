@@ -1,5 +1,5 @@
 """decode_ids in plain numpy and pyarrow: the definition csrc/decode_ids.cpp is held to,
-bit for bit (see id_columns.py for the contract). The rows come from picasso.hashing's
+bit for bit (see id_columns.py for the contract). The rows come from picasso.kernels.hashing's
 own column functions, the ones serving uses.
 
 Column by column: which values belong to a bag (a null list's values do not; nor, for ids
@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from picasso.hashing import hash_to_buckets, keys_of
+from picasso.kernels.hashing import hash_to_buckets, keys_of
 from picasso.kernels.id_columns import (BUCKET, KEY, NEGATIVE_ID, NULL_ID, OUT_OF_RANGE, TOO_LONG, DecodedIds,
                                         IdRule, IdRules)
 

@@ -7,8 +7,8 @@ bit (tests/test_decode_ids.py).
 A column is an Arrow array of n rows: ids (string, large_string or any integer type), one
 per row, a null one being an empty bag; or a list (list or large_list) of such ids, a
 null list being an empty bag. Its rule says what a raw id becomes:
-- BUCKET: a hashed field's row, picasso.hashing.bucket_of(id, modulus);
-- KEY: a dynamic field's 64-bit key, picasso.hashing.key_of(id, seed), which the C++ op
+- BUCKET: a hashed field's row, picasso.kernels.hashing.bucket_of(id, modulus);
+- KEY: a dynamic field's 64-bit key, picasso.kernels.hashing.key_of(id, seed), which the C++ op
   computes from the seed's two words (hashing.key_words);
 - VOCAB: the integer id itself, which must lie in [0, modulus).
 
@@ -17,7 +17,7 @@ decoder checks (connectors.decoding.sparse_ids), in this order: a null id in a b
 negative integer id where a BUCKET or KEY field wants [0, 2^64); more than max_len ids; a
 VOCAB id out of range.
 
-Feature crosses (picasso.hashing: cross) come after: cross_ids takes decoded columns of
+Feature crosses (picasso.kernels.hashing: cross) come after: cross_ids takes decoded columns of
 keys (KEY, with the cross's seed), consecutive ones per cross, and gives each cross's bags
 the way decode_ids gives a column's (CrossRule; its definition is cross_ids_reference.py).
 Their fields refuse bad rows; a cross refuses none.
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from picasso.hashing import cross_start, key_words
+from picasso.kernels.hashing import cross_start, key_words
 
 BUCKET, KEY, VOCAB = 0, 1, 2
 # How a column holds its ids (ColumnLayout): the ids' type, and whether they come in lists.

@@ -16,7 +16,7 @@ A map of `capacity` rows is these host tensors, all changed in place:
   they were freed, so the last freed is the first reused.
 - `free_count`: int64 (1,).
 
-Keys are 64-bit ids as int64 (picasso.hashing.key_of). The one key EMPTY_KEY (2^63 as
+Keys are 64-bit ids as int64 (picasso.kernels.hashing.key_of). The one key EMPTY_KEY (2^63 as
 unsigned) marks empty slots, so it is never admitted: an id with that key always takes
 the field's default row.
 
@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from picasso.hashing import splitmix64_array
+from picasso.kernels.hashing import splitmix64_array
 from picasso.kernels.reference import sketch_add
 
 EMPTY_KEY = -(1 << 63)

@@ -62,7 +62,7 @@ class TorchBatch:
     dense: torch.Tensor  # (N, num_dense) float32
     ids: dict[str, torch.Tensor]  # group -> flat int64 ids
     offsets: dict[str, torch.Tensor]  # group -> (N * fields,) int32 bag starts
-    # A joined stream's d̂ when its loss weights late labels (picasso.delayed_feedback).
+    # A joined stream's d̂ when its loss weights late labels (picasso.sample_join.delayed_feedback).
     late_share: float | None = None
     # The newest event time of the batch's rows, epoch ms, where its source knows it: the
     # clock of dynamic tables that evict by event time (picasso.dynamic_rows).

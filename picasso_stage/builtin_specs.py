@@ -1,5 +1,5 @@
 """Built-in specs: Criteo's shape, the same shape scaled to many sparse fields, and the
-churn data set's (picasso.synthetic_churn), whose item field is a dynamic table."""
+churn data set's (picasso.connectors.synthetic.churn), whose item field is a dynamic table."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def scaled_spec(num_sparse: int, rows_per_field: int = 20_000) -> FeatureSpec:
     return FeatureSpec(name=f"criteo:{num_sparse}", label=base.label, dense=base.dense, sparse=tuple(fields))
 
 
-# The churn spec's item table, sized for picasso.synthetic_churn.ChurnConfig's defaults at
+# The churn spec's item table, sized for picasso.connectors.synthetic.churn.ChurnConfig's defaults at
 # 10 days of 100,000 rows: about 2,500 items are alive at a time (95% of the churning
 # impressions, ChurnConfig.alive_items) while 23,600 pass through. 6,000 rows hold the
 # live items twice over, so the ones admitted but not yet evicted fit beside them, and are

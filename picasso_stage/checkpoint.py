@@ -22,7 +22,7 @@ It holds:
 - spec.yaml: the FeatureSpec;
 - metrics.json: whatever the trainer measured;
 - applied.json (a parameter server's only): per source, the ranges trained, which make
-  its pushes idempotent across restarts (picasso.distributed.ledger).
+  its pushes idempotent across restarts (picasso.distributed.applied_ranges).
 Loading uses torch.load(weights_only=True): a checkpoint never runs code.
 """
 

@@ -1,6 +1,6 @@
 """Dynamic tables: the id -> row maps of a spec's dynamic fields, and their rules.
 
-A dynamic field (spec.DynamicTable) packs its ids as 64-bit keys (picasso.hashing.key_of,
+A dynamic field (spec.DynamicTable) packs its ids as 64-bit keys (picasso.kernels.hashing.key_of,
 keyed by the field's hash_seed where the spec gives one: decoding applies it, so the map
 only ever sees keys, and the seed travels with the spec into checkpoints and versions).
 Before a batch reaches the embeddings, DynamicRows maps each key to a row of the field's

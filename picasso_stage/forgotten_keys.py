@@ -1,6 +1,6 @@
 """The keys of impressions the join forgot, with their times, for a while after.
 
-Past its horizon the join drops an impression's record (picasso.sample_join), and a
+Past its horizon the join drops an impression's record (picasso.sample_join.join_state), and a
 label that comes later finds nothing: it leaves as an orphan. Its dead letter should say
 why: was the impression never seen, or seen and forgotten at the horizon? Only the
 impression's key and time are needed for that, so the join keeps those two, 16 bytes per

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from picasso.durations import parse_duration_ms
-from picasso.hashing import hash_seed_problem
-from picasso.join_spec import parse_join
+from picasso.kernels.hashing import hash_seed_problem
+from picasso.sample_join.join_spec import parse_join
 
 POOLING_MODES = ("sum", "mean")
 # Which parts of a model an id feature feeds: the deep part (an embedding of embedding_dim
@@ -53,7 +53,7 @@ class DynamicTable:
     """A table that grows with the ids it meets, instead of a fixed hash_buckets range.
 
     Each admitted id gets a row of its own (no two admitted ids ever share one: integer
-    ids are their own keys, string ids their 64-bit hash; see picasso.hashing). Ids not
+    ids are their own keys, string ids their 64-bit hash; see picasso.kernels.hashing). Ids not
     admitted yet, ids evicted and ids refused for want of room share the field's one
     trainable default row. The map and its rules live in picasso.dynamic_rows.
     """
@@ -73,7 +73,7 @@ class DynamicTable:
     when_full: str = "lfu"
     # Age-based eviction never leaves fewer rows in use than this.
     keep_rows: int = 0
-    # A secret in [1, 2^64) that keys the hash of the field's ids (picasso.hashing.key_of):
+    # A secret in [1, 2^64) that keys the hash of the field's ids (picasso.kernels.hashing.key_of):
     # without it, whoever chooses string ids can craft two with one key, and so one row
     # (the fixed hash is public), or pile ids onto one slot of the map's index. None (the
     # default) keeps the fixed hash: the same data gives the same keys, rows and initial
@@ -110,7 +110,7 @@ class SparseField:
     optimizer: str | None = None
     dynamic: DynamicTable | None = None
     # A feature cross (the spec's `crosses:`), whose ids the decoder computes from the ids of
-    # these fields (picasso.hashing: cross); empty for a field read from the input.
+    # these fields (picasso.kernels.hashing: cross); empty for a field read from the input.
     cross_of: tuple[str, ...] = ()
     part: str = "both"  # PARTS
 
@@ -313,7 +313,7 @@ def _parse_cross(i: int, entry: Any, sparse: dict[str, SparseField], others: dic
                  problems: list[str]) -> SparseField | None:
     """A `crosses:` entry: `name`, the sparse `fields` it crosses (two or more, in order),
     `hash_buckets` or `dynamic`, and `part` (PARTS; CROSS_PART unless given), with
-    `embedding_dim` where it feeds the deep part. Its ids: picasso.hashing (cross). `pooling`,
+    `embedding_dim` where it feeds the deep part. Its ids: picasso.kernels.hashing (cross). `pooling`,
     `group` and `optimizer` are a field's; `max_len` caps the bag of crosses (by default
     the product of the fields' max_len: every combination kept). `others` names what is
     not a sparse field (the label, the dense fields, the crosses) for the messages."""
@@ -439,7 +439,7 @@ def parse_spec(raw: Any) -> FeatureSpec:
     cross_names = {c["name"] for c in crosses_raw if isinstance(c, dict) and isinstance(c.get("name"), str)}
     crosses = [_parse_cross(i, e, by_name, {name: "a cross" for name in cross_names} | others, problems)
                for i, e in enumerate(crosses_raw)]
-    parse_join(raw.get("join"), problems)  # kept apart from the FeatureSpec: see picasso.join_spec
+    parse_join(raw.get("join"), problems)  # kept apart from the FeatureSpec: see picasso.sample_join.join_spec
 
     seen: set[str] = set()
     names = ([label] if isinstance(label, str) else []) + [f.name for f in dense + sparse if f is not None]

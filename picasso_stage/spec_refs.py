@@ -9,7 +9,7 @@ import yaml
 
 from picasso import storage
 from picasso.builtin_specs import builtin_spec
-from picasso.join_spec import JoinSpec, parse_join
+from picasso.sample_join.join_spec import JoinSpec, parse_join
 from picasso.spec import FeatureSpec, SpecError, parse_spec
 
 

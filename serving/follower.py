@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from mlflow.tracking import MlflowClient
 
-from picasso.connectors.publishing.registry import ALIAS_ABSENT, version_by_alias
+from picasso.serving.publishing.registry import ALIAS_ABSENT, version_by_alias
 from picasso.serving.versions import REGISTRY, LoadedVersion, VersionFailure, VersionLoader, describe, is_unreachable
 
 log = logging.getLogger("picasso.serve")

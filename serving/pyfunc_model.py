@@ -7,7 +7,7 @@ promoted a version is the served model's. Ids never seen in training still hash 
 field's take its default row); missing
 fields take their defaults. A row the decoder refuses fails the request with the reason
 (HTTP 400), or with `params: {"on_bad_row": "default"}` is scored on its good fields:
-see serving/rows.py. A request of more than PICASSO_SERVING_MAX_ROWS rows
+see serving/request_decoding.py. A request of more than PICASSO_SERVING_MAX_ROWS rows
 (default 100,000) is refused.
 """
 
@@ -31,7 +31,7 @@ from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.models import build_model
 from picasso.models.common import check_precision
 from picasso.packing import PackingPlan
-from picasso.serving.rows import BadRows, decode_request, on_bad_row_problem
+from picasso.serving.request_decoding import BadRows, decode_request, on_bad_row_problem
 from picasso.serving.weights import is_training_only
 from picasso.spec_refs import load_spec
 

@@ -6,7 +6,7 @@ column of the schema (only unknown fields, or `{}`) reaches the model as a frame
 rows, and the answer has fewer predictions than the request had rows. Typed columns
 would also refuse what raw events legitimately carry (int64 counts in a double column,
 integer ids in a hashed field declared string). The decoder checks every value, with
-training's rules, and answers every row (serving/rows.py).
+training's rules, and answers every row (serving/request_decoding.py).
 
 What the model reads is stated in its metadata instead (input_fields): each dense and
 sparse field, never the label, with its kind. The output is one click probability per

@@ -35,10 +35,10 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
-from picasso.connectors.publishing import registry_tags as tags
-from picasso.connectors.publishing.delta_store import download_delta, logged_model_location
-from picasso.connectors.publishing.mlflow_env import pyfunc_with, python_model_of, tracking_uri
-from picasso.connectors.publishing.model_delta import apply_delta, load_delta
+from picasso.serving.publishing import registry_tags as tags
+from picasso.serving.publishing.delta_store import download_delta, logged_model_location
+from picasso.serving.publishing.mlflow_env import pyfunc_with, python_model_of, tracking_uri
+from picasso.serving.publishing.model_delta import apply_delta, load_delta
 from picasso.serving.signature import BUILT_FROM, INPUT_FIELDS, built_from_sha256
 from picasso.serving.weights import file_sha256, weights_sha256
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from picasso.connectors.publishing.mlflow_env import kept_fluent_uris
+from picasso.serving.publishing.mlflow_env import kept_fluent_uris
 from picasso.connectors.testing.mlflow_server import MlflowServer
 
 pytest_plugins = ["kafka_broker"]  # the Kafka broker fixtures

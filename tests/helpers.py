@@ -16,7 +16,7 @@ from picasso.batch import pack
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, parse_spec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 
 def small_spec(label: str = "label", name: str = "small") -> FeatureSpec:

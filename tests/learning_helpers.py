@@ -23,8 +23,8 @@ from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.metrics import auc
 from picasso.packing import PackingPlan
 from picasso.spec import FeatureSpec, parse_spec
-from picasso.synthetic import PlantedModel, SyntheticConfig
-from picasso.synthetic_events import EventStream, EventStreamConfig, make_event_stream
+from picasso.connectors.synthetic.planted import PlantedModel, SyntheticConfig
+from picasso.connectors.synthetic.events import EventStream, EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig, Trainer
 
 HIDDEN = (16, 8)

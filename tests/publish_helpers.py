@@ -7,7 +7,7 @@ from pathlib import Path
 
 from helpers import planted_batches, small_spec
 
-from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
+from picasso.serving.publishing.contract import MLflowTarget, PublishRequest
 from picasso.trainer import TrainConfig, Trainer
 
 SPEC = small_spec(name="publish-test")

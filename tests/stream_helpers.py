@@ -17,7 +17,7 @@ from kafka_broker import create_topic, produce_values
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.decoding.message_formats import encode_arrow, encode_json
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 SPEC = small_spec(name="stream-test")
 

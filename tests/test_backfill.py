@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.partitions import partition_range, with_hours
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.backfill import RangeStopped, run_range
 from picasso.pipelines.cli.main import main
 from picasso.pipelines.cli.output import STOPPED_EXIT

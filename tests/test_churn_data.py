@@ -1,4 +1,4 @@
-"""The churn data set (picasso.synthetic_churn, `picasso generate --churn`): item ids that
+"""The churn data set (picasso.connectors.synthetic.churn, `picasso generate --churn`): item ids that
 arrive all the time and fade, in an id space no table can hold, carrying most of the
 signal."""
 
@@ -19,8 +19,8 @@ from picasso.metrics import auc
 from picasso.pipelines.cli import main as cli
 from picasso.pipelines.runs.generate import dates_from, first_position, generate_days
 from picasso.spec import FeatureSpec, SparseField, SpecError
-from picasso.synthetic import PlantedModel
-from picasso.synthetic_churn import ChurnConfig, ChurnModel
+from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.connectors.synthetic.churn import ChurnConfig, ChurnModel
 
 ROWS = 100_000  # a day, as ChurnConfig's defaults assume
 DAYS = 10

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.cli import main as cli
 
 DATE = "2026-11-01"

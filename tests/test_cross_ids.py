@@ -1,6 +1,6 @@
-"""Feature crosses (picasso.hashing: cross) are computed as defined, by every decoder.
+"""Feature crosses (picasso.kernels.hashing: cross) are computed as defined, by every decoder.
 
-The op's reference (kernels/cross_ids_reference.py) gives picasso.hashing.cross_ids' bags
+The op's reference (kernels/cross_ids_reference.py) gives picasso.kernels.hashing.cross_ids' bags
 on random bags of raw ids (hashed and dynamic crosses, seeded or not, multi-hot, empty
 bags, max_len cuts); the C++ op gives the reference's ids, bags and rooms bit for bit;
 and a decoder gives every row the crosses of its raw values whichever path its columns
@@ -28,7 +28,7 @@ from property_settings import PROPERTY
 from test_decode_ids import INTEGER_TYPES, STRING_TYPES, _bounds, id_column, sparse_field
 
 import picasso.kernels
-from picasso import hashing
+from picasso.kernels import hashing
 from picasso.connectors.decoding import batch_ids
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.json_fast_path import read_poll
@@ -36,7 +36,7 @@ from picasso.connectors.decoding.message_formats import decode_json_values
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.kernels import cross_ids_reference, load_backend
 from picasso.kernels.id_columns import BUCKET, KEY, CrossRule
-from picasso.serving.rows import BadRows, decode_request
+from picasso.serving.request_decoding import BadRows, decode_request
 from picasso.spec import DynamicTable, FeatureSpec, SparseField, parse_spec
 
 cpu = load_backend("cpu")
@@ -206,7 +206,7 @@ REASONS = [(ROWS.index(row), reason) for row, reason in BAD]
 
 
 def defined_crosses(spec: FeatureSpec, rows: list[dict]) -> dict[str, list[list[int]]]:
-    """Each cross's bags of the rows, by picasso.hashing.cross_ids on their raw values."""
+    """Each cross's bags of the rows, by picasso.kernels.hashing.cross_ids on their raw values."""
     def bag(value) -> list:
         return [] if value is None else value if isinstance(value, list) else [value]
 

@@ -25,9 +25,9 @@ from picasso.cache import CacheConfig
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.connectors.publishing.delta_store import download_delta, download_weights, rebuild_version
-from picasso.connectors.publishing.model_delta import load_delta
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.delta_store import download_delta, download_weights, rebuild_version
+from picasso.serving.publishing.model_delta import load_delta
+from picasso.serving.publishing.publication import publish
 from picasso.connectors.testing.loopback import free_port
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed import wire
@@ -42,10 +42,10 @@ from picasso.distributed.sync import SyncReplica
 from picasso.distributed.worker import GBAWorker
 from picasso.kernels.id_map_reference import EMPTY_KEY
 from picasso.packing import PackedGroup, PackingPlan
-from picasso.serving.rows import decode_request
+from picasso.serving.request_decoding import decode_request
 from picasso.serving.weights import file_sha256, load_weights, serving_state
 from picasso.spec import FeatureSpec, parse_spec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 from helpers import planted_batches

@@ -15,9 +15,9 @@ from mlflow.tracking import MlflowClient
 
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
-from picasso.connectors.dead_letters import DeadLetter
+from picasso.connectors.dead_letters.letters import DeadLetter
 from picasso.connectors.day_files import partition_dir
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.daily import DailyConfig, run_daily
 from picasso.pipelines.runs.generate import generate_days
 from picasso.trainer import TrainConfig
@@ -160,8 +160,8 @@ def test_a_done_date_does_nothing_again(first_run, criteo_day, mlflow_server):
 
 
 def test_next_day_evaluation_force_and_warm_start_from_the_champion(mlflow_server, tmp_path):
-    from picasso.connectors.publishing.champion import champion_checkpoint
-    from picasso.connectors.publishing.policy import PublishPolicy
+    from picasso.serving.publishing.champion import champion_checkpoint
+    from picasso.serving.publishing.policy import PublishPolicy
 
     days = ["2026-11-10", "2026-11-11"]
     generate_days(criteo_spec(), tmp_path / "data", days, rows=6_000, rows_per_file=6_000)

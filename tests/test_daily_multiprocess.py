@@ -20,9 +20,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.day_files import partition_dir
-from picasso.connectors.dead_letters import DeadLetter
+from picasso.connectors.dead_letters.letters import DeadLetter
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.daily import DailyConfig, run_daily
 from picasso.pipelines.runs.generate import generate_days
 from picasso.pipelines.runs.stream import StreamConfig, StreamRunner, one_worker_in_this_process

@@ -14,10 +14,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from kafka import KafkaConsumer, TopicPartition
 from kafka_broker import create_topic
 
-from picasso.connectors import dead_letter_oversize
-from picasso.connectors.dead_letter_oversize import KEPT_PREFIX_BYTES, Digest
+from picasso.connectors.dead_letters import oversize as dead_letter_oversize
+from picasso.connectors.dead_letters.oversize import KEPT_PREFIX_BYTES, Digest
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.kafka_sink import MAX_REASON_BYTES, MessageDeadLetter, WriteDeadLettersToKafka
+from picasso.connectors.dead_letters.topic import MAX_REASON_BYTES, MessageDeadLetter, WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import FETCH_SETTINGS
 from picasso.connectors.testing.kafka_broker import TansuBroker
 from picasso.connectors.testing.loopback import listening

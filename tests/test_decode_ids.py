@@ -31,7 +31,7 @@ from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.kernels import decode_ids_reference, load_backend
 from picasso.kernels.id_columns import IdRules
 from picasso.spec import DynamicTable, FeatureSpec, SparseField
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 cpu = load_backend("cpu")
 

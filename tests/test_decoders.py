@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from picasso.connectors.dead_letters import DeadLetter
+from picasso.connectors.dead_letters.letters import DeadLetter
 from picasso.connectors.decoding.contracts import DecodeOptions, DecodeResult
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.hashing import bucket_of
+from picasso.kernels.hashing import bucket_of
 
 from helpers import small_spec
 

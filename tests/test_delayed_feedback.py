@@ -1,13 +1,13 @@
-"""The loss weights of corrected late labels (picasso.delayed_feedback)."""
+"""The loss weights of corrected late labels (picasso.sample_join.delayed_feedback)."""
 
 import torch
 from helpers import small_spec
 
 from picasso.batch import pack
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.delayed_feedback import importance_weights, late_share
+from picasso.sample_join.delayed_feedback import importance_weights, late_share
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 

@@ -19,7 +19,7 @@ from picasso.builtin_specs import CHURN_CAPACITY, churn_spec
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.partitions import partition_range, partition_time_ms
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.dynamic_rows import EventTimeMissing
 from picasso.pipelines.runs.backfill import run_range
 from picasso.pipelines.runs.daily import DailyConfig
@@ -29,7 +29,7 @@ from picasso.pipelines.runs.join_cycle import PackSamples
 from picasso.pipelines.runs.generate import generate_days
 from picasso.pipelines.transforms.pack import PackFeatures, PackMessages
 from picasso.spec import DynamicTable, parse_spec
-from picasso.synthetic_churn import ChurnConfig
+from picasso.connectors.synthetic.churn import ChurnConfig
 from picasso.trainer import TrainConfig, Trainer
 
 HOUR = 3_600_000

@@ -17,15 +17,15 @@ from picasso.batch import pack
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.connectors.publishing.delta_store import download_delta, download_weights, rebuild_version
-from picasso.connectors.publishing.model_delta import load_delta
-from picasso.connectors.publishing.publication import publish
-from picasso.hashing import key_of
+from picasso.serving.publishing.delta_store import download_delta, download_weights, rebuild_version
+from picasso.serving.publishing.model_delta import load_delta
+from picasso.serving.publishing.publication import publish
+from picasso.kernels.hashing import key_of
 from picasso.kernels.id_map_reference import EMPTY_KEY
-from picasso.serving.rows import decode_request
+from picasso.serving.request_decoding import decode_request
 from picasso.serving.weights import file_sha256, serving_state
 from picasso.spec import FeatureSpec, parse_spec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 ITEM_KEYS = "dynamic_rows.maps.0.row_keys"
 

@@ -13,7 +13,7 @@ import yaml
 from picasso.batch import pack
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.hashing import key_of, keys_of
+from picasso.kernels.hashing import key_of, keys_of
 from picasso.packing import PackingPlan
 from picasso.spec import DynamicTable, SpecError, parse_spec
 

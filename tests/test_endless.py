@@ -25,7 +25,7 @@ from test_stream_exactly_once import _assert_dead_letters, _with_bad_messages
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, read_applied
 from picasso.connectors.testing.loopback import free_port
-from picasso.connectors.publishing import registry_tags as tags
+from picasso.serving.publishing import registry_tags as tags
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.local_gradient import GradientComputer
@@ -33,7 +33,7 @@ from picasso.distributed.ps_checkpoint import build_shard
 from picasso.distributed.ps_client import PSClient, ServerRestarted
 from picasso.distributed.worker import GBAWorker, WorkerStats
 from picasso.models import build_model
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.trainer import Trainer
 
 from helpers import refusal_in_process

@@ -44,19 +44,19 @@ from picasso.checkpoint import load_checkpoint, read_applied
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of
 from picasso.connectors.kafka_config import KafkaConnection, source_name
-from picasso.connectors.kafka_sink import DeadLetterProducer
+from picasso.connectors.dead_letters.topic import DeadLetterProducer
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.gba import GBAConfig
-from picasso.distributed.ledger import Ledger
+from picasso.distributed.applied_ranges import AppliedRanges
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.param_server import ServerAddress
 from picasso.distributed.ps_checkpoint import build_shard
 from picasso.distributed.ps_client import PSClient
 from picasso.distributed.transport import free_port
 from picasso.distributed.worker import GBAWorker, WorkerStats
-from picasso.join_rules import CORRECTION_COLUMN, KEY_COLUMN
-from picasso.join_spec import JoinSpec
+from picasso.sample_join.join_rules import CORRECTION_COLUMN, KEY_COLUMN
+from picasso.sample_join.join_spec import JoinSpec
 from picasso.models import build_model
 from picasso.packing import PackingPlan
 from picasso.pipelines.runs.endless_joined import JoinedBatches
@@ -64,9 +64,9 @@ from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.sample_identity import correction_source, held_mask, joined_positions, runs, settled_source
-from picasso.sample_join import JoinState
-from picasso.synthetic import PlantedModel
-from picasso.synthetic_events import EventStreamConfig, make_event_stream
+from picasso.sample_join.join_state import JoinState
+from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.connectors.synthetic.events import EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig, Trainer
 
 START_MS = 1_780_000_000_000
@@ -356,7 +356,7 @@ def test_a_resubmitted_joined_job_trains_what_the_killed_one_held_pending_and_no
 
 
 def test_a_ledger_judges_a_batch_of_several_ranges_per_source_whole():
-    ledger = Ledger()
+    ledger = AppliedRanges()
     ledger.add_all({"t/0": [(0, 3), (7, 9)], "t/1": (4, 6)})
     assert ledger.ranges == {"t/0": [(0, 3), (7, 9)], "t/1": [(4, 6)]}
     assert ledger.verdict({"t/0": [(0, 2), (8, 9)]}) == "held"
@@ -368,7 +368,7 @@ def test_a_ledger_judges_a_batch_of_several_ranges_per_source_whole():
     ledger.remove_all({"t/0": [(1, 2), (8, 9)]})
     assert ledger.ranges["t/0"] == [(0, 1), (2, 3), (7, 8)]
     # JSON (a checkpoint's applied.json, a batch's metadata) gives lists of lists
-    assert Ledger.from_json({"t/0": [[0, 1], [2, 3]]}).verdict({"t/0": [[0, 1], [2, 3]]}) == "held"
+    assert AppliedRanges.from_json({"t/0": [[0, 1], [2, 3]]}).verdict({"t/0": [[0, 1], [2, 3]]}) == "held"
 
 
 def test_a_joined_partitions_position_is_the_end_of_its_settled_prefix():

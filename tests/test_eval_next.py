@@ -23,8 +23,8 @@ from picasso.builtin_specs import criteo_spec
 from picasso.connectors.day_files import list_day_files
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.partitions import next_partition, partition_range
-from picasso.connectors.publishing.contract import MLflowTarget
-from picasso.connectors.publishing.policy import PublishPolicy, decide_promotion
+from picasso.serving.publishing.contract import MLflowTarget
+from picasso.serving.publishing.policy import PublishPolicy, decide_promotion
 from picasso.packing import PackingPlan
 from picasso.pipelines.cli.backfill import summary_table
 from picasso.pipelines.cli.main import main

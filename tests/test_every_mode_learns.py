@@ -64,7 +64,7 @@ from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.decoding.message_formats import encode_arrow
 from picasso.connectors.testing.loopback import free_port
 from picasso.spec import FeatureSpec
-from picasso.synthetic_events import EventStreamConfig
+from picasso.connectors.synthetic.events import EventStreamConfig
 
 SPEC, DYNAMIC_SPEC, CROSSES_SPEC = learning_spec(), learning_spec(dynamic=True), learning_spec(crosses=True)
 TOLERANCE = 0.01

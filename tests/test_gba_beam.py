@@ -16,7 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.testing.loopback import free_port
 from picasso.distributed.row_cache import RowCacheConfig
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.trainer import Trainer

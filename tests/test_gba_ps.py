@@ -26,7 +26,7 @@ from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
 from picasso.packing import PackingPlan
 from picasso.pipelines.cli import distributed as distributed_cli
-from picasso.pipelines.runs import planted
+from picasso.connectors.synthetic.planted_batches import planted_batches as planted_stream
 from picasso.trainer import Trainer
 
 from helpers import planted_batches
@@ -149,12 +149,12 @@ def test_a_dropped_worker_that_is_still_alive_rejoins_and_trains_what_it_lost():
 
     client = PSClient(layout, "worker0/first", max_in_flight=0, call=stalls_after_three)
     computer = GradientComputer(build_model(CONFIG.model, SPEC, PackingPlan.from_spec(SPEC), CONFIG.hidden))
-    source = planted.planted_batches(SPEC, 600, 100, stream=7)
+    source = planted_stream(SPEC, 600, 100, stream=7)
     reread = []
 
     def read_on(positions):
         reread.append(positions["planted-7"])
-        return planted.planted_batches(SPEC, 600 - positions["planted-7"], 100, 7, positions["planted-7"])
+        return planted_stream(SPEC, 600 - positions["planted-7"], 100, 7, positions["planted-7"])
 
     stats = GBAWorker(client, computer).train(source, read_on)
     assert stats.rejoined == 1 and reread == [200]  # batches 1-2 were stepped, batch 3 discarded
@@ -171,7 +171,7 @@ def test_a_dropped_worker_without_a_source_to_reread_says_so():
     computer = GradientComputer(build_model(CONFIG.model, SPEC, PackingPlan.from_spec(SPEC), CONFIG.hidden))
     servers[0].drop_worker("worker0/first")
     with pytest.raises(WorkerDropped, match="worker0/first was dropped by parameter-server shard ps0"):
-        GBAWorker(client, computer).train(planted.planted_batches(SPEC, 100, 100, stream=7))
+        GBAWorker(client, computer).train(planted_stream(SPEC, 100, 100, stream=7))
 
 
 def test_split_and_merge_are_inverse():

@@ -19,7 +19,7 @@ import sys
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.testing.loopback import free_port
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.trainer import Trainer
 
 from test_gba_ps import _finish, _ps, _worker

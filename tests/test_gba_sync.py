@@ -20,7 +20,7 @@ from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.ps_client import PSClient
 from picasso.models import build_model
 from picasso.pipelines.cli import distributed as distributed_cli
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.trainer import Trainer
 
 from test_trainer import CONFIG, SPEC

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.hashing import bucket_of, hash_bytes, hash_to_buckets, splitmix64
+from picasso.kernels.hashing import bucket_of, hash_bytes, hash_to_buckets, splitmix64
 
 # -- pinned values: changing any of these re-maps every trained embedding row ----------
 

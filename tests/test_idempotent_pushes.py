@@ -10,20 +10,20 @@ from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.aggregation import Contribution
 from picasso.distributed.gba import GBAConfig, TokenControl
-from picasso.distributed.ledger import Ledger
+from picasso.distributed.applied_ranges import AppliedRanges
 from picasso.distributed.local_gradient import GradientComputer
 from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
 from picasso.distributed.ps_client import PSClient
 from picasso.distributed.worker import GBAWorker
 from picasso.models import build_model
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.trainer import Trainer
 
 from test_trainer import CONFIG, SPEC
 
 
 def test_the_ledger_merges_what_touches_and_gives_back_what_is_removed():
-    ledger = Ledger()
+    ledger = AppliedRanges()
     for start, end in [(0, 10), (20, 30), (10, 20), (40, 50)]:
         ledger.add("s", start, end)
     assert ledger.to_json() == {"s": [[0, 30], [40, 50]]}
@@ -31,10 +31,10 @@ def test_the_ledger_merges_what_touches_and_gives_back_what_is_removed():
     assert ledger.verdict({"s": (25, 45)}) == "partly" and ledger.verdict({"t": (0, 1)}) == "new"
     ledger.remove("s", 10, 20)
     assert ledger.to_json() == {"s": [[0, 10], [20, 30], [40, 50]]}
-    assert Ledger.from_json(ledger.to_json()) == ledger
+    assert AppliedRanges.from_json(ledger.to_json()) == ledger
     # A checkpoint without a ledger (local or sync training) holds each source up to its position.
-    assert Ledger.from_checkpoint(None, {"s": 70}).verdict({"s": (60, 70)}) == "held"
-    assert Ledger.from_checkpoint({"s": [[0, 10]]}, {"s": 70}).verdict({"s": (60, 70)}) == "new"
+    assert AppliedRanges.from_checkpoint(None, {"s": 70}).verdict({"s": (60, 70)}) == "held"
+    assert AppliedRanges.from_checkpoint({"s": [[0, 10]]}, {"s": 70}).verdict({"s": (60, 70)}) == "new"
 
 
 def _push(control: TokenControl, worker: str, start: int, end: int, sequence: int):

@@ -1,16 +1,16 @@
 """benchmarks.join's baselines join as picasso's join does: the competent dict join
-(picasso.sample_join_dict: rows left in Arrow, one take per call) and the reference join
-(picasso.sample_join_reference: rows as Python dicts)."""
+(picasso.sample_join.dict_join: rows left in Arrow, one take per call) and the reference join
+(picasso.sample_join.reference: rows as Python dicts)."""
 
 from collections import Counter
 from dataclasses import astuple
 
 import pytest
 
-from picasso.join_rules import JoinPolicy
-from picasso.sample_join import JoinState, sample_schema
-from picasso.sample_join_dict import ArrowDictJoin
-from picasso.sample_join_reference import DictJoin
+from picasso.sample_join.join_rules import JoinPolicy
+from picasso.sample_join.join_state import JoinState, sample_schema
+from picasso.sample_join.dict_join import ArrowDictJoin
+from picasso.sample_join.reference import DictJoin
 from test_sample_join import SCHEMA, canonical, impressions, labels, random_calls
 
 

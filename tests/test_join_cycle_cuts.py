@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from test_sample_join import SCHEMA, canonical, impressions, labels
 
-from picasso.join_rules import JoinPolicy
+from picasso.sample_join.join_rules import JoinPolicy
 from picasso.pipelines.runs.joined_stream_state import CycleClock
-from picasso.sample_join import JoinState
-from picasso.sample_join_reference import DictJoin
+from picasso.sample_join.join_state import JoinState
+from picasso.sample_join.reference import DictJoin
 
 WAIT_MS, GRACE_MS, LATENESS_MS = 10_000, 2_000, 500
 POLICY = JoinPolicy(wait_ms=WAIT_MS, late_labels="correct", orphan_grace_ms=GRACE_MS)  # horizon: W again

@@ -1,5 +1,5 @@
 """Impression and label events decoded for the join (connectors.join_events), and the join
-section of a spec (picasso.join_spec): every kind of bad event is a dead letter with its
+section of a spec (picasso.sample_join.join_spec): every kind of bad event is a dead letter with its
 reason, every bad setting an error that names it."""
 
 import json
@@ -14,11 +14,11 @@ from picasso.connectors.join_events import (
 )
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.decoding.message_formats import encode_arrow
-from picasso.join_spec import JoinSpec
-from picasso.join_rules import OrphanLabel, join_keys
+from picasso.sample_join.join_spec import JoinSpec
+from picasso.sample_join.join_rules import OrphanLabel, join_keys
 from picasso.spec import SpecError, parse_spec
 from picasso.spec_refs import load_join_spec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 SPEC = small_spec(name="join-events")
 NOW = 1_780_000_000_000
@@ -168,8 +168,8 @@ def test_decoded_times_are_int64_even_from_float_json(decoders):
 def test_decoded_events_carry_their_keys_so_a_colliding_key_joins_nothing_of_another(decoders):
     """The decoders give the join each key itself beside its hash: a label whose key was
     chosen to share another user's hash does not take that user's impression."""
-    from picasso.join_rules import JoinPolicy
-    from picasso.sample_join import JoinState
+    from picasso.sample_join.join_rules import JoinPolicy
+    from picasso.sample_join.join_state import JoinState
 
     victim, crafted = "aaaaaaaabbbbbbbb", "WnSYpkMCpr|VGy6A"  # one word-wise splitmix64 hash
     imps = decode_poll(decoders.impressions, "json", poll("imps", encoded([impression(0, request_id=victim)])))

@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.hashing import key_of
-from picasso.join_rules import Impressions, JoinPolicy, Labels, join_ids, join_keys
-from picasso.sample_join import JoinState
-from picasso.sample_join_dict import ArrowDictJoin
-from picasso.sample_join_reference import DictJoin
+from picasso.kernels.hashing import key_of
+from picasso.sample_join.join_rules import Impressions, JoinPolicy, Labels, join_ids, join_keys
+from picasso.sample_join.join_state import JoinState
+from picasso.sample_join.dict_join import ArrowDictJoin
+from picasso.sample_join.reference import DictJoin
 from test_join_labels import every_bundle_counted  # noqa: F401 - autouse: Beam's counts of every bundle
 from test_sample_join import SCHEMA, canonical, random_calls
 

@@ -36,15 +36,15 @@ from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of
 from picasso.connectors.kafka_config import source_name
 from picasso.connectors.kafka_source import Messages
-from picasso.join_spec import JoinSpec
+from picasso.sample_join.join_spec import JoinSpec
 from picasso.pipelines.transforms.decode import DEAD_LETTERS
 from picasso.pipelines.runs.join_cycle import DecodeJoinEvents, PackSamples, SpanPositions, SplitJoinEvents
 from picasso.pipelines.transforms.join_labels import SAMPLES, JoinLabels
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.transforms.train import PicassoTrain
-from picasso.sample_join import JoinState
-from picasso.synthetic import PlantedModel
-from picasso.synthetic_events import EventStreamConfig, make_event_stream
+from picasso.sample_join.join_state import JoinState
+from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.connectors.synthetic.events import EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig
 
 START_MS = 1_780_000_000_000

@@ -29,8 +29,8 @@ from apache_beam.utils.timestamp import Timestamp
 
 from picasso.pipelines.runs.counters import picasso_counters
 from picasso.pipelines.transforms.join_labels import IMPRESSIONS, LABELS, ORPHANS, SAMPLES, JoinLabels
-from picasso.join_rules import Impressions, JoinCounts, JoinPolicy, Labels
-from picasso.sample_join import JoinState, sample_schema
+from picasso.sample_join.join_rules import Impressions, JoinCounts, JoinPolicy, Labels
+from picasso.sample_join.join_state import JoinState, sample_schema
 
 from test_sample_join import labels
 

@@ -21,7 +21,7 @@ from kafka_broker import create_topic, produce_values
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets
-from picasso.connectors.kafka_sink import MessageDeadLetter, WriteDeadLettersToKafka
+from picasso.connectors.dead_letters.topic import MessageDeadLetter, WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import Messages, ReadFromKafka
 from picasso.connectors.decoding.message_formats import decode_json_values, decode_messages, encode_arrow, encode_json
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodeMessages

@@ -20,7 +20,7 @@ from picasso.connectors import kafka_python_reader
 from picasso.connectors.confluent_reader import ConfluentReader
 from picasso.connectors.kafka_blocks import blocks_of, use_blocks
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets
-from picasso.connectors.record_batches import RecordBlock
+from picasso.connectors.kafka_record_batches import RecordBlock
 from picasso.connectors.kafka_source import UNBOUNDED, PartitionRange, ReadFromKafka, _ReadPartitionDoFn
 
 PARTITIONS = 3

@@ -21,14 +21,14 @@ from picasso.batch import pack
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.connectors.publishing.publication import publish
-from picasso.hashing import hash_to_buckets, key_of, keys_of
-from picasso.serving.rows import decode_request
+from picasso.serving.publishing.publication import publish
+from picasso.kernels.hashing import hash_to_buckets, key_of, keys_of
+from picasso.serving.request_decoding import decode_request
 from picasso.spec import FeatureSpec, SpecError, parse_spec
 from picasso.spec_refs import load_spec
 from picasso.trainer import TrainConfig, Trainer
 
-# Two 16-byte strings with one key under the fixed hash (picasso.hashing).
+# Two 16-byte strings with one key under the fixed hash (picasso.kernels.hashing).
 CRAFTED = ("aaaaaaaabbbbbbbb", "WnSYpkMCpr|VGy6A")
 SEED = 0x9E3779B97F4A7C15 ^ 0x0123456789ABCDEF
 

@@ -21,9 +21,9 @@ from publish_helpers import CheckpointMaker, request
 from stream_helpers import fill_topic, json_messages, stream_command, write_spec
 from test_cli import run_cli
 
-from picasso.connectors.local_store import HalfMadeStoreError, ensure_sqlite_store
-from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget
-from picasso.connectors.publishing.outbox import PublishOutbox
+from picasso.serving.publishing.local_store import HalfMadeStoreError, ensure_sqlite_store
+from picasso.serving.publishing.contract import PUBLISHED, MLflowTarget
+from picasso.serving.publishing.outbox import PublishOutbox
 from picasso.connectors.testing.loopback import free_port
 
 # Makes a store and stops for good inside MLflow's schema creation, right after the migration
@@ -47,7 +47,7 @@ def create_then_stop(name, *columns, **options):
 
 alembic.op.create_table = create_then_stop
 if mode == "picasso":
-    from picasso.connectors.publishing.contract import MLflowTarget
+    from picasso.serving.publishing.contract import MLflowTarget
     MLflowTarget.for_workdir(workdir)
 else:
     from mlflow.tracking import MlflowClient
@@ -107,9 +107,9 @@ def test_a_store_mlflow_left_half_made_and_empty_is_rebuilt_with_a_warning(tmp_p
                               capture_output=True, text=True, timeout=300)
     assert reopened.returncode != 0 and "table mcp_servers already exists" in reopened.stderr
 
-    with caplog.at_level(logging.WARNING, logger="picasso.connectors.local_store"):
+    with caplog.at_level(logging.WARNING, logger="picasso.serving.publishing.local_store"):
         target = MLflowTarget.for_workdir(workdir)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "picasso.connectors.local_store"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "picasso.serving.publishing.local_store"]
     assert len(warnings) == 1 and str(store) in warnings[0] and "rebuilding" in warnings[0]
     outcome = _publish_one(workdir, target)
     assert outcome.status == PUBLISHED and outcome.version.version == "1", outcome.error

@@ -12,12 +12,12 @@ import torch
 from picasso.connectors.testing.loopback import free_port
 from picasso.distributed import local_transport
 from picasso.distributed.gba import GBAConfig
-from picasso.distributed.join import JoinSettings, join_job
+from picasso.distributed.worker_startup import JoinSettings, join_job
 from picasso.distributed.param_server import JobDescription, ServerAddress, serve_shard
 from picasso.distributed.ps_checkpoint import build_shard
 from picasso.distributed.transport import Connection, TransportError
 from picasso.distributed.worker import WorkerStats
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.trainer import Trainer
 
 from test_trainer import CONFIG, SPEC

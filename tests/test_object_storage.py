@@ -22,7 +22,7 @@ from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import MARKER, clean_temporaries, latest_checkpoint, load_checkpoint
 from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.connectors.testing.mlflow_server import MlflowServer
 from picasso.connectors.testing.s3_server import S3Server
 from picasso.pipelines.cli import main as cli

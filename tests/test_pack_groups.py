@@ -29,7 +29,7 @@ from picasso.builtin_specs import builtin_spec, churn_spec
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.kernels import load_backend, pack_groups_reference
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 cpu = load_backend("cpu")
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.publication import publish
 from picasso.metrics import auc
 from picasso.models import MODELS, build_model
 from picasso.packing import PackingPlan
@@ -25,7 +25,7 @@ from picasso.pipelines.cli.stream import stream_config
 from picasso.serving.pyfunc_model import model_config
 from picasso.trainer import TrainConfig, Trainer
 
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 from helpers import planted_batches
 from publish_helpers import fresh_target, request

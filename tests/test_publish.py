@@ -19,13 +19,13 @@ from mlflow.tracking import MlflowClient
 from publish_helpers import SPEC, CheckpointMaker, fresh_target, request
 
 from picasso.checkpoint import load_checkpoint
-from picasso.connectors.publishing.contract import PENDING, PUBLISHED, MLflowTarget
-from picasso.connectors.publishing.delta_store import download_delta, download_weights, rebuild, rebuild_version
-from picasso.connectors.publishing.model_code import serving_requirements
-from picasso.connectors.publishing.model_delta import DeltaMismatch, apply_delta, changed_rows, compute_delta
-from picasso.connectors.publishing.outbox import PublishOutbox
-from picasso.connectors.publishing.policy import PublishPolicy, decide_promotion
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.contract import PENDING, PUBLISHED, MLflowTarget
+from picasso.serving.publishing.delta_store import download_delta, download_weights, rebuild, rebuild_version
+from picasso.serving.model_code import serving_requirements
+from picasso.serving.publishing.model_delta import DeltaMismatch, apply_delta, changed_rows, compute_delta
+from picasso.serving.publishing.outbox import PublishOutbox
+from picasso.serving.publishing.policy import PublishPolicy, decide_promotion
+from picasso.serving.publishing.publication import publish
 from picasso.connectors.retry import RetryPolicy
 from picasso.connectors.testing.loopback import free_port
 from picasso.serving.weights import file_sha256, load_weights, serving_state

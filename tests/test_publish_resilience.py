@@ -11,10 +11,10 @@ from mlflow.tracking import MlflowClient
 from publish_helpers import CheckpointMaker, fresh_target, request
 
 from picasso.builtin_specs import criteo_spec
-from picasso.connectors.publishing.contract import MLflowTarget
-from picasso.connectors.publishing.outbox import PublishOutbox
-from picasso.connectors.publishing.policy import PublishPolicy
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.contract import MLflowTarget
+from picasso.serving.publishing.outbox import PublishOutbox
+from picasso.serving.publishing.policy import PublishPolicy
+from picasso.serving.publishing.publication import publish
 from picasso.connectors.retry import RetryPolicy
 from picasso.connectors.testing.mlflow_server import MlflowServer
 from picasso.pipelines.runs.daily import DailyConfig, run_daily

@@ -9,7 +9,7 @@ import pytest
 from kafka.errors import CorruptRecordError
 from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from picasso.connectors.record_batches import RecordBlock, read_batch
+from picasso.connectors.kafka_record_batches import RecordBlock, read_batch
 
 GZIP, ZSTD = 1, 4
 

@@ -1,10 +1,10 @@
-"""Feature rows as numpy arrays (picasso.row_arrays): Arrow in, takes, Arrow out, exactly."""
+"""Feature rows as numpy arrays (picasso.sample_join.feature_arrays): Arrow in, takes, Arrow out, exactly."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.row_arrays import RowArrays, RowLayout
+from picasso.sample_join.feature_arrays import RowArrays, RowLayout
 
 SCHEMA = pa.schema([pa.field("label", pa.float32()), pa.field("ids", pa.list_(pa.int64())),
                     pa.field("n", pa.int64()), pa.field("one", pa.list_(pa.int64())), pa.field("x", pa.float64())])

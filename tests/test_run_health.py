@@ -24,7 +24,7 @@ from picasso.connectors.decoding.message_formats import decode_messages, encode_
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.partitions import partition_range
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.cli.main import main
 from picasso.pipelines.cli.output import STOPPED_EXIT
 from picasso.pipelines.runs.backfill import RangeStopped, run_range

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from stream_helpers import SPEC, fill_topic, json_messages
 
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.connectors.testing.loopback import free_port
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.local_gradient import GradientComputer
@@ -25,7 +25,7 @@ from picasso.distributed.shard import Scored
 from picasso.distributed.worker import GBAWorker, WorkerStats
 from picasso.models import build_model
 from picasso.pipelines.runs.endless_server import EndlessServer, EndlessServerConfig
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.pipelines.runs.run_health import HEALTH_WARNINGS
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.spec import SparseField

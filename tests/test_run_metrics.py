@@ -21,10 +21,10 @@ from stream_helpers import (SPEC, fill_topic, json_messages, produce_values, sta
                             write_spec)
 
 from picasso import storage
-from picasso.connectors.dead_letters import reason_kind
+from picasso.connectors.dead_letters.letters import reason_kind
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.connectors.testing.loopback import free_port
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.aggregation import Contribution, RowGradient

@@ -1,10 +1,10 @@
-"""Joined samples cut into mixed batches (picasso.sample_buffer)."""
+"""Joined samples cut into mixed batches (picasso.sample_join.sample_buffer)."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.sample_buffer import SampleBuffer
+from picasso.sample_join.sample_buffer import SampleBuffer
 
 SCHEMA = pa.schema([pa.field("label", pa.float32()), pa.field("i", pa.int64())])
 

@@ -1,14 +1,14 @@
-"""The join core (picasso.sample_join) against its one-event-at-a-time reference, and its
+"""The join core (picasso.sample_join.join_state) against its one-event-at-a-time reference, and its
 policy on small cases worked by hand."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, Impressions, JoinPolicy, Labels, event_watermark,
+from picasso.sample_join.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, Impressions, JoinPolicy, Labels, event_watermark,
                                 join_keys)
-from picasso.sample_join import JoinState
-from picasso.sample_join_reference import DictJoin
+from picasso.sample_join.join_state import JoinState
+from picasso.sample_join.reference import DictJoin
 
 SCHEMA = pa.schema([pa.field("label", pa.float32()), pa.field("x", pa.float32()),
                     pa.field("ids", pa.list_(pa.int64()))])

@@ -24,11 +24,11 @@ from publish_helpers import CheckpointMaker, fresh_target, request
 from serving_helpers import call, probabilities
 from test_dynamic_serving import dynamic_spec
 
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.publication import publish
 from picasso.connectors.testing.mlflow_server import MlflowServer, picasso_served
 from picasso.serving.follower import ModelRef
-from picasso.connectors.publishing import registry_tags as tags
-from picasso.connectors.publishing.mlflow_env import python_model_of
+from picasso.serving.publishing import registry_tags as tags
+from picasso.serving.publishing.mlflow_env import python_model_of
 from picasso.serving import versions
 from picasso.serving.signature import BUILT_FROM
 from picasso.serving.versions import DELTA, FULL, WEIGHTS, VersionLoader

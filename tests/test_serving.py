@@ -19,7 +19,7 @@ import pytest
 from publish_helpers import CheckpointMaker, fresh_target, request
 from serving_helpers import post, probabilities
 
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.publication import publish
 from picasso.connectors.testing.mlflow_server import picasso_served, served_model
 from picasso.kernels.build_lock import LOCK_FILE, TORCH_LOCK_FILE
 

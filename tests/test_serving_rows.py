@@ -1,5 +1,5 @@
 """Serving decodes a request's rows with training's rules and answers every one of them
-(serving/rows.py)."""
+(serving/request_decoding.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from helpers import small_spec
 
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.serving.rows import BadRows, decode_request
+from picasso.serving.request_decoding import BadRows, decode_request
 
 SPEC = small_spec()
 DECODER = RecordDecoder(SPEC, DecodeOptions(require_label=False))

@@ -14,7 +14,7 @@ from stream_helpers import SPEC, arrow_messages, fill_topic, json_messages
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.kafka_clients import CLIENTS
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.trainer import TrainConfig
 

@@ -20,7 +20,7 @@ from stream_helpers import SPEC, fill_topic, json_messages
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.kafka_sink import MessageDeadLetter
+from picasso.connectors.dead_letters.topic import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages, SourceStalled
 from picasso.connectors.decoding.message_formats import decode_messages
 from picasso.pipelines.runs import cycle_failures

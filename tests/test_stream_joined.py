@@ -1,5 +1,5 @@
 """`picasso stream` on an impression topic and a label topic, joined in its bounded cycles:
-real broker, the planted model's event streams (picasso.synthetic_events), bad events on
+real broker, the planted model's event streams (picasso.connectors.synthetic.events), bad events on
 both topics, checkpoints that carry the join."""
 
 from __future__ import annotations
@@ -15,18 +15,18 @@ from test_run_metrics import labelled, scrape
 
 from picasso.checkpoint import latest_checkpoint, read_checkpoint_file
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.kafka_sink import MessageDeadLetter
-from picasso.connectors.publishing.contract import MLflowTarget
-from picasso.join_spec import JoinSpec
+from picasso.connectors.dead_letters.topic import MessageDeadLetter
+from picasso.serving.publishing.contract import MLflowTarget
+from picasso.sample_join.join_spec import JoinSpec
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.runs.run_metrics import MetricsAddress, MetricsEndpoint, StreamMetrics
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.connectors.join_events import JoinDecoders
-from picasso.sample_buffer import SampleBuffer
-from picasso.join_rules import DELAY_COLUMN
-from picasso.sample_join import JoinState, sample_schema
-from picasso.synthetic import PlantedModel
-from picasso.synthetic_events import EventStreamConfig, make_event_stream
+from picasso.sample_join.sample_buffer import SampleBuffer
+from picasso.sample_join.join_rules import DELAY_COLUMN
+from picasso.sample_join.join_state import JoinState, sample_schema
+from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.connectors.synthetic.events import EventStreamConfig, make_event_stream
 from picasso.trainer import TrainConfig
 
 START_MS = 1_780_000_000_000

@@ -20,8 +20,8 @@ from kafka_broker import create_topic, produce_values
 from stream_helpers import SPEC, assert_same_state, load_state, write_spec
 
 from picasso.checkpoint import latest_checkpoint, read_checkpoint_file
-from picasso.synthetic import PlantedModel
-from picasso.synthetic_events import EventStreamConfig, make_event_stream
+from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.connectors.synthetic.events import EventStreamConfig, make_event_stream
 
 KILLS = 4
 # Each killed process first finishes 0-2 cycles of its own (so the kills fall at different

@@ -13,9 +13,9 @@ from helpers import canonical_table, small_spec
 from picasso.batch import pack
 from picasso.checkpoint import read_checkpoint_file
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.publishing.contract import MLflowTarget, PublishRequest
-from picasso.connectors.publishing.outbox import PublishOutbox
-from picasso.join_rules import JoinCounts
+from picasso.serving.publishing.contract import MLflowTarget, PublishRequest
+from picasso.serving.publishing.outbox import PublishOutbox
+from picasso.sample_join.join_rules import JoinCounts
 from picasso.packing import PackingPlan
 from picasso.pipelines.runs.stream import StreamConfig
 from picasso.pipelines.runs.stream_publisher import StreamPublisher

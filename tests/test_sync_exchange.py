@@ -18,7 +18,7 @@ from picasso.distributed.ps_checkpoint import build_shard, trainer_state
 from picasso.distributed.staleness import NO_DECAY
 from picasso.distributed.sync import ExchangeLayout, GradientExchange, SyncReplica, TableSlot
 from picasso.models import build_model
-from picasso.pipelines.runs.planted import planted_batches
+from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.trainer import Trainer
 
 from test_gba_sync import TRAIN

@@ -28,7 +28,7 @@ from picasso.distributed.staleness import NO_DECAY
 from picasso.distributed.sync import SyncReplica
 from picasso.models import MODELS
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import Trainer
 
 from test_trainer import CONFIG, SPEC

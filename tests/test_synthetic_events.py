@@ -20,9 +20,9 @@ from picasso.durations import parse_duration_ms
 from picasso.pipelines.cli import main as cli
 from picasso.pipelines.runs.generate import generate_event_days, midnight_ms
 from picasso.pipelines.runs.produce import EventReplayConfig, EventTimePacer, merged_events, pacing_wait_s
-from picasso.join_rules import DELAY_COLUMN
-from picasso.synthetic import PlantedModel, SyntheticConfig
-from picasso.synthetic_events import (DUPLICATE_GAP_MS, EventStreamConfig, expected_late_share, late_share,
+from picasso.sample_join.join_rules import DELAY_COLUMN
+from picasso.connectors.synthetic.planted import PlantedModel, SyntheticConfig
+from picasso.connectors.synthetic.events import (DUPLICATE_GAP_MS, EventStreamConfig, expected_late_share, late_share,
                                       make_event_stream)
 
 START_MS = 1_793_491_200_000  # 2026-11-01T00:00:00Z

@@ -15,7 +15,7 @@ from picasso.pipelines.transforms.decode import DecodedChunk
 from picasso.pipelines.transforms.pack import PackFeatures
 from picasso.pipelines.transforms.train import PicassoTrain
 from picasso.spec import parse_spec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 SPEC = parse_spec({

@@ -9,7 +9,7 @@ vocab field's strings) goes to sparse_ids.sparse_bags, the path that names each 
 Either way a row keeps the reason of the first check it failed: fields are judged in spec
 order, and within a field the kernel reports the first problem in sparse_bags' order.
 
-Feature crosses (picasso.hashing: cross) follow their fields: each field's ids decoded as
+Feature crosses (picasso.kernels.hashing: cross) follow their fields: each field's ids decoded as
 keys (in the same kernel call where the column fits it, else by sparse_bags, so both give
 one key per id), then every cross of the batch hashed in one kernels.cross_ids call. A
 cross refuses no row: its fields judge the row, and a row missing one of them has an
@@ -44,7 +44,7 @@ _REASONS = {
 
 
 def id_rule(f: SparseField) -> IdRule:
-    """What the kernel makes of a field's raw ids: picasso.hashing's bucket or key, or the
+    """What the kernel makes of a field's raw ids: picasso.kernels.hashing's bucket or key, or the
     vocab id itself."""
     if f.hashed:
         return IdRule(BUCKET, f.hash_buckets, f.max_len)

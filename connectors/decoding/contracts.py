@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from picasso.connectors.dead_letters import DeadLetter
+from picasso.connectors.dead_letters.letters import DeadLetter
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """The rows valid raw ids pack as: a hashed field's bucket, a dynamic field's 64-bit key
-(both by the hash of picasso.hashing, which serving uses too; a dynamic field's keyed by
+(both by the hash of picasso.kernels.hashing, which serving uses too; a dynamic field's keyed by
 its spec's hash_seed, if any), or a vocab field's id itself. Only ids the validator
 accepts reach here."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from picasso.hashing import bucket_of, hash_to_buckets, key_of, keys_of
+from picasso.kernels.hashing import bucket_of, hash_to_buckets, key_of, keys_of
 from picasso.spec import SparseField
 
 

@@ -26,7 +26,7 @@ from picasso.connectors.decoding.contracts import DecodeResult, summed_counts
 from picasso.connectors.decoding.json_fast_path import read_poll
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_config import source_name
-from picasso.connectors.kafka_sink import MessageDeadLetter
+from picasso.connectors.dead_letters.topic import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
 
 log = logging.getLogger(__name__)

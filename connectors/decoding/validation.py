@@ -8,7 +8,7 @@
 
 The canonical table holds `label` (float32), one float32 column per dense field and one
 list<int64> column of row indices per sparse field (a dynamic field's: its ids' 64-bit
-keys, picasso.hashing.key_of), in spec order, then one per feature cross (computed from
+keys, picasso.kernels.hashing.key_of), in spec order, then one per feature cross (computed from
 its fields: decoding.batch_ids), then a decoder's join fields, if any.
 Columns are checked with vectorised Arrow/numpy ops; only a column that fails its fast
 path (mixed types from JSON, say) is walked element by element, to name the culprit rows.
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from picasso.connectors.dead_letters import DeadLetter
+from picasso.connectors.dead_letters.letters import DeadLetter
 from picasso.connectors.decoding.columns import as_arrow_array, describe, null_mask
 from picasso.connectors.decoding.contracts import DecodeOptions, DecodeResult, Verdicts
 from picasso.connectors.decoding.batch_ids import SparseColumns

@@ -9,12 +9,12 @@ Kept apart the way TorchRec keeps math from distribution:
 - shard.py:          one shard's parameters and optimizers, stepped by a global batch;
 - ps_checkpoint.py:  shards from a Trainer's state, and a Trainer checkpoint from the shards;
 - local_gradient.py: a worker's gradients of one batch against pulled rows;
-- ledger.py:         the source ranges a shard has trained: what makes pushes idempotent;
+- applied_ranges.py: the source ranges a shard has trained: what makes pushes idempotent;
 - wire.py:           the messages as bytes (tensors and registered dataclasses, no pickle);
 - transport.py:      gRPC: serving methods, connections, TLS and the token;
 - param_server.py:   the shards served over transport.py, and membership by lease;
 - ps_client.py:      the worker's client: requests split by owning shard, pushes in flight;
-- join.py:           joining a running job as a worker: the one way in, for the CLI and Beam;
+- worker_startup.py: joining a running job as a worker: the one way in, for the CLI and Beam;
 - worker.py:         the GBA / async worker loop;
 - sync.py:           sync mode under torchrun: dense gradients all-reduced, row gradients gathered as flat tensors, GBA's step applied once per rank.
 

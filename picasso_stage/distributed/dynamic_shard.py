@@ -40,7 +40,7 @@ from torch import nn
 from picasso import kernels
 from picasso.dynamic_rows import Clock, DynamicField, DynamicStats, advance_event_clock, field_metrics
 from picasso.embedding import PackedEmbedding
-from picasso.hashing import splitmix64_array
+from picasso.kernels.hashing import splitmix64_array
 from picasso.kernels.id_map_reference import EMPTY_KEY
 from picasso.spec import SparseField
 

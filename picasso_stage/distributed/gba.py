@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate, check_row_gradient
-from picasso.distributed.ledger import Ledger
+from picasso.distributed.applied_ranges import AppliedRanges
 from picasso.distributed.staleness import NO_DECAY, StalenessDecay
 from picasso.sample_identity import Spans, joined_positions, spans_of
 from picasso.trainer import merge_positions
@@ -80,13 +80,13 @@ def worker_id(name: str, incarnation: str) -> str:
 
 class TokenControl:
     def __init__(self, config: GBAConfig, step: int = 0, clock=time.monotonic, positions: dict[str, int] | None = None,
-                 ledger: Ledger | None = None):
+                 ledger: AppliedRanges | None = None):
         """positions: the sources' positions the model has trained up to (its checkpoint's);
         ledger: the source ranges it holds (its checkpoint's too)."""
         self.config = config
         self.step = step
         # Claimed: in the model, or buffered for the next step (given back if dropped).
-        self.ledger = ledger.copy() if ledger is not None else Ledger()
+        self.ledger = ledger.copy() if ledger is not None else AppliedRanges()
         # Advanced only when a batch leaves the buffer (stepped, or dropped as too stale): a
         # batch still buffered is not in the model, so a checkpoint's positions exclude it.
         self.positions = dict(positions or {})
@@ -237,7 +237,7 @@ class TokenControl:
         the ranges in the model (sample_identity.joined_positions)."""
         return {**self.positions, **joined_positions(self.applied().ranges)}
 
-    def applied(self) -> Ledger:
+    def applied(self) -> AppliedRanges:
         """The ranges in the model: the claimed ones less those still buffered."""
         applied = self.ledger.copy()
         for weighted in self._buffer:

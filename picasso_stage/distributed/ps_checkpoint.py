@@ -30,7 +30,7 @@ from picasso.checkpoint import save_checkpoint
 from picasso.distributed.dynamic_shard import checkpoint_metrics
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.layout import ShardLayout
-from picasso.distributed.ledger import Ledger
+from picasso.distributed.applied_ranges import AppliedRanges
 from picasso.distributed.shard import Scored, Shard, ShardSnapshot
 from picasso.trainer import Trainer
 
@@ -51,7 +51,7 @@ def build_shard(trainer: Trainer, index: int, num_shards: int, gba: GBAConfig,
                   dense_optimizer=state["dense_optimizer"] if index == 0 else None,
                   step=int(state["step"]), samples=int(state["samples"]), sample_budget=sample_budget,
                   positions=dict(trainer.positions) if index == 0 else None, checkpoint_every=checkpoint_every,
-                  ledger=Ledger.from_checkpoint(applied, trainer.positions),
+                  ledger=AppliedRanges.from_checkpoint(applied, trainer.positions),
                   window=window if index == 0 else None, newest_event_ms=newest_event_ms if index == 0 else None)
     return shard, layout
 

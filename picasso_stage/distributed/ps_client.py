@@ -148,7 +148,7 @@ class PSClient:
         self._pushed += 1
 
     def held(self, ranges: dict) -> dict[str, list[tuple[int, int]]]:
-        """The parts of a batch's identity any shard holds (ledger.Ledger.held), asked of
+        """The parts of a batch's identity any shard holds (applied_ranges.AppliedRanges.held), asked of
         every shard at once: a part one shard holds must not be trained on any."""
         calls = [self._call(s, "held", (self.worker, ranges), True) for s in range(self.layout.num_shards)]
         found: dict[str, list[tuple[int, int]]] = {}

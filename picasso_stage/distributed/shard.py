@@ -28,7 +28,7 @@ from picasso.distributed.aggregation import Contribution, GlobalGradient, RowGra
 from picasso.distributed.dynamic_shard import BATCHES_KEY, ShardMaps
 from picasso.distributed.gba import GBAConfig, PushOutcome, TokenControl, WorkerDropped
 from picasso.distributed.layout import ShardLayout, TableLayout
-from picasso.distributed.ledger import Ledger
+from picasso.distributed.applied_ranges import AppliedRanges
 from picasso.sample_identity import Range, Spans
 from picasso.trainer import TrainConfig
 
@@ -92,7 +92,7 @@ class Shard:
     def __init__(self, index: int, layout: ShardLayout, tensors: dict[str, torch.Tensor], gba: GBAConfig,
                  train: TrainConfig, dense_optimizer: dict | None = None, step: int = 0, samples: int = 0,
                  sample_budget: int | None = None, positions: dict[str, int] | None = None, checkpoint_every: int = 0,
-                 ledger: Ledger | None = None, window: Scored | None = None, newest_event_ms: int | None = None):
+                 ledger: AppliedRanges | None = None, window: Scored | None = None, newest_event_ms: int | None = None):
         """sample_budget: pulls answer stop once pushes of this many samples have been
         counted, and pushes after that are refused, so a job trains on a set number of
         samples however its workers share them (fast workers take more batches than a

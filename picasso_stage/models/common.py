@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from picasso.batch import TorchBatch
-from picasso.delayed_feedback import importance_weights
+from picasso.sample_join.delayed_feedback import importance_weights
 from picasso.dynamic_rows import RowResets, reset_new_rows
 from picasso.embedding import PackedEmbedding
 from picasso.packing import PackingPlan

@@ -9,7 +9,7 @@ from dataclasses import asdict, replace
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.cli.backfill import add_range_args, range_partitions, run_daily_range
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config, interleave_setting

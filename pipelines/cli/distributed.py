@@ -36,7 +36,7 @@ import torch.distributed as dist
 from picasso.cache import parse_capacity
 from picasso.checkpoint import read_applied, save_checkpoint
 from picasso.distributed.gba import GBAConfig
-from picasso.distributed.join import JoinSettings, join_job
+from picasso.distributed.worker_startup import JoinSettings, join_job
 from picasso.distributed.layout import SYNC_DYNAMIC
 from picasso.distributed.param_server import JobDescription, ParameterServerError, ServerAddress, serve_shard
 from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
@@ -51,7 +51,7 @@ from picasso.pipelines.cli.process_exit import run_command
 from picasso.pipelines.cli.spec_arg import add_spec_arg
 from picasso.pipelines.cli.train_args import (MODEL_FLAGS, add_model_args, add_row_gradient_arg, flag_value,
                                               model_settings)
-from picasso.pipelines.runs.planted import planted_batches, planted_source
+from picasso.connectors.synthetic.planted_batches import planted_batches, planted_source
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.spec import SpecError
 from picasso.spec_refs import load_spec

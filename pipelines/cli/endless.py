@@ -18,7 +18,7 @@ import logging
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.staleness import parse_decay
 from picasso.distributed.transport import Security

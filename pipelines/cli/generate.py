@@ -18,9 +18,9 @@ from picasso.pipelines.cli.spec_arg import add_spec_arg
 from picasso.pipelines.runs.generate import dates_from, generate_days, generate_event_days, whole_day_rate
 from picasso.spec import SPARSE_OPTIMIZERS
 from picasso.spec_refs import load_spec
-from picasso.synthetic import SyntheticConfig
-from picasso.synthetic_churn import ChurnConfig
-from picasso.synthetic_events import DELAY_DISTRIBUTIONS, EventStreamConfig
+from picasso.connectors.synthetic.planted import SyntheticConfig
+from picasso.connectors.synthetic.churn import ChurnConfig
+from picasso.connectors.synthetic.events import DELAY_DISTRIBUTIONS, EventStreamConfig
 
 DEMO_DATE = "2026-11-01"
 _EVENT_FLAGS = {"impression_rate": "--impression-rate", "label_delay": "--label-delay",
@@ -63,7 +63,7 @@ def add_generate_command(commands) -> argparse.ArgumentParser:
     generate.add_argument("--hourly", action="store_true",
                           help="hourly partitions, date=D/hour=HH, 24 a day; --rows is then rows per hour")
     generate.add_argument("--churn", action="store_true",
-                          help="rows from the churn model (picasso.synthetic_churn): new item ids all the time, old "
+                          help="rows from the churn model (picasso.connectors.synthetic.churn): new item ids all the time, old "
                                "ones fading, one stream across the partitions; the spec needs its one-hot 'item' "
                                "field (hashed or dynamic)")
     add_generate_args(generate)

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.table import Table
 
-from picasso.connectors.local_store import HalfMadeStoreError
+from picasso.serving.publishing.local_store import HalfMadeStoreError
 from picasso.pipelines.cli.cache_args import cache_config
 from picasso.spec import SpecError
 

@@ -8,9 +8,9 @@ import argparse
 import os
 from pathlib import Path
 
-from picasso.connectors.local_store import sqlite_path
-from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget
-from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.serving.publishing.local_store import sqlite_path
+from picasso.serving.publishing.contract import PUBLISHED, MLflowTarget
+from picasso.serving.publishing.policy import PublishPolicy
 from picasso.connectors.retry import RetryPolicy
 from picasso.pipelines.cli.output import CommandResult, reported, summary
 from picasso.pipelines.runs.workdir import Workdir
@@ -86,7 +86,7 @@ def _promote_command(args) -> CommandResult:
 
 
 def run_promote(args) -> dict:
-    from picasso.connectors.publishing.registry import client_for, version_by_alias  # MLflow: see run_apply_delta
+    from picasso.serving.publishing.registry import client_for, version_by_alias  # MLflow: see run_apply_delta
 
     target = _existing_store(args)
     client = client_for(target)
@@ -101,7 +101,7 @@ def run_apply_delta(args) -> dict:
     # MLflow: a second of start-up that the commands which never publish skip.
     from mlflow.tracking import MlflowClient
 
-    from picasso.connectors.publishing.delta_store import rebuild, rebuild_version
+    from picasso.serving.publishing.delta_store import rebuild, rebuild_version
 
     out = Path(args.out)
     if args.version:
@@ -146,7 +146,7 @@ def check_existing_store(workdir: str, mlflow_uri: str | None) -> None:
 
 
 def run_publish_pending(args) -> dict:
-    from picasso.connectors.publishing.outbox import PublishOutbox  # MLflow: see run_apply_delta
+    from picasso.serving.publishing.outbox import PublishOutbox  # MLflow: see run_apply_delta
 
     workdir = Path(args.workdir).resolve()
     target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)

@@ -63,7 +63,7 @@ def run_serve(args) -> int:
     from mlflow.tracking import MlflowClient
     from prometheus_client import CollectorRegistry
 
-    from picasso.connectors.publishing.contract import MLflowTarget
+    from picasso.serving.publishing.contract import MLflowTarget
     from picasso.pipelines.runs.run_metrics import MetricsEndpoint
     from picasso.serving.follower import Follower, ModelRef
     from picasso.serving.pyfunc_model import MAX_ROWS_VARIABLE

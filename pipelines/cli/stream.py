@@ -17,7 +17,7 @@ from picasso.connectors.join_events import JOIN_FORMATS
 from picasso.connectors.kafka_clients import CLIENTS, KAFKA_PYTHON
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_wait import BrokerWait, BrokerWaiter, check_topics
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing.contract import MLflowTarget
 from picasso.durations import duration_arg
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config
@@ -35,7 +35,7 @@ from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.runs.produce import (EventReplayConfig, ProduceConfig, produce, produce_total, replay_events,
                                             replay_total)
 from picasso.pipelines.runs.stop_signals import stopped_by_signals
-from picasso.join_rules import LATE_LABEL_POLICIES
+from picasso.sample_join.join_rules import LATE_LABEL_POLICIES
 from picasso.spec_refs import load_join_spec, load_spec
 from picasso.trainer import TrainConfig
 
@@ -287,7 +287,7 @@ def stream_config(args):
 
 def run_stream_command(args, console: Console) -> dict:
     # MLflow (the outbox) and the stream's run: seconds of start-up the other commands skip.
-    from picasso.connectors.publishing.outbox import PublishOutbox
+    from picasso.serving.publishing.outbox import PublishOutbox
     from picasso.pipelines.runs.stream import StreamSummary, one_worker_in_this_process, run_stream
 
     config = stream_config(args)

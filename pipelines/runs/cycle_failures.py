@@ -25,7 +25,7 @@ from kafka.errors import KafkaError
 
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import TopicNotFound
-from picasso.connectors.kafka_sink import DeadLettersNotWritten
+from picasso.connectors.dead_letters.topic import DeadLettersNotWritten
 from picasso.connectors.kafka_source import SourceStalled
 from picasso.connectors.kafka_wait import error_line, seconds, unreachable_reason
 

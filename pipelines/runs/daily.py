@@ -41,12 +41,12 @@ from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.day_files import ReadDayFiles, list_day_files
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.partitions import parse_partition
-from picasso.connectors.publishing.registry_tags import EVALUATION
-from picasso.connectors.publishing.champion import champion_checkpoint
-from picasso.connectors.publishing.contract import PUBLISHED, MLflowTarget, PublishOutcome, PublishRequest
-from picasso.connectors.publishing.outbox import PublishOutbox
-from picasso.connectors.publishing.policy import PublishPolicy
-from picasso.connectors.publishing.transform import PublishToMLflow
+from picasso.serving.publishing.registry_tags import EVALUATION
+from picasso.serving.publishing.champion import champion_checkpoint
+from picasso.serving.publishing.contract import PUBLISHED, MLflowTarget, PublishOutcome, PublishRequest
+from picasso.serving.publishing.outbox import PublishOutbox
+from picasso.serving.publishing.policy import PublishPolicy
+from picasso.serving.publishing.transform import PublishToMLflow
 from picasso.pipelines.runs.counters import picasso_counters
 from picasso.pipelines.runs.generate import planted_ceiling
 from picasso.pipelines.runs.run_health import HealthFacts, HealthLimits, HealthVerdict, check_health

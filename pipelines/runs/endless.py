@@ -48,7 +48,7 @@ from kafka.errors import KafkaError
 from picasso.connectors.beam_kafka_io import BeamKafkaIO, BeamKafkaRead, ReadWithBeamKafka
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, ensure_topic
-from picasso.connectors.kafka_sink import DEFAULT_DELIVERY_TIMEOUT_S, DeadLetterProducer
+from picasso.connectors.dead_letters.topic import DEFAULT_DELIVERY_TIMEOUT_S, DeadLetterProducer
 from picasso.connectors.kafka_source import (PartitionRange, ReadFromKafka, bounded_ranges, drain_unbounded_reads,
                                              undrain_unbounded_reads)
 from picasso.connectors.retry import Backoff

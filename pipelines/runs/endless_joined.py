@@ -32,7 +32,7 @@ import apache_beam as beam
 
 from picasso.batch import PackedBatch
 from picasso.connectors.join_events import JoinDecoders
-from picasso.connectors.kafka_sink import DeadLetterProducer
+from picasso.connectors.dead_letters.topic import DeadLetterProducer
 from picasso.pipelines.runs.join_cycle import (DecodeJoinEvents, PackSamples, SettleUneventful, Settling,
                                                SplitJoinEvents, WriteOrphanLetters)
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics

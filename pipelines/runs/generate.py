@@ -2,7 +2,7 @@
 
 Two shapes of data:
 - labelled rows (generate_days): ROOT/date=YYYY-MM-DD/part-*, what daily runs train on,
-  from the planted model or (churn=) the churn model (picasso.synthetic_churn), whose
+  from the planted model or (churn=) the churn model (picasso.connectors.synthetic.churn), whose
   item ids churn along one stream laid across the partitions (first_position);
 - event streams (generate_event_days, `--events`): the impressions and the delayed clicks
   that a stream joins into samples, with the truth beside them:
@@ -27,13 +27,13 @@ import pyarrow as pa
 from picasso import storage
 from picasso.connectors.day_files import FORMATS, partition_dir, write_part
 from picasso.connectors.partitions import parse_partition
-from picasso.join_spec import JoinSpec
+from picasso.sample_join.join_spec import JoinSpec
 from picasso.metrics import auc
-from picasso.join_rules import DELAY_COLUMN
+from picasso.sample_join.join_rules import DELAY_COLUMN
 from picasso.spec import FeatureSpec
-from picasso.synthetic import PlantedModel, SyntheticConfig
-from picasso.synthetic_churn import ChurnConfig, ChurnModel
-from picasso.synthetic_events import (IMPRESSIONS, LABELS, PROBABILITY, TRUTH, EventStreamConfig, late_share,
+from picasso.connectors.synthetic.planted import PlantedModel, SyntheticConfig
+from picasso.connectors.synthetic.churn import ChurnConfig, ChurnModel
+from picasso.connectors.synthetic.events import (IMPRESSIONS, LABELS, PROBABILITY, TRUTH, EventStreamConfig, late_share,
                                       make_event_stream)
 
 EVENT_FORMATS = ("parquet", "jsonl")  # events need named fields: a TSV line has none
@@ -62,7 +62,7 @@ class GeneratedEventDay:
     ctr: float
     mean_delay_ms: float  # of the clicks, as drawn
     late_share: float  # of the clicks, more than wait_ms after their impression
-    wait_ms: int  # the default join wait (picasso.join_spec)
+    wait_ms: int  # the default join wait (picasso.sample_join.join_spec)
 
 
 def dates_from(start: str, days: int) -> list[str]:
@@ -124,7 +124,7 @@ def generate_days(
     Day k of the calendar (days since 2000-01-01) is the planted model's stream k (hours
     have streams of their own, day_stream), so a partition always holds the same rows for
     the same seed. With `churn` (then `synthetic` is not used), the rows come from the
-    churn model (picasso.synthetic_churn; the spec needs its item field): partition p
+    churn model (picasso.connectors.synthetic.churn; the spec needs its item field): partition p
     holds the stream's positions first_position(p, rows) on, so consecutive dates (or
     hours) continue one stream of churning items.
     """

@@ -13,7 +13,7 @@ Beam graph between cycles: it is in the model's checkpoint (pipelines.joined_str
 
 On a streaming runner the same samples come from pipelines.join_labels.JoinLabels, which
 keeps the join in Beam's keyed state instead; both take their decisions from
-picasso.sample_join:
+picasso.sample_join.join_state:
 
   Messages → DecodeJoinEvents ─┬→ SplitJoinEvents → JoinLabels → PackSamples ─┬→ PicassoTrain
                                └→ SpanPositions ──────────────────────────────┘
@@ -46,14 +46,14 @@ from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.join_events import (POSITION_COLUMN, JoinDecoders, decode_poll, impressions_of, labels_of,
                                             orphan_dead_letter)
-from picasso.connectors.kafka_sink import DeadLetterProducer
+from picasso.connectors.dead_letters.topic import DeadLetterProducer
 from picasso.connectors.kafka_source import Messages
 from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodePollDoFn
 from picasso.pipelines.transforms.message_spans import MessageSpan
 from picasso.pipelines.transforms.join_labels import IDENTITY_POSITION, IDENTITY_SOURCE, IMPRESSIONS, LABELS
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
-from picasso.join_rules import Impressions, Labels, OrphanLabel
+from picasso.sample_join.join_rules import Impressions, Labels, OrphanLabel
 from picasso.sample_identity import Range, correction_source, identity_of, runs, settled_source
 from picasso.spec import FeatureSpec
 

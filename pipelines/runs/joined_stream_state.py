@@ -1,10 +1,10 @@
 """The state of a joined stream: the model and, in the same checkpoint, the join.
 
 `picasso stream --impressions T1 --labels T2` builds its samples itself
-(picasso.sample_join). Between two cycles the join holds impressions that wait for their
+(picasso.sample_join.join_state). Between two cycles the join holds impressions that wait for their
 label, labels that wait for their impression, and samples emitted but not yet trained (a
 training batch is a fixed number of samples, drawn from a window of several batches'
-worth: picasso.sample_buffer). All of it is written into the checkpoint directory next
+worth: picasso.sample_join.sample_buffer). All of it is written into the checkpoint directory next
 to the weights, the optimizer, the positions and the ledger, and committed with them: a
 cycle that fails or is killed leaves no trace, and its re-run from the checkpoint
 re-joins the very same samples and trains the very same batches.
@@ -27,13 +27,13 @@ from picasso.batch import PackedBatch
 from picasso.checkpoint import read_checkpoint_file
 from picasso.connectors.join_events import JoinDecoders
 from picasso.connectors.metric_plots import label_delay_svg
-from picasso.delayed_feedback import late_share
-from picasso.join_spec import JoinSpec
+from picasso.sample_join.delayed_feedback import late_share
+from picasso.sample_join.join_spec import JoinSpec
 from picasso.pipelines.runs.stream_state import StreamModel
 from picasso.pipelines.runs.stream_window import JOIN_FILE, JoinWindow
-from picasso.sample_buffer import SampleBuffer
-from picasso.join_rules import JoinCounts, OrphanLabel, event_watermark
-from picasso.sample_join import JoinState, sample_schema
+from picasso.sample_join.sample_buffer import SampleBuffer
+from picasso.sample_join.join_rules import JoinCounts, OrphanLabel, event_watermark
+from picasso.sample_join.join_state import JoinState, sample_schema
 from picasso.spec import FeatureSpec
 from picasso.trainer import TrainConfig
 
@@ -134,7 +134,7 @@ class JoinedCycle:
 
 class JoinedStreamModel(StreamModel):
     """A StreamModel that joins before it trains. `take` turns one decoded poll into the
-    training batches it completes (picasso.sample_buffer: batch_rows samples each, mixed);
+    training batches it completes (picasso.sample_join.sample_buffer: batch_rows samples each, mixed);
     `score_and_train` trains them."""
 
     def __init__(self, base: StreamModel, topics: JoinedTopics, decoders: JoinDecoders, join: JoinState,
@@ -198,7 +198,7 @@ class JoinedStreamModel(StreamModel):
 
     def weighted(self, batch: PackedBatch) -> PackedBatch:
         """Under `correct`, the batch with the loss weights of late labels
-        (picasso.delayed_feedback), by the share of late clicks the join has seen so far."""
+        (picasso.sample_join.delayed_feedback), by the share of late clicks the join has seen so far."""
         if self.topics.join.late_labels != "correct":
             return batch
         counts = self.join.counts

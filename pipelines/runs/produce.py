@@ -31,7 +31,7 @@ from picasso import storage
 from picasso.connectors.day_files import UnreadableFile, format_of, list_day_files, read_chunks
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.decoding.message_formats import encode_arrow, encode_json
-from picasso.synthetic_events import EVENT_TIME, IMPRESSIONS, LABELS
+from picasso.connectors.synthetic.events import EVENT_TIME, IMPRESSIONS, LABELS
 
 
 def _arrow(table: pa.Table, rows: int) -> list[tuple[bytes, int]]:

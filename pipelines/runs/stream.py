@@ -39,7 +39,7 @@ from picasso.checkpoint import clean_temporaries
 from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
-from picasso.connectors.kafka_sink import WriteDeadLettersToKafka
+from picasso.connectors.dead_letters.topic import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
 from picasso.connectors.retry import Backoff
 from picasso.pipelines.runs.counters import picasso_counters

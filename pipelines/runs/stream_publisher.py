@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 
 from picasso import storage
-from picasso.connectors.publishing import registry_tags
-from picasso.connectors.publishing.contract import PUBLISHED, PublishRequest
-from picasso.connectors.publishing.outbox import PublishOutbox
-from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.serving.publishing import registry_tags
+from picasso.serving.publishing.contract import PUBLISHED, PublishRequest
+from picasso.serving.publishing.outbox import PublishOutbox
+from picasso.serving.publishing.policy import PublishPolicy
 from picasso.pipelines.runs.run_health import HealthFacts, HealthVerdict, check_health
 
 log = logging.getLogger(__name__)

@@ -41,7 +41,7 @@ class PartitionLedger:
 
 
 @dataclass
-class Ledger:
+class StreamLedger:
     partitions: dict[str, PartitionLedger] = field(default_factory=dict)
     cycles: int = 0
 
@@ -75,7 +75,7 @@ class Ledger:
         return {"cycles": self.cycles, "partitions": {k: asdict(v) for k, v in sorted(self.partitions.items())}}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Ledger":
+    def from_dict(cls, data: dict) -> "StreamLedger":
         return cls({k: PartitionLedger(**v) for k, v in data.get("partitions", {}).items()}, data.get("cycles", 0))
 
 
@@ -87,7 +87,7 @@ class StreamModel:
     metrics of the next model version.
     """
 
-    def __init__(self, trainer: Trainer, ledger: Ledger, checkpoint: str | None, window: ScoredWindow | None = None):
+    def __init__(self, trainer: Trainer, ledger: StreamLedger, checkpoint: str | None, window: ScoredWindow | None = None):
         self.trainer = trainer
         self.ledger = ledger
         self.checkpoint = checkpoint
@@ -126,7 +126,7 @@ class StreamModel:
         trainer = Trainer(spec, config)
         path = trainer.warm_start(root)
         metrics = json.loads(storage.read_text(storage.join(path, "metrics.json"))) if path else {}
-        ledger = Ledger.from_dict(metrics.get("ledger", {}))
+        ledger = StreamLedger.from_dict(metrics.get("ledger", {}))
         window = read_checkpoint_file(path, SCORED_FILE) if path else None
         return cls(trainer, ledger, path, ScoredWindow.from_bytes(window) if window else None)
 

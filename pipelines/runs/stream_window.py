@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from picasso.join_rules import JoinCounts
+from picasso.sample_join.join_rules import JoinCounts
 from picasso.trainer import evaluation_metrics
 
 SCORED_FILE = "stream-window.arrow"  # the prequential labels and scores since the last publish

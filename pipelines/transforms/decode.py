@@ -25,13 +25,13 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from picasso.connectors.day_files import RawChunk, UnreadableFile
-from picasso.connectors.dead_letters import DeadLetter, reason_kind
+from picasso.connectors.dead_letters.letters import DeadLetter, reason_kind
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.message_formats import FORMATS, decode_messages
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.connectors.kafka_sink import DeadLetterProducer
+from picasso.connectors.dead_letters.topic import DeadLetterProducer
 from picasso.connectors.kafka_source import Messages
-from picasso.hashing import hash_bytes, splitmix64_array
+from picasso.kernels.hashing import hash_bytes, splitmix64_array
 from picasso.pipelines.transforms.message_spans import DecodedMessageChunk, MessageSpan
 from picasso.pipelines.transforms.process_counts import DEAD_LETTER_KIND_COUNTER, PROCESS_COUNTS
 from picasso.pipelines.transforms.row_profile import RowProfile

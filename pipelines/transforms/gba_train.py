@@ -2,7 +2,7 @@
 `picasso ps`. The transform is train.py's, the handler train_handlers.GBAHandler; this
 module holds the server's address and the process's membership of the job.
 
-The first DoFn instance in a process joins the job (picasso.distributed.join) without a
+The first DoFn instance in a process joins the job (picasso.distributed.worker_startup) without a
 name: a Beam worker process does not know its index among the runner's workers, so the
 server gives it the first free one, and a process the runner starts to replace a dead one
 takes the dead one's name. The model comes from the server's description, so a pipeline
@@ -30,7 +30,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from picasso.distributed.join import JoinSettings, join_job
+from picasso.distributed.worker_startup import JoinSettings, join_job
 from picasso.distributed.param_server import ParameterServerError, ServerAddress
 from picasso.distributed.row_cache import RowCacheConfig
 from picasso.distributed.transport import Security

@@ -1,6 +1,6 @@
 """JoinLabels: impressions joined with their delayed labels in Beam's keyed state.
 
-The join's policy is picasso.sample_join's (see its docstring); this is its host for
+The join's policy is picasso.sample_join.join_state's (see its docstring); this is its host for
 streaming runners. The bounded-cycle stream holds every pending impression in one
 JoinState; a streaming runner instead shards the join by key, so each key's impression,
 its verdict and the labels waiting for it live in that key's state, and event-time timers
@@ -58,11 +58,11 @@ from apache_beam.utils.timestamp import Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.batch import SETTLES_KEY
-from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
+from picasso.sample_join.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
                                 POSITIVE, SETTLED, Impressions, JoinCounts, JoinPolicy, Labels, OrphanLabel,
                                 decide_labels, forgettable, recalled, settle_waiting, timed_out, unrecalled)
 from picasso.sample_identity import correction_source, identity_of, settled_source
-from picasso.sample_join import sample_schema
+from picasso.sample_join.join_state import sample_schema
 
 IMPRESSIONS, LABELS = "impressions", "labels"  # the input's keys
 SAMPLES, ORPHANS = "samples", "orphans"  # the output's keys

@@ -23,7 +23,7 @@ from picasso.batch import pack
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.packing import PackingPlan
 from picasso.spec import parse_spec
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
 
 HERE = Path(__file__).resolve().parent

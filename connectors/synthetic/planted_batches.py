@@ -7,7 +7,7 @@ from __future__ import annotations
 from picasso.batch import pack
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.packing import PackingPlan
-from picasso.synthetic import PlantedModel
+from picasso.connectors.synthetic.planted import PlantedModel
 
 
 def planted_source(stream: int) -> str:

@@ -34,15 +34,15 @@ from mlflow.tracking import MlflowClient
 from picasso import storage
 from picasso.checkpoint import Checkpoint, load_checkpoint
 from picasso.connectors.metric_plots import metrics_svg
-from picasso.connectors.publishing import registry_tags as tags
-from picasso.connectors.publishing.contract import ModelVersionRef, MLflowTarget, PublishRequest
-from picasso.connectors.publishing.delta_store import DeltaStore
-from picasso.connectors.publishing.mlflow_env import active_run, fluent_uris, http_settings, project_run_id
-from picasso.connectors.publishing.model_code import serving_requirements, stage_code
-from picasso.connectors.publishing.policy import CANDIDATE, CHAMPION, PublishPolicy, decide_promotion
-from picasso.connectors.publishing.registry import (client_for, ensure_experiment, ensure_registered_model, key_filter,
+from picasso.serving.publishing import registry_tags as tags
+from picasso.serving.publishing.contract import ModelVersionRef, MLflowTarget, PublishRequest
+from picasso.serving.publishing.delta_store import DeltaStore
+from picasso.serving.publishing.mlflow_env import active_run, fluent_uris, http_settings, project_run_id
+from picasso.serving.model_code import serving_requirements, stage_code
+from picasso.serving.publishing.policy import CANDIDATE, CHAMPION, PublishPolicy, decide_promotion
+from picasso.serving.publishing.registry import (client_for, ensure_experiment, ensure_registered_model, key_filter,
                                                     quote, version_by_alias)
-from picasso.connectors.publishing.run_metrics import flatten_numbers, metric_entities, metric_name
+from picasso.serving.publishing.run_metrics import flatten_numbers, metric_entities, metric_name
 from picasso.connectors.retry import with_retries
 from picasso.packing import PackingPlan
 from picasso.serving import pyfunc_model

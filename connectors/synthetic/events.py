@@ -1,8 +1,8 @@
 """Impression and click streams from the planted model: data to try the sample join on.
 
 Serving logs an impression when it shows an item, and the click, if any, comes later on
-another stream (picasso.sample_join pairs them up). make_event_stream turns the planted
-model's rows (picasso.synthetic) into those two streams, and keeps what the streams hide:
+another stream (picasso.sample_join.join_state pairs them up). make_event_stream turns the planted
+model's rows (picasso.connectors.synthetic.planted) into those two streams, and keeps what the streams hide:
 
 - impressions: the spec's dense and sparse fields, without the label, plus `request_id`
   ("r" and 16 hex digits, unique within a seed) and `event_time_ms` (epoch ms), in event
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from picasso.hashing import splitmix64_array
-from picasso.join_rules import DELAY_COLUMN
-from picasso.synthetic import PlantedModel
+from picasso.kernels.hashing import splitmix64_array
+from picasso.sample_join.join_rules import DELAY_COLUMN
+from picasso.connectors.synthetic.planted import PlantedModel
 
 REQUEST_ID = "request_id"
 EVENT_TIME = "event_time_ms"

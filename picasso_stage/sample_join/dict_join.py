@@ -1,6 +1,6 @@
-"""The join policy of picasso.sample_join as a competent dict join: benchmarks.join's baseline.
+"""The join policy of picasso.sample_join.join_state as a competent dict join: benchmarks.join's baseline.
 
-The reference join (picasso.sample_join_reference) turns every impression's features into
+The reference join (picasso.sample_join.reference) turns every impression's features into
 a Python row dict and every sample back into Arrow, and that conversion is most of its
 time. A user who writes a dict join with care leaves the rows where they came: a record
 holds the call's Arrow table and its row there, and a call's samples are taken from those
@@ -19,9 +19,9 @@ from itertools import repeat
 
 import pyarrow as pa
 
-from picasso.join_rules import Impressions
-from picasso.sample_join import as_samples, sample_schema
-from picasso.sample_join_reference import DictJoin
+from picasso.sample_join.join_rules import Impressions
+from picasso.sample_join.join_state import as_samples, sample_schema
+from picasso.sample_join.reference import DictJoin
 
 
 class ArrowDictJoin(DictJoin):

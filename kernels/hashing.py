@@ -17,7 +17,7 @@ maps to the same embedding row everywhere and in every version.
   The hash is unkeyed and splitmix64 is invertible, so anyone who can choose ids can make
   two share a hash, and a key, at will: 'aaaaaaaabbbbbbbb' and 'WnSYpkMCpr|VGy6A' do.
   Where a collision must not matter, compare the ids themselves: the sample join finds a
-  record by hash and then compares the join keys exactly (picasso.join_rules.join_ids).
+  record by hash and then compares the join keys exactly (picasso.sample_join.join_rules.join_ids).
 
 A string "123" and an integer 123 are different ids. The vectorised forms below are
 tested to agree with the scalar ones, which are the definition.

@@ -20,11 +20,11 @@ import mlflow
 import torch
 from mlflow.tracking import MlflowClient
 
-from picasso.connectors.publishing import registry_tags as tags
-from picasso.connectors.publishing.mlflow_env import tracking_uri
-from picasso.connectors.publishing.model_delta import (DeltaMismatch, apply_delta, compute_delta, delta_stats,
+from picasso.serving.publishing import registry_tags as tags
+from picasso.serving.publishing.mlflow_env import tracking_uri
+from picasso.serving.publishing.model_delta import (DeltaMismatch, apply_delta, compute_delta, delta_stats,
                                                        load_delta, save_delta)
-from picasso.connectors.publishing.registry import latest_version
+from picasso.serving.publishing.registry import latest_version
 from picasso.serving.weights import file_sha256, load_weights, save_weights
 
 DELTA_FILE, DELTA_INFO = "delta.pt", "delta.json"

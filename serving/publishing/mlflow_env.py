@@ -8,7 +8,7 @@ puts back after, so that it never redirects or reconfigures its caller's later M
 - active_run: the fluent API's active run, which log_model logs to.
 - project_run_id, tracking_uri: what a publish reads of that state.
 - create_sqlite_schema: the whole schema of a new SQLite store, the way MLflow's client
-  makes it, for connectors/local_store.py to build the embedded store in one step.
+  makes it, for serving/publishing/local_store.py to build the embedded store in one step.
 - python_model_of, pyfunc_with: the PythonModel inside a loaded pyfunc, and a pyfunc like
   it around another PythonModel and MLmodel, for serving/versions.py to swap in a version
   built in memory (the served one plus a delta) without MLflow's loader reading files.
@@ -47,7 +47,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.tracking._model_registry import utils as registry_utils
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
-from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.serving.publishing.policy import PublishPolicy
 
 _URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from picasso import storage
-from picasso.connectors.publishing import registry_tags as tags
-from picasso.connectors.publishing.contract import MLflowTarget
-from picasso.connectors.publishing.mlflow_env import http_settings
-from picasso.connectors.publishing.policy import CHAMPION, PublishPolicy
-from picasso.connectors.publishing.registry import ALIAS_ABSENT, client_for, version_by_alias
+from picasso.serving.publishing import registry_tags as tags
+from picasso.serving.publishing.contract import MLflowTarget
+from picasso.serving.publishing.mlflow_env import http_settings
+from picasso.serving.publishing.policy import CHAMPION, PublishPolicy
+from picasso.serving.publishing.registry import ALIAS_ABSENT, client_for, version_by_alias
 from picasso.connectors.retry import with_retries
 
 

@@ -7,7 +7,7 @@ A spec file may carry, next to its fields, a `join:` section (every key optional
       time: event_time_ms      # both events' event time, epoch milliseconds (an integer)
       label: label             # the label event's 0/1 field (default: the spec's label)
       wait: 15m                # W: how long an impression waits for its label
-      late_labels: drop        # or correct (see picasso.sample_join)
+      late_labels: drop        # or correct (see picasso.sample_join.join_state)
       horizon: 15m             # how long past W a late label is still recognised
       orphan_grace: 1m         # how long a label waits for its impression
       allowed_lateness: 0s     # the watermark trails the partitions' newest time by this
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from picasso.durations import parse_duration_ms
-from picasso.join_rules import LATE_LABEL_POLICIES, JoinPolicy
+from picasso.sample_join.join_rules import LATE_LABEL_POLICIES, JoinPolicy
 
 _DURATIONS = {"wait": "wait_ms", "horizon": "horizon_ms", "orphan_grace": "orphan_grace_ms",
               "allowed_lateness": "allowed_lateness_ms", "max_future": "max_future_ms",

@@ -2,7 +2,7 @@
 
 With a wait window W, an impression is emitted once, as a positive if its click came
 within W and as a negative otherwise; a click that comes after W emits it again as a
-positive (picasso.sample_join). So for an item with click probability p, of whose clicks
+positive (picasso.sample_join.join_state). So for an item with click probability p, of whose clicks
 a share d arrive after W, the training stream holds, per impression:
     positives p(1 - d) + p·d = p, negatives (1 - p) + p·d, in all 1 + p·d samples;
 that is, a biased distribution q(y=1|x) = p / (1 + p·d), q(y=0|x) = (1 - p + p·d) / (1 + p·d).

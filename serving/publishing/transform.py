@@ -6,9 +6,9 @@ from pathlib import Path
 
 import apache_beam as beam
 
-from picasso.connectors.publishing.contract import MLflowTarget
-from picasso.connectors.publishing.outbox import PublishOutbox
-from picasso.connectors.publishing.policy import PublishPolicy
+from picasso.serving.publishing.contract import MLflowTarget
+from picasso.serving.publishing.outbox import PublishOutbox
+from picasso.serving.publishing.policy import PublishPolicy
 
 
 class PublishToMLflow(beam.PTransform):

@@ -33,8 +33,8 @@ from dataclasses import dataclass, replace
 import apache_beam as beam
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
-from picasso.connectors import dead_letter_oversize as oversize
-from picasso.connectors.dead_letter_oversize import Digest
+from picasso.connectors.dead_letters import oversize
+from picasso.connectors.dead_letters.oversize import Digest
 from picasso.connectors.kafka_config import KafkaConnection, source_name
 
 log = logging.getLogger(__name__)

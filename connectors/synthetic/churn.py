@@ -28,7 +28,7 @@ The label: logit = bias + w_item + Σ_f w_f[token_f] + v · (log1p(dense) - 1), 
   table of effects), and sigma makes it most of the logit's variance, so that an item
   sharing its row with another costs real accuracy;
 - the spec's other sparse fields draw Zipf-distributed tokens with effects of their own
-  and its dense fields log-normal counts, as picasso.synthetic does, so that a model has
+  and its dense fields log-normal counts, as picasso.connectors.synthetic.planted does, so that a model has
   something besides the item to learn; the bias makes the click rate target_ctr.
 
 Every row is a pure function of (spec, config, its position): its draws are hashes of
@@ -44,9 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from picasso.hashing import hash_bytes, splitmix64_array
+from picasso.kernels.hashing import hash_bytes, splitmix64_array
 from picasso.spec import FeatureSpec, SparseField, SpecError
-from picasso.synthetic import MAX_TOKENS, TARGET_CTR, calibrate_bias, field_values, zipf_cdf
+from picasso.connectors.synthetic.planted import MAX_TOKENS, TARGET_CTR, calibrate_bias, field_values, zipf_cdf
 
 ITEM_FIELD = "item"
 HEAD_START = 10  # lifetimes of births before position 0
@@ -188,7 +188,7 @@ class ChurnModel:
             logits += truth.weights[ranks]
             columns[truth.field.name] = field_values(ranks, truth.field, truth.salt)
         for f, weight in zip(self.spec.dense, self.dense_weights):
-            # Heavy-tailed counts, as picasso.synthetic draws them.
+            # Heavy-tailed counts, as picasso.connectors.synthetic.planted draws them.
             counts = np.floor(np.exp(1.0 + 1.5 * _normal(positions, seed, f"dense {f.name}")))
             logits += (np.log1p(counts) - 1.0) * weight
             missing = _uniform(positions, seed, f"missing {f.name}") < self.config.missing_dense

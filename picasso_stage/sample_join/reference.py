@@ -1,4 +1,4 @@
-"""The join policy of picasso.sample_join, one event at a time, in plain Python dicts.
+"""The join policy of picasso.sample_join.join_state, one event at a time, in plain Python dicts.
 
 This is the join as one would first write it: a dict of impressions with their features
 as row dicts, heaps of their deadlines for the timeouts, and a loop over events.
@@ -9,7 +9,7 @@ the watermark. Its records are keyed by the key's hash and the key itself (the e
 `ids`), as JoinState compares them; the forgotten impressions by hash, as JoinState's.
 
 How a record holds its features, and how a call's samples become a table, are three
-methods (_rows, _sample, _table), so that picasso.sample_join_dict can hold them in Arrow.
+methods (_rows, _sample, _table), so that picasso.sample_join.dict_join can hold them in Arrow.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from collections.abc import Iterable
 import numpy as np
 import pyarrow as pa
 
-from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, Impressions, JoinCounts, JoinOutput,
+from picasso.sample_join.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, KEY_COLUMN, Impressions, JoinCounts, JoinOutput,
                                 JoinPolicy, Labels, OrphanLabel)
-from picasso.sample_join import sample_schema
+from picasso.sample_join.join_state import sample_schema
 
 
 class _Record:

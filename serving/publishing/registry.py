@@ -8,8 +8,8 @@ from __future__ import annotations
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from picasso.connectors.publishing import registry_tags as tags
-from picasso.connectors.publishing.contract import MLflowTarget
+from picasso.serving.publishing import registry_tags as tags
+from picasso.serving.publishing.contract import MLflowTarget
 
 # The error codes of get_model_version_by_alias for an alias that points nowhere.
 ALIAS_ABSENT = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")

@@ -1,6 +1,6 @@
 """The feature rows a join holds, by record slot, in a few tables of rows.
 
-picasso.sample_join keeps its records (keys, times, states) in numpy arrays and their
+picasso.sample_join.join_state keeps its records (keys, times, states) in numpy arrays and their
 canonical feature rows here. Rows come in a table per call and leave one by one (a record
 emitted for good needs its row no more), and a join of a million pending impressions must
 neither copy them all again and again nor take from hundreds of small tables:
@@ -10,7 +10,7 @@ neither copy them all again and again nor take from hundreds of small tables:
   dropped when none is left. Rows leave roughly in arrival order, so old tables empty and
   go; each rewrite halves a table, so a row is copied at most about twice more.
 Rows keep their slots' order everywhere, so a take of ascending slots is ascending in
-every table. The tables are numpy arrays (picasso.row_arrays): rows come in and leave as
+every table. The tables are numpy arrays (picasso.sample_join.feature_arrays): rows come in and leave as
 Arrow tables, but a take from Arrow costs a kernel call per column.
 """
 
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from picasso.row_arrays import RowArrays, RowLayout
+from picasso.sample_join.feature_arrays import RowArrays, RowLayout
 
 MERGE_ROWS = 65_536
 

@@ -164,7 +164,7 @@ def _remove_sidecars(path: Path) -> None:
 def _build(path: Path, artifact_root: str | None) -> None:
     """A complete store at path, made in a temporary file and renamed into place."""
     # MLflow, imported when a store is built: every command imports this module.
-    from picasso.connectors.publishing.mlflow_env import create_sqlite_schema
+    from picasso.serving.publishing.mlflow_env import create_sqlite_schema
 
     _remove_leftovers(path)
     fd, temporary = tempfile.mkstemp(prefix=_temporary_prefix(path), dir=path.parent)

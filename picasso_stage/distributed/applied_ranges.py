@@ -27,11 +27,11 @@ from picasso.sample_identity import Range, Spans, spans_of
 
 
 @dataclass
-class Ledger:
+class AppliedRanges:
     ranges: dict[str, list[Range]] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, data: dict[str, list[list[int]]] | None) -> "Ledger":
+    def from_json(cls, data: dict[str, list[list[int]]] | None) -> "AppliedRanges":
         ledger = cls()
         for source, spans in (data or {}).items():
             for start, end in spans:
@@ -39,7 +39,7 @@ class Ledger:
         return ledger
 
     @classmethod
-    def from_checkpoint(cls, applied: dict[str, list[list[int]]] | None, positions: dict[str, int]) -> "Ledger":
+    def from_checkpoint(cls, applied: dict[str, list[list[int]]] | None, positions: dict[str, int]) -> "AppliedRanges":
         """A checkpoint's ledger. A source it has positions for but no ranges (a checkpoint
         of local or sync training, which keep no ledger) counts as trained up to its
         position: a resumed job reads it on from there, and nothing before it is new."""
@@ -52,8 +52,8 @@ class Ledger:
     def to_json(self) -> dict[str, list[list[int]]]:
         return {source: [[a, b] for a, b in spans] for source, spans in sorted(self.ranges.items()) if spans}
 
-    def copy(self) -> "Ledger":
-        return Ledger({source: list(spans) for source, spans in self.ranges.items()})
+    def copy(self) -> "AppliedRanges":
+        return AppliedRanges({source: list(spans) for source, spans in self.ranges.items()})
 
     def covered(self, source: str, start: int, end: int) -> int:
         """How many positions of [start, end) the ledger holds."""

@@ -15,7 +15,7 @@ events into labelled samples, by this policy (JoinPolicy):
 - A label that comes after its impression was emitted as a negative, or that is more than
   W after it, is late. `drop` counts it. `correct` emits the impression once more as a
   positive with `join_correction` = 1, so that the loss can weight it (see
-  picasso.delayed_feedback). An emitted impression is remembered, to recognise its late
+  picasso.sample_join.delayed_feedback). An emitted impression is remembered, to recognise its late
   and duplicate labels, until the watermark passes its time + W + `horizon_ms`; then it is
   forgotten. A label more than W + `horizon_ms` after its impression is beyond the
   horizon: it never joins, whether or not the record is forgotten yet (join_rules).
@@ -36,7 +36,7 @@ impressions a copy per call would cost more than the join.
 
 Keys are 64-bit hashes of the join-key fields (join_keys), and the state is numpy
 arrays: a key, a time, a state and an id per record, the feature rows one after another
-(picasso.feature_rows), and one dict from key to slot. The hash finds an event's record
+(picasso.sample_join.held_features), and one dict from key to slot. The hash finds an event's record
 and the id (join_ids: the key itself, as text) confirms it, in one vectorised comparison:
 the hash is unkeyed, and a key chosen to share another user's hash must not take that
 user's impression. A record whose hash another key holds already (a collision, chosen or
@@ -60,10 +60,10 @@ from dataclasses import asdict
 import numpy as np
 import pyarrow as pa
 
-from picasso.feature_rows import MERGE_ROWS, FeatureRows
+from picasso.sample_join.held_features import MERGE_ROWS, FeatureRows
 from picasso.forgotten_keys import NOT_FOUND, ForgottenKeys
 from picasso.key_index import KeyIndex
-from picasso.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, FORGOTTEN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
+from picasso.sample_join.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, FORGOTTEN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
                                 POSITIVE, SETTLED, Impressions, JoinCounts, JoinOutput, JoinPolicy, Labels, OrphanLabel,
                                 decide_labels, forgettable, orphaned, recalled, settle_waiting, timed_out, unrecalled)
 

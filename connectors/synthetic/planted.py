@@ -11,7 +11,7 @@ shaped like Criteo's:
   so they are learnable, with a known ceiling: the AUC of the true probabilities.
 
 Everything is a pure function of (spec, seed): the same planted model labels every day,
-while each day's rows come from their own stream. picasso.synthetic_churn builds a model
+while each day's rows come from their own stream. picasso.connectors.synthetic.churn builds a model
 whose item ids churn from the same pieces (zipf_cdf, field_values, calibrate_bias).
 """
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from picasso import storage
-from picasso.connectors.local_store import ensure_sqlite_store
+from picasso.serving.publishing.local_store import ensure_sqlite_store
 
 PUBLISHED, PENDING = "published", "pending"  # PublishOutcome.status
 
@@ -29,7 +29,7 @@ class MLflowTarget:
 
         Every command that talks to MLflow gets its target here, before anything opens the
         store, so this is where a SQLite store (the default one, or a sqlite:/// URI given)
-        is made complete, in one step (connectors/local_store.py). It raises
+        is made complete, in one step (serving/publishing/local_store.py). It raises
         HalfMadeStoreError for a half-made store that holds data, and ValueError for a
         workdir at a URL without a tracking URI: SQLite cannot live on an object store."""
         if storage.is_url(workdir) and not tracking_uri:

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from picasso.hashing import hash_to_buckets, splitmix64_array
+from picasso.kernels.hashing import hash_to_buckets, splitmix64_array
 
 LATE_LABEL_POLICIES = ("drop", "correct")
 CORRECTION_COLUMN = "join_correction"  # int8: 1 on the extra positive `correct` emits
@@ -278,7 +278,7 @@ def unrecalled(times: np.ndarray, watermark: int, policy: JoinPolicy) -> np.ndar
 def join_keys(columns: Sequence[pa.Array | np.ndarray]) -> np.ndarray:
     """One uint64 key per row from the join-key columns (strings or integers).
 
-    Strings hash with picasso.hashing's word-wise splitmix64 (hash_bytes: the UTF-8 bytes
+    Strings hash with picasso.kernels.hashing's word-wise splitmix64 (hash_bytes: the UTF-8 bytes
     as 64-bit words, each mixed in with splitmix64; kept to 62 bits), integers as
     themselves, then each column is mixed in with splitmix64, so ("a", 1) and (1, "a")
     differ. Two random text keys collide with probability about 2^-62 per pair (about 1e-7

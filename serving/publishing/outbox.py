@@ -22,10 +22,10 @@ import uuid
 from pathlib import Path
 
 from picasso import storage
-from picasso.connectors.publishing.contract import (PENDING, PUBLISHED, MLflowTarget, ModelVersionRef,
+from picasso.serving.publishing.contract import (PENDING, PUBLISHED, MLflowTarget, ModelVersionRef,
                                                     PublishOutcome, PublishRequest)
-from picasso.connectors.publishing.policy import PublishPolicy
-from picasso.connectors.publishing.publication import publish
+from picasso.serving.publishing.policy import PublishPolicy
+from picasso.serving.publishing.publication import publish
 
 log = logging.getLogger(__name__)
 _REQUEST = "request.json"
