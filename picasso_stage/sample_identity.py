@@ -4,7 +4,7 @@ A batch read in order off a source is one range [start, end) of its positions
 (PackedBatch.ranges). A joined stream's samples leave the join out of that order: a sample
 goes when its label comes or its impression times out, so a batch of samples is a SET of
 impressions. Its identity is then several ranges per source: the impressions' offsets,
-sorted and compressed into runs (`runs`). The ledger (distributed/ledger.py) takes either
+sorted and compressed into runs (`runs`). The ledger (distributed/applied_ranges.py) takes either
 shape: a source names one range or a list of them (`spans_of`).
 
 Namespaces of a joined stream, so that each thing trained has one identity:

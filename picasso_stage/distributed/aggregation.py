@@ -84,7 +84,7 @@ class Contribution:
     sequence: int = -1
     # Per source, the batch's [start, end), or a list of ranges where the batch is a set of
     # positions (a joined stream's samples: picasso.sample_identity): every shard trains a
-    # range at most once (ledger.py). Empty: the batch's sources say no starts, and it is
+    # range at most once (applied_ranges.py). Empty: the batch's sources say no starts, and it is
     # trained as it comes.
     ranges: dict[str, tuple[int, int] | list[tuple[int, int]]] = field(default_factory=dict)
     # Sent to shard 0 only, for the server's prequential evaluation (an endless job's

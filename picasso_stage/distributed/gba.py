@@ -11,7 +11,7 @@ One `TokenControl` runs per parameter-server shard, over that shard's parameters
 - `drop_worker(worker)` forgets a failed worker: its buffered contributions leave the
   global batch and its tokens become invalid, so a push it sent before dying is refused.
 - a push whose source ranges were trained already (a retried bundle, a replay after a
-  restart) is acknowledged as a duplicate and not trained again (ledger.py).
+  restart) is acknowledged as a duplicate and not trained again (applied_ranges.py).
   The worker rejoins by pulling again under a new incarnation id (see `WorkerId`). Workers
   silent for longer than a lease are dropped the same way (`drop_silent`).
 

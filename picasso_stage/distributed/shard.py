@@ -58,7 +58,7 @@ class ShardSnapshot:
     counts: dict[str, int] = field(default_factory=dict)
     positions: dict[str, int] = field(default_factory=dict)  # sources' positions of the batches applied
     contributed: dict[str, int] = field(default_factory=dict)  # worker name -> local batches accepted
-    applied: dict[str, list[list[int]]] = field(default_factory=dict)  # source -> ranges in the model (ledger.py)
+    applied: dict[str, list[list[int]]] = field(default_factory=dict)  # source -> ranges in the model (applied_ranges.py)
     # Per dynamic field, (its counts since the snapshot before, its live rows) on this shard.
     dynamic: dict = field(default_factory=dict)
     # Shard 0: the prequential window (labels, and the scores given before training) of the

@@ -2,7 +2,7 @@
 
 The decisions are pure functions over numpy arrays (decide_labels, timed_out, forgettable,
 orphaned, settle_waiting, recalled, unrecalled), so that both hosts of the join take them
-from one place: JoinState (sample_join.py, for the bounded-cycle stream) and JoinLabels
+from one place: JoinState (join_state.py, for the bounded-cycle stream) and JoinLabels
 (Beam's keyed state on a streaming runner, pipelines/transforms/join_labels.py).
 join_keys and event_watermark are how either host keys events and moves event time.
 
