@@ -20,6 +20,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from picasso import storage
+from picasso.connectors.beam_files import serve_urls_through_beam
 from picasso.connectors.partitions import partition_path
 
 FORMATS = {"parquet": ".parquet", "jsonl": ".jsonl", "tsv": ".tsv"}
@@ -153,9 +154,23 @@ class ReadDayFiles(beam.PTransform):
         self.chunk_rows = chunk_rows
 
     def expand(self, pbegin):
-        chunk_rows = self.chunk_rows
         return (
             pbegin
             | "ListFiles" >> beam.Create(self.files)
-            | "ReadChunks" >> beam.FlatMap(lambda path: read_chunks(path, chunk_rows))
+            | "ReadChunks" >> beam.ParDo(_ReadChunks(self.chunk_rows))
         )
+
+
+class _ReadChunks(beam.DoFn):
+    """read_chunks of each file, on a worker that reads URLs through Beam's filesystems."""
+
+    def __init__(self, chunk_rows: int):
+        self.chunk_rows = chunk_rows
+
+    def setup(self):
+        # A worker process imports only the modules of the DoFns it runs: nothing else has
+        # set up how it reads the day's URLs.
+        serve_urls_through_beam()
+
+    def process(self, path: str):
+        yield from read_chunks(path, self.chunk_rows)

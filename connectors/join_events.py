@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from picasso.connectors.decoding.columns import as_arrow_array
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
-from picasso.connectors.dead_letters.topic import MessageDeadLetter
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.decoding.message_formats import DecodedMessages, decode_messages
 from picasso.sample_join.join_spec import JoinSpec
@@ -192,7 +192,8 @@ def _ids(table: pa.Table) -> np.ndarray:
 
 def orphan_dead_letter(orphan: OrphanLabel, join: JoinSpec, label_field: str) -> MessageDeadLetter:
     """The dead letter of a label that found no impression: its event, rebuilt from what
-    the join kept (the original bytes are long gone by then), and why."""
+    the join kept (the original bytes are long gone by then), and why. It goes where every
+    letter of a bad message goes (connectors/dead_letters/policy.py)."""
     source, offset, key_text = orphan.ref
     topic, partition = source.rsplit("/", 1)
     keys = dict(zip(join.key, key_text.split("|"))) if len(join.key) > 1 else {join.key[0]: key_text}

@@ -15,19 +15,20 @@ same elements for the same positions.
 Only the reads go through the chosen client. The broker wait before a command starts
 (connectors.kafka_wait), the best-effort commit of positions to the consumer group and the
 dead-letter producer stay on kafka-python, which is always installed.
+
+This module is the contract alone, below the connection's settings (kafka_config, which
+names its client) and both readers; connectors.kafka_readers.open_reader opens the one
+a connection names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from kafka import TopicPartition
 
 from picasso.connectors.kafka_record_batches import RecordBlock
-
-if TYPE_CHECKING:
-    from picasso.connectors.kafka_config import KafkaConnection
 
 KAFKA_PYTHON, CONFLUENT = "kafka-python", "confluent"
 CLIENTS = (KAFKA_PYTHON, CONFLUENT)
@@ -84,13 +85,3 @@ def require_client(client: str) -> None:
             raise ClientUnavailable(f"--kafka-client confluent needs confluent-kafka, which is not installed here: "
                                     f"pip install {CONFLUENT_PIN} (picasso-stage's extra 'confluent')") from None
 
-
-def open_reader(connection: KafkaConnection, **overrides) -> PartitionReader:
-    """A reader on the connection's client; overrides: kafka-python settings (fetch sizes)."""
-    if connection.client == CONFLUENT:
-        from picasso.connectors.confluent_reader import ConfluentReader
-
-        return ConfluentReader(connection, **overrides)
-    from picasso.connectors.kafka_python_reader import KafkaPythonReader
-
-    return KafkaPythonReader(connection, **overrides)

@@ -41,7 +41,7 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from kafka import TopicPartition
 
 from picasso.connectors.element_coder import register_sized_coder
-from picasso.connectors.kafka_clients import open_reader
+from picasso.connectors.kafka_readers import open_reader
 from picasso.connectors.kafka_codecs import CodecUnavailable, check_codecs, naming_missing_codec
 from picasso.connectors.kafka_config import KafkaConnection, source_name
 

@@ -7,10 +7,14 @@ to the rows the batch touched (see stepped_lookup), the way FBGEMM's table-batch
 embeddings do. So a training step is: forward, loss.backward() (which also steps every
 embedding table), then the dense optimizer's step. A GBA worker, which steps nothing, takes
 the rows' gradients from the same backward instead (lookup_with_row_gradients).
+
+Several embeddings over one plan (a model's deep and wide parts) may be looked up together,
+one kernel call per group for all of them (share_bags, lookup_together).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -166,3 +170,34 @@ class PackedEmbedding(nn.Module):
     def stepped_table(self, group: PackedGroup) -> SteppedTable:
         weight, slots, _ = self._storage(group.name)
         return SteppedTable(weight, slots, self.optimizers[group.name], int(self.steps))
+
+
+def share_bags(embeddings: Sequence[PackedEmbedding]) -> bool:
+    """Whether the embeddings can be looked up together: several, over one plan or parts
+    of one plan (so one batch's ids index the same rows of each group they share), in one
+    mode."""
+    first = embeddings[0]
+    return len(embeddings) > 1 and all(e.plan.root is first.plan.root and e.training == first.training
+                                       for e in embeddings)
+
+
+def lookup_together(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.Tensor],
+                    offsets: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+    """What each embedding's forward gives, one embedding after the other (see share_bags
+    for when it applies), with one kernel call per group for all the embeddings that have
+    it (a cross may feed one part of a model alone: packing); a group that a hot-row cache
+    holds in fast tiers (one per embedding, each with its own rows) takes each embedding's
+    own lookup."""
+    training = [e.start_step() for e in embeddings][0]
+    pooled: list[dict[str, torch.Tensor]] = [{} for _ in embeddings]
+    for group in embeddings[0].plan.root.groups:
+        having = [i for i, e in enumerate(embeddings) if e.has_group(group.name)]
+        group_ids, group_offsets = ids[group.name], offsets[group.name]
+        if any(embeddings[i].fast_tiers.get(group.name) is not None for i in having):
+            outs = [embeddings[i].lookup_group(group, group_ids, group_offsets, training) for i in having]
+        else:
+            bags = embeddings[having[0]].group_bags(group, group_ids, group_offsets)
+            outs = pooled_tables(bags, [embeddings[i].stepped_table(group) for i in having], training)
+        for i, out in zip(having, outs):
+            pooled[i][group.name] = out
+    return [pooled[i][g.name] for i, e in enumerate(embeddings) for g in e.plan.groups]

@@ -71,7 +71,7 @@ class PackedGroup:
 class PackingPlan:
     groups: tuple[PackedGroup, ...]
     # The plan this one is a part of (for_part), None for a whole plan: embeddings over
-    # parts of one plan still share a batch's ids (stepped_lookup.share_bags).
+    # parts of one plan still share a batch's ids (embedding.share_bags).
     whole: PackingPlan | None = field(default=None, compare=False, repr=False)
 
     @property

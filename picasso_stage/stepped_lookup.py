@@ -7,21 +7,20 @@ one kernels.fused_update_many, which de-duplicates the batch's rows and splits t
 once for all of them instead of once per table. Each table keeps its own optimizer,
 hyper-parameters, slots and step, and comes out exactly as it would alone: the kernels
 sum each row's gradient in the same order either way.
+
+This module knows tables, not embeddings: which embeddings' tables are looked up together
+is PackedEmbedding's to say (embedding.py: share_bags, lookup_together).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from picasso import kernels
 from picasso.kernels import SparseOptimizer
-
-if TYPE_CHECKING:
-    from picasso.embedding import PackedEmbedding
 
 
 @dataclass(frozen=True)
@@ -87,34 +86,3 @@ def pooled_tables(bags: GroupBags, tables: Sequence[SteppedTable], training: boo
     # A zero-size input that requires grad makes autograd call backward.
     anchor = torch.empty(0, requires_grad=True)
     return list(_SteppedLookup.apply(anchor, bags, tuple(tables)))
-
-
-def share_bags(embeddings: Sequence[PackedEmbedding]) -> bool:
-    """Whether the embeddings can be looked up together: several, over one plan or parts
-    of one plan (so one batch's ids index the same rows of each group they share), in one
-    mode."""
-    first = embeddings[0]
-    return len(embeddings) > 1 and all(e.plan.root is first.plan.root and e.training == first.training
-                                       for e in embeddings)
-
-
-def lookup_together(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.Tensor],
-                    offsets: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-    """What each embedding's forward gives, one embedding after the other (see share_bags
-    for when it applies), with one kernel call per group for all the embeddings that have
-    it (a cross may feed one part of a model alone: packing); a group that a hot-row cache
-    holds in fast tiers (one per embedding, each with its own rows) takes each embedding's
-    own lookup."""
-    training = [e.start_step() for e in embeddings][0]
-    pooled: list[dict[str, torch.Tensor]] = [{} for _ in embeddings]
-    for group in embeddings[0].plan.root.groups:
-        having = [i for i, e in enumerate(embeddings) if e.has_group(group.name)]
-        group_ids, group_offsets = ids[group.name], offsets[group.name]
-        if any(embeddings[i].fast_tiers.get(group.name) is not None for i in having):
-            outs = [embeddings[i].lookup_group(group, group_ids, group_offsets, training) for i in having]
-        else:
-            bags = embeddings[having[0]].group_bags(group, group_ids, group_offsets)
-            outs = pooled_tables(bags, [embeddings[i].stepped_table(group) for i in having], training)
-        for i, out in zip(having, outs):
-            pooled[i][group.name] = out
-    return [pooled[i][g.name] for i, e in enumerate(embeddings) for g in e.plan.groups]

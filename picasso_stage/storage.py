@@ -4,10 +4,12 @@ Every folder of a run (the data root, the work folder, checkpoints, the publish 
 run results) may be a local path or a URL (`s3://`, `gs://`, `hdfs://`, ...). Code that
 keeps state calls these functions with either, and never `pathlib` or `open` directly.
 
-picasso never imports Beam, so URLs are served by a backend the host registers:
-`picasso.pipelines` registers Beam's `apache_beam.io.filesystems` (connectors/beam_files.py),
-whose settings come from the same pipeline options the user passes (`--s3_endpoint_url`,
-GCS credentials, ...) on the driver and on every worker. Local paths are served here.
+picasso never imports Beam, so URLs are served by a backend the host registers
+(register_remote): where picasso's commands and pipelines start, Beam's
+`apache_beam.io.filesystems` (connectors/beam_files.py: serve_urls_through_beam, which says
+where it is called), whose settings come from the same pipeline options the user passes
+(`--s3_endpoint_url`, GCS credentials, ...) on the driver and on every worker. Local paths
+are served here.
 
 What one write guarantees, on either kind:
 - `write_bytes` is all or nothing: a reader sees the old object or the whole new one. An
@@ -61,6 +63,11 @@ def register_remote(make: Callable[[], RemoteFiles]) -> None:
     _make_remote, _remote = make, None
 
 
+def serves_urls() -> bool:
+    """Whether a backend for URLs is registered in this process."""
+    return _make_remote is not None
+
+
 def is_url(path: str | Path) -> bool:
     """A URL with a scheme other than file://, which a registered backend serves."""
     text = str(path)
@@ -76,8 +83,9 @@ def _backend(url: str) -> RemoteFiles:
     global _remote
     if _remote is None:
         if _make_remote is None:
-            raise RuntimeError(f"{url}: no filesystem serves URLs in this process (import picasso.pipelines, "
-                               "which registers Beam's, or call picasso.storage.register_remote)")
+            raise RuntimeError(f"{url}: no filesystem serves URLs in this process (call "
+                               "picasso.connectors.beam_files.serve_urls_through_beam for Beam's, or "
+                               "picasso.storage.register_remote)")
         _remote = _make_remote()
     return _remote
 

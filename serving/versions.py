@@ -35,6 +35,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.models import Model
 from mlflow.tracking import MlflowClient
 
+from picasso.serving import old_names
 from picasso.serving.publishing import registry_tags as tags
 from picasso.serving.publishing.delta_store import download_delta, logged_model_location
 from picasso.serving.publishing.mlflow_env import pyfunc_with, python_model_of, tracking_uri
@@ -216,6 +217,7 @@ class VersionLoader:
                                  f"(added {added or 'none'}, removed {removed or 'none'}): clients would break; "
                                  "serve it with a new `picasso serve`")
         try:
+            old_names.install()  # a version logged earlier imports modules by their names then
             model = mlflow.pyfunc.load_model(str(folder))
         except Exception as err:  # noqa: BLE001
             _remove(folder)

@@ -27,6 +27,7 @@ from picasso.pipelines.runs.daily import DailyConfig, run_daily
 from picasso.pipelines.runs.generate import generate_days
 from picasso.pipelines.runs.stream import StreamConfig, StreamRunner, one_worker_in_this_process
 from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.pipelines.transforms.train_handlers import TrainerHandler
 from picasso.trainer import TrainConfig, Trainer
 
 from helpers import planted_batches, small_spec
@@ -127,7 +128,8 @@ def test_a_retried_training_bundle_trains_a_fresh_trainer_once(tmp_path):
     batches, _ = planted_batches(spec, rows=1_200, batch_size=200)
     options = PipelineOptions(["--runner=FnApiRunner", "--direct_runner_bundle_repeat=1"])
     with beam.Pipeline(options=options) as pipeline:
-        pipeline | beam.Create(batches, reshuffle=False) | PicassoTrain(spec, config, tmp_path / "checkpoints")
+        pipeline | beam.Create(batches, reshuffle=False) | PicassoTrain(
+            TrainerHandler.for_run(spec, config, tmp_path / "checkpoints"))
     checkpoint = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
     assert checkpoint.step == len(batches) and checkpoint.state["samples"] == 1_200
     reference = Trainer(spec, config)
@@ -139,7 +141,8 @@ def test_a_retried_training_bundle_trains_a_fresh_trainer_once(tmp_path):
 def test_a_run_with_no_batch_still_checkpoints(tmp_path):
     spec = small_spec()
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
-        pipeline | beam.Create([]) | PicassoTrain(spec, TrainConfig(hidden=(16,), log_every=0), tmp_path / "checkpoints")
+        pipeline | beam.Create([]) | PicassoTrain(TrainerHandler.for_run(
+            spec, TrainConfig(hidden=(16,), log_every=0), tmp_path / "checkpoints"))
     assert load_checkpoint(latest_checkpoint(tmp_path / "checkpoints")).step == 0
 
 

@@ -15,9 +15,10 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka_broker import create_topic
 
 from picasso.connectors.dead_letters import oversize as dead_letter_oversize
-from picasso.connectors.dead_letters.oversize import KEPT_PREFIX_BYTES, Digest
+from picasso.connectors.dead_letters.letters import Digest, MessageDeadLetter
+from picasso.connectors.dead_letters.policy import KEPT_PREFIX_BYTES, MAX_REASON_BYTES, DeadLetterPolicy
+from picasso.connectors.dead_letters.topic import WriteDeadLettersToKafka
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.dead_letters.topic import MAX_REASON_BYTES, MessageDeadLetter, WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import FETCH_SETTINGS
 from picasso.connectors.testing.kafka_broker import TansuBroker
 from picasso.connectors.testing.loopback import listening
@@ -42,7 +43,7 @@ def write(connection: KafkaConnection, topic: str, elements: list, step=None, **
         letters = pipeline | beam.Create(elements)
         if step is not None:
             letters = letters | beam.Map(step)
-        letters | WriteDeadLettersToKafka(connection, topic, **sink_options)
+        letters | WriteDeadLettersToKafka(connection, DeadLetterPolicy(topic=topic, **sink_options))
 
 
 def read_back(bootstrap: str, topic: str, count: int) -> list[MessageDeadLetter]:

@@ -6,7 +6,7 @@ which fails on the Kafka read's splittable DoFn: FACTS.md), so the TestStream yi
 `Messages` the read would: impressions on a topic of two partitions, labels on one, as
 JSON, in steps of event time with the watermark after each, a jump of the watermark past
 every deadline in the middle, and at the end to infinity. It trains with
-PicassoTrain(mode="gba", unbounded=True) against `picasso ps --endless` started as a
+PicassoTrain(GBAHandler(...), unbounded=True) against `picasso ps --endless` started as a
 process, as an operator starts it; dead letters go to a real broker.
 
 The stream holds late labels (corrected), labels sent twice, impressions sent twice,
@@ -44,6 +44,7 @@ from picasso.checkpoint import load_checkpoint, read_applied
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.join_events import JoinDecoders, decode_poll, impressions_of, labels_of
 from picasso.connectors.kafka_config import KafkaConnection, source_name
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.dead_letters.topic import DeadLetterProducer
 from picasso.connectors.kafka_source import Messages
 from picasso.connectors.testing.param_server import in_process
@@ -63,6 +64,7 @@ from picasso.pipelines.runs.endless_joined import JoinedBatches
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.pipelines.transforms.train_handlers import GBAHandler
 from picasso.sample_identity import correction_source, held_mask, joined_positions, runs, settled_source
 from picasso.sample_join.join_state import JoinState
 from picasso.connectors.synthetic.planted import PlantedModel
@@ -231,7 +233,7 @@ def _joined_pipeline(steps, port: int, letters: DeadLetterProducer, between=None
     pipeline = beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--streaming"]))
     batches = pipeline | _stream(steps) | JoinedBatches(SPEC, TOPICS, FORMATS, letters, rows_per_table=40)
     trained = batches if between is None else batches | "Between" >> beam.Map(between)
-    trained | PicassoTrain(SPEC, mode="gba", ps=PSAddress("127.0.0.1", port, max_in_flight=1), unbounded=True)
+    trained | PicassoTrain(GBAHandler(PSAddress("127.0.0.1", port, max_in_flight=1), SPEC), unbounded=True)
     return pipeline, batches
 
 
@@ -253,7 +255,7 @@ def _assert_each_once(summary: dict, expected: list, next_offsets: dict[str, int
 def _letters(bootstrap: str, seed: int) -> DeadLetterProducer:
     topic = f"joined-dead-{seed}"
     create_topic(bootstrap, topic, 1)
-    return DeadLetterProducer(KafkaConnection(bootstrap), topic, 30.0)
+    return DeadLetterProducer(KafkaConnection(bootstrap), DeadLetterPolicy(topic=topic, delivery_timeout_s=30.0))
 
 
 def _stream_of(seed: int):

@@ -1,4 +1,4 @@
-"""PicassoTrain(mode="gba") on a multi-process FnApiRunner: each Beam worker process is one
+"""PicassoTrain(GBAHandler(...)) on a multi-process FnApiRunner: each Beam worker process is one
 GBA worker of a real `picasso ps` on loopback."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from picasso.distributed.row_cache import RowCacheConfig
 from picasso.connectors.synthetic.planted_batches import planted_batches
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.pipelines.transforms.train_handlers import GBAHandler
 from picasso.trainer import Trainer
 
 from test_gba_ps import _finish, _ps
@@ -83,9 +84,9 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
                 | beam.FlatMap(_planted)
                 # Hot rows come from each worker's cache in front of the server, at most
                 # two global steps old.
-                | PicassoTrain(SPEC, TRAIN, tmp_path / "unused", mode="gba",
-                               ps=PSAddress("127.0.0.1", port, timeout_s=30,
-                                            row_cache=RowCacheConfig(capacity="20%", max_staleness=2)))
+                | PicassoTrain(GBAHandler(PSAddress("127.0.0.1", port, timeout_s=30,
+                                                  row_cache=RowCacheConfig(capacity="20%", max_staleness=2)),
+                                        SPEC))
                 | beam.Map(lambda stats: out.write_text(json.dumps(
                     {"steps": stats.steps, "samples": stats.samples, "positions": stats.positions})))
             )
@@ -140,8 +141,7 @@ def test_a_pipeline_of_another_spec_is_refused_by_name(tmp_path, monkeypatch):
         with pytest.raises(Exception, match="the parameter server trains spec 'tiny', the pipeline packs 'other'"):
             with beam.Pipeline(options=options) as p:
                 _ = (p | beam.Create([(0, (STREAMS[0],))]) | beam.FlatMap(_planted)
-                     | PicassoTrain(other, CONFIG, tmp_path / "unused", mode="gba",
-                                    ps=PSAddress("127.0.0.1", port, timeout_s=30)))
+                     | PicassoTrain(GBAHandler(PSAddress("127.0.0.1", port, timeout_s=30), other)))
         code, summary, err = _finish(server)
     finally:
         _stop(server)
@@ -172,7 +172,7 @@ def _gba_pipeline(port: int, source_fn, **kwargs) -> None:
     with beam.Pipeline(options=options) as p:
         _ = (p | beam.Create([(i, stream) for i, stream in enumerate(STREAMS)]) | beam.GroupByKey()
              | beam.FlatMap(source_fn, **kwargs)
-             | PicassoTrain(SPEC, CONFIG, "unused", mode="gba", ps=PSAddress("127.0.0.1", port, timeout_s=30)))
+             | PicassoTrain(GBAHandler(PSAddress("127.0.0.1", port, timeout_s=30), SPEC)))
 
 
 def test_a_beam_worker_killed_mid_bundle_and_the_job_run_again_trains_every_sample_once(tmp_path, monkeypatch):

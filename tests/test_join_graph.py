@@ -42,6 +42,7 @@ from picasso.pipelines.runs.join_cycle import DecodeJoinEvents, PackSamples, Spa
 from picasso.pipelines.transforms.join_labels import SAMPLES, JoinLabels
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.pipelines.transforms.train_handlers import TrainerHandler
 from picasso.sample_join.join_state import JoinState
 from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.connectors.synthetic.events import EventStreamConfig, make_event_stream
@@ -168,7 +169,8 @@ def test_the_joined_graph_trains_the_cores_samples_and_ends_at_every_partitions_
     decoded = pipeline | stream | DecodeJoinEvents(SPEC, TOPICS, FORMATS)
     joined = decoded.chunks | SplitJoinEvents() | JoinLabels(JOIN.policy(), JoinDecoders(SPEC, JOIN).feature_schema)
     batches = (joined[SAMPLES] | PackSamples(SPEC), decoded.chunks | SpanPositions(SPEC)) | beam.Flatten()
-    batches | at_the_end() | PicassoTrain(SPEC, TrainConfig(hidden=(8,), device="cpu"), checkpoints)
+    batches | at_the_end() | PicassoTrain(
+        TrainerHandler.for_run(SPEC, TrainConfig(hidden=(8,), device="cpu"), checkpoints))
     # Each letter's topic and its reason up to the parser's details.
     dead = decoded[DEAD_LETTERS] | beam.Map(lambda letter: (letter.topic, letter.reason.split(":")[0]))
     assert_that(dead, equal_to([(IMPRESSION_TOPIC, "invalid JSON"), (LABEL_TOPIC, "label must be 0 or 1, got 0.5")]),

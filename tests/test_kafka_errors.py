@@ -18,7 +18,8 @@ from kafka.errors import KafkaTimeoutError
 from kafka_broker import create_topic
 from stream_helpers import fill_topic, json_messages, start_process, stream_command, wait_for, write_spec
 
-from picasso.connectors.kafka_clients import KafkaReadFailed, open_reader
+from picasso.connectors.kafka_clients import KafkaReadFailed
+from picasso.connectors.kafka_readers import open_reader
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, topic_partitions
 from picasso.connectors.kafka_source import bounded_ranges
 from picasso.connectors.librdkafka_config import librdkafka_consumer_config

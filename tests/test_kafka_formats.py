@@ -21,7 +21,9 @@ from kafka_broker import create_topic, produce_values
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets
-from picasso.connectors.dead_letters.topic import MessageDeadLetter, WriteDeadLettersToKafka
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
+from picasso.connectors.dead_letters.topic import WriteDeadLettersToKafka
 from picasso.connectors.kafka_source import Messages, ReadFromKafka
 from picasso.connectors.decoding.message_formats import decode_json_values, decode_messages, encode_arrow, encode_json
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodeMessages
@@ -63,7 +65,7 @@ def run_pipeline(bootstrap: str, topic: str, fmt: str, options: DecodeOptions = 
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
         decoded = (pipeline | ReadFromKafka.bounded(connection, [topic], max_messages=7)
                    | DecodeMessages(SPEC, {topic: fmt}, options))
-        decoded[DEAD_LETTERS] | WriteDeadLettersToKafka(connection, dead_topic)
+        decoded[DEAD_LETTERS] | WriteDeadLettersToKafka(connection, DeadLetterPolicy(topic=dead_topic))
         packed = decoded.chunks | PackMessages(SPEC)
         (packed | beam.Map(lambda p: json.dumps([p.batch.num_samples, p.span.next_position]))
          | beam.io.WriteToText(str(out_dir / "packed"), shard_name_template=""))

@@ -21,6 +21,7 @@ from picasso import storage
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import MARKER, clean_temporaries, latest_checkpoint, load_checkpoint
 from picasso.connectors.beam_files import use_beam_filesystems
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.connectors.testing.mlflow_server import MlflowServer
@@ -121,7 +122,7 @@ def test_stream_runs_with_every_path_on_s3(s3, s3_mlflow, kafka_bootstrap):
     config = StreamConfig(
         connection=KafkaConnection(kafka_bootstrap), topics={topic: "json"}, workdir=workdir, spec=STREAM_SPEC,
         mlflow=MLflowTarget(mlflow_uri, experiment="s3-stream", model_name="s3-stream-model"),
-        train=TrainConfig(hidden=(16, 8), device="cpu"), dead_letter_topic="s3-stream.dead", batch_messages=100,
+        train=TrainConfig(hidden=(16, 8), device="cpu"), dead_letters=DeadLetterPolicy(topic="s3-stream.dead"), batch_messages=100,
         max_cycle_messages=200, publish_every_s=0.5, until_caught_up=True, group_id="s3-stream-group",
         beam_args=tuple(s3.beam_args),
     )

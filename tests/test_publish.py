@@ -21,7 +21,7 @@ from publish_helpers import SPEC, CheckpointMaker, fresh_target, request
 from picasso.checkpoint import load_checkpoint
 from picasso.serving.publishing.contract import PENDING, PUBLISHED, MLflowTarget
 from picasso.serving.publishing.delta_store import download_delta, download_weights, rebuild, rebuild_version
-from picasso.serving.model_code import serving_requirements
+from picasso.serving.model_code import served_files, serving_requirements
 from picasso.serving.publishing.model_delta import DeltaMismatch, apply_delta, changed_rows, compute_delta
 from picasso.serving.publishing.outbox import PublishOutbox
 from picasso.serving.publishing.policy import PublishPolicy, decide_promotion
@@ -234,6 +234,8 @@ def test_the_model_loads_and_predicts_without_beam_kafka_or_an_installed_picasso
     assert set(serving_requirements()) <= set(requirements)
     assert all("==" in line for line in requirements)  # pinned
     assert not any(name in " ".join(requirements) for name in ("apache-beam", "kafka"))
+    code = Path(local) / "code"  # exactly the modules the pyfunc needs (test_served_code.py)
+    assert sorted(str(path.relative_to(code)) for path in code.rglob("*") if path.is_file()) == served_files()
     script = f"""
 import sys
 for name in ("apache_beam", "kafka"):

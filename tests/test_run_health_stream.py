@@ -14,6 +14,7 @@ from kafka_broker import produce_values
 from mlflow.tracking import MlflowClient
 from stream_helpers import SPEC, fill_topic, json_messages
 
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.connectors.testing.loopback import free_port
@@ -39,7 +40,7 @@ def _config(bootstrap, server, topic, workdir, spec=SPEC) -> StreamConfig:
     return StreamConfig(
         connection=KafkaConnection(bootstrap), topics={topic: "json"}, workdir=str(workdir), spec=spec,
         mlflow=MLflowTarget(server, experiment=f"health-{topic}", model_name=topic),
-        train=TrainConfig(hidden=(8,), device="cpu"), dead_letter_topic=f"{topic}.dead", batch_messages=100,
+        train=TrainConfig(hidden=(8,), device="cpu"), dead_letters=DeadLetterPolicy(topic=f"{topic}.dead"), batch_messages=100,
         publish_every_s=3600, until_caught_up=True, group_id=f"{topic}-group")
 
 

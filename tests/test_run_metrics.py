@@ -22,6 +22,7 @@ from stream_helpers import (SPEC, fill_topic, json_messages, produce_values, sta
 
 from picasso import storage
 from picasso.connectors.dead_letters.letters import reason_kind
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.serving.publishing.contract import MLflowTarget
@@ -157,7 +158,7 @@ def scraped_stream(kafka_bootstrap, mlflow_server, tmp_path_factory):
         connection=KafkaConnection(kafka_bootstrap), topics={topic: "json"},
         workdir=str(tmp_path_factory.mktemp("metrics-stream")), spec=SPEC,
         mlflow=MLflowTarget(mlflow_server, experiment="metrics-test", model_name="metrics-test-model"),
-        train=TrainConfig(hidden=(16, 8), device="cpu"), dead_letter_topic="metrics-test.dead", batch_messages=50,
+        train=TrainConfig(hidden=(16, 8), device="cpu"), dead_letters=DeadLetterPolicy(topic="metrics-test.dead"), batch_messages=50,
         max_cycle_messages=100, publish_every_s=0.5, until_caught_up=True, group_id=f"metrics-group-{topic}")
     runner = StreamRunner(config)
     seen = []

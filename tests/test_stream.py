@@ -13,6 +13,7 @@ from stream_helpers import SPEC, arrow_messages, fill_topic, json_messages
 
 from picasso.checkpoint import load_checkpoint
 from picasso.connectors.kafka_clients import CLIENTS
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
@@ -47,7 +48,7 @@ def streamed(request, kafka_bootstrap, mlflow_server, stream_topics, tmp_path_fa
         spec=SPEC,
         mlflow=MLflowTarget(mlflow_server, experiment="stream-test", model_name=f"stream-test-model-{client}"),
         train=TrainConfig(hidden=(16, 8), device="cpu"),
-        dead_letter_topic=f"stream-test.dead.{client}",
+        dead_letters=DeadLetterPolicy(topic=f"stream-test.dead.{client}"),
         batch_messages=100,
         max_cycle_messages=200,
         publish_every_s=0.5,
@@ -112,8 +113,8 @@ def test_stream_sends_bad_messages_to_the_dead_letter_topic(streamed):
     config, _, _, _, bad = streamed
     consumer = KafkaConsumer(bootstrap_servers=config.connection.bootstrap_servers, enable_auto_commit=False,
                              auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    consumer.assign([TopicPartition(config.dead_letter_topic, p)
-                     for p in consumer.partitions_for_topic(config.dead_letter_topic)])
+    consumer.assign([TopicPartition(config.dead_letters.topic, p)
+                     for p in consumer.partitions_for_topic(config.dead_letters.topic)])
     letters = [dict(r.headers) for r in consumer]
     consumer.close()
     reasons = sorted(h["picasso.reason"].decode() for h in letters)
@@ -134,7 +135,8 @@ def test_a_stream_stopped_after_its_cycle_says_the_lag_that_cycle_left(kafka_boo
     fill_topic(kafka_bootstrap, topic, json_messages(150, stream=5), partitions=1)
     config = StreamConfig(connection=KafkaConnection(kafka_bootstrap), topics={topic: "json"}, workdir=str(tmp_path),
                           spec=SPEC, mlflow=None, train=TrainConfig(hidden=(8,), device="cpu"),
-                          dead_letter_topic=f"{topic}.dead", batch_messages=100, max_cycle_messages=100, max_cycles=1)
+                          dead_letters=DeadLetterPolicy(topic=f"{topic}.dead"), batch_messages=100,
+                          max_cycle_messages=100, max_cycles=1)
     summary = run_stream(config)
     # One cycle of 100 of 150 messages, then the stop: 50 behind (not the 150 it started behind).
     assert summary.cycles == 1 and summary.messages == 100 and summary.lag == 50

@@ -20,7 +20,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka_broker import create_topic
 from stream_helpers import arrow_messages, json_messages, run_stream_process, stream_command, write_spec
 
-from picasso.connectors.dead_letters.topic import MessageDeadLetter
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
 from picasso.connectors.decoding.message_formats import encode_arrow
 
 MIB = 1 << 20

@@ -46,7 +46,7 @@ from stream_helpers import (
 
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.kafka_config import latest_offsets
-from picasso.connectors.dead_letters.topic import MessageDeadLetter
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
 from picasso.serving.publishing import registry_tags as tags
 
 CAP = 60  # --max-cycle-messages: a cycle reads [position, position + CAP) of each partition

@@ -20,7 +20,8 @@ from stream_helpers import SPEC, fill_topic, json_messages
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.dead_letters.topic import MessageDeadLetter
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.kafka_source import Messages, SourceStalled
 from picasso.connectors.decoding.message_formats import decode_messages
 from picasso.pipelines.runs import cycle_failures
@@ -101,7 +102,7 @@ def _config(kafka_bootstrap, topic, workdir, dead_letter_topic) -> StreamConfig:
     return StreamConfig(
         connection=KafkaConnection(kafka_bootstrap), topics={topic: "json"}, workdir=str(workdir), spec=SPEC,
         mlflow=None, train=TrainConfig(hidden=(16, 8), device="cpu"), batch_messages=20,
-        dead_letter_topic=dead_letter_topic, until_caught_up=True, backoff_s=0.01, backoff_max_s=0.05,
+        dead_letters=DeadLetterPolicy(topic=dead_letter_topic), until_caught_up=True, backoff_s=0.01, backoff_max_s=0.05,
     )
 
 

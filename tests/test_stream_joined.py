@@ -15,7 +15,8 @@ from test_run_metrics import labelled, scrape
 
 from picasso.checkpoint import latest_checkpoint, read_checkpoint_file
 from picasso.connectors.kafka_config import KafkaConnection
-from picasso.connectors.dead_letters.topic import MessageDeadLetter
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.sample_join.join_spec import JoinSpec
 from picasso.pipelines.runs.joined_stream_state import JoinedTopics
@@ -66,7 +67,7 @@ def _config(bootstrap, topics, workdir, **changes) -> StreamConfig:
     imps, labs = topics
     config = StreamConfig(
         connection=KafkaConnection(bootstrap), topics={imps: "json", labs: "json"}, workdir=str(workdir), spec=SPEC,
-        mlflow=None, train=TrainConfig(hidden=(16, 8), device="cpu"), dead_letter_topic=f"{imps}.dead",
+        mlflow=None, train=TrainConfig(hidden=(16, 8), device="cpu"), dead_letters=DeadLetterPolicy(topic=f"{imps}.dead"),
         batch_messages=100, max_cycle_messages=300, until_caught_up=True, deterministic=True,
         joined=JoinedTopics(imps, labs, JOIN),
     )
@@ -124,7 +125,7 @@ def test_bad_events_and_orphan_labels_reach_the_dead_letter_topic(joined, kafka_
 
     config, summary, reports, _ = joined
     consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
-    tp = TopicPartition(config.dead_letter_topic, 0)
+    tp = TopicPartition(config.dead_letters.topic, 0)
     consumer.assign([tp])
     consumer.seek_to_beginning(tp)
     letters = [MessageDeadLetter.from_record(record) for record in consumer]

@@ -14,6 +14,7 @@ from picasso.packing import PackingPlan
 from picasso.pipelines.transforms.decode import DecodedChunk
 from picasso.pipelines.transforms.pack import PackFeatures
 from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.pipelines.transforms.train_handlers import TrainerHandler
 from picasso.spec import parse_spec
 from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
@@ -51,7 +52,7 @@ def test_picasso_train_checkpoints_what_a_plain_trainer_learns(tmp_path, runner)
             pipeline
             | beam.Create(chunks + [empty], reshuffle=False)
             | PackFeatures(SPEC)
-            | PicassoTrain(SPEC, CONFIG, tmp_path / "checkpoints")
+            | PicassoTrain(TrainerHandler.for_run(SPEC, CONFIG, tmp_path / "checkpoints"))
         )
     checkpoint = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
     assert checkpoint.step == len(chunks)
@@ -73,7 +74,7 @@ def test_picasso_train_warm_starts_from_the_latest_checkpoint(tmp_path):
                 pipeline
                 | beam.Create(part, reshuffle=False)
                 | PackFeatures(SPEC)
-                | PicassoTrain(SPEC, CONFIG, tmp_path / "checkpoints")
+                | PicassoTrain(TrainerHandler.for_run(SPEC, CONFIG, tmp_path / "checkpoints"))
             )
     checkpoint = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
     assert checkpoint.step == 4

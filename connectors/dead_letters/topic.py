@@ -1,25 +1,22 @@
-"""The dead-letter topic: every refused Kafka message, as it arrived, with where and why.
-
-A dead-letter record keeps the original key and value bytes untouched (so it can be
-replayed once fixed) and says in its headers which topic, partition and offset it came
-from, why it was refused, and how many of its records were refused (an Arrow IPC message
-carries many).
+"""The dead-letter topic: every refused Kafka message (a MessageDeadLetter, letters.py), as
+it arrived, with where and why; written as the policy (policy.py) says.
 
 What is guaranteed:
 - Every dead letter of a bundle is acknowledged by the broker (acks=all) before the bundle
   finishes. The sink keeps the future of each send and, at the end of the bundle, flushes
   and waits for every one. If any failed (refused by the broker, or not acknowledged within
-  `delivery_timeout_s`), the bundle raises DeadLettersNotWritten, naming how many failed
-  and why the first one did. The stream cycle then fails before it checkpoints, and is
-  retried from the last checkpoint, so no dead letter is lost.
+  the policy's `delivery_timeout_s`), the bundle raises DeadLettersNotWritten, naming how
+  many failed and why the first one did. The stream cycle then fails before it
+  checkpoints; by default (the policy's `not_written`) it is retried from the last
+  checkpoint, so no dead letter is lost.
 - The wait is bounded. Within `delivery_timeout_s` the client retries transient errors
   itself (a leader moving, a broker restarting); past it, a send fails, so a dead broker
   fails the cycle and does not hang it.
 - A letter too large to send whole (over the producer's `max_request_size`, or refused by
-  the broker as too large) is still written, cut down to its first bytes with its size and
-  SHA-256 (see dead_letter_oversize for the encoding). Such a letter never blocks the
-  stream. Only a producer limit too small for even the cut letter (a few KiB) fails the
-  bundle, with DeadLetterTooLarge.
+  the broker as too large) is, by default (the policy's `too_large`), still written, cut
+  down to its first bytes with its size and SHA-256 (see oversize.py for the encoding).
+  Such a letter never blocks the stream. Only a producer limit too small for even the cut
+  letter (a few KiB) fails the bundle, with DeadLetterTooLarge.
 - A retried cycle may write a dead letter twice. The (topic, partition, offset) headers make
   duplicates easy to drop.
 """
@@ -28,97 +25,22 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import apache_beam as beam
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from picasso.connectors.dead_letters import oversize
-from picasso.connectors.dead_letters.oversize import Digest
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
+from picasso.connectors.dead_letters.policy import STOP, DeadLetterPolicy
 from picasso.connectors.kafka_config import KafkaConnection, source_name
 
 log = logging.getLogger(__name__)
 
-MAX_REASON_BYTES = 4096
-DEFAULT_DELIVERY_TIMEOUT_S = 60.0
 LINGER_MS = 20
 # kafka-python expires a record delivery_timeout after send(); the wait at the end of a
 # bundle allows this much more before it gives up on a future itself (a hang guard only).
 CONFIRM_GRACE_S = 5.0
-
-
-@dataclass(frozen=True)
-class MessageDeadLetter:
-    topic: str
-    partition: int
-    offset: int
-    key: bytes | None
-    value: bytes | None  # the message exactly as it arrived, or its first bytes if it was cut
-    timestamp_ms: int
-    reason: str
-    records: int = 1  # refused records in this message (rows of an Arrow IPC message)
-    # Set only on a letter cut down to fit Kafka's size limits: the originals' size and hash.
-    original_key: Digest | None = None
-    original_value: Digest | None = None
-
-    @property
-    def source(self) -> str:
-        return source_name(self.topic, self.partition)
-
-    @property
-    def is_cut(self) -> bool:
-        return self.reason.startswith(f"{oversize.OVERSIZE}: ")
-
-    @property
-    def original_reason(self) -> str:
-        """Why the message was refused, without the note that it was cut."""
-        return oversize.original_reason(self.reason)
-
-    def headers(self) -> list[tuple[str, bytes]]:
-        headers = [
-            ("picasso.topic", self.topic.encode()),
-            ("picasso.partition", str(self.partition).encode()),
-            ("picasso.offset", str(self.offset).encode()),
-            ("picasso.reason", _capped_utf8(self.reason, MAX_REASON_BYTES)),
-            ("picasso.records", str(self.records).encode()),
-        ]
-        if self.original_value is not None:
-            headers += self.original_value.headers(oversize.VALUE_HEADERS)
-        if self.original_key is not None:
-            headers += self.original_key.headers(oversize.KEY_HEADERS)
-        return headers
-
-    def record_size(self) -> int:
-        return oversize.record_size(self.key, self.value, self.headers())
-
-    def cut(self, why: str) -> "MessageDeadLetter":
-        """This letter with its value (and a long key) cut to their first bytes."""
-        key, original_key = oversize.cut(self.key, always_digest=False)
-        value, original_value = oversize.cut(self.value, always_digest=True)
-        return replace(self, key=key, value=value, original_key=original_key, original_value=original_value,
-                       reason=oversize.oversize_reason(why, self.reason))
-
-    @classmethod
-    def from_record(cls, record) -> "MessageDeadLetter":
-        """Read one back from a consumed dead-letter record."""
-        headers = {key: value.decode() for key, value in record.headers}
-        return cls(
-            topic=headers["picasso.topic"],
-            partition=int(headers["picasso.partition"]),
-            offset=int(headers["picasso.offset"]),
-            key=record.key,
-            value=record.value,
-            timestamp_ms=record.timestamp,
-            reason=headers["picasso.reason"],
-            records=int(headers["picasso.records"]),
-            original_key=Digest.from_headers(headers, oversize.KEY_HEADERS),
-            original_value=Digest.from_headers(headers, oversize.VALUE_HEADERS),
-        )
-
-
-def _capped_utf8(text: str, limit: int) -> bytes:
-    # Cut on a character boundary, so that the header always decodes again.
-    return text.encode()[:limit].decode(errors="ignore").encode()
 
 
 class DeadLettersNotWritten(RuntimeError):
@@ -126,7 +48,8 @@ class DeadLettersNotWritten(RuntimeError):
 
 
 class DeadLetterTooLarge(RuntimeError):
-    """A dead letter does not fit the producer's limit even cut down."""
+    """A dead letter does not fit the producer's limit even cut down, or the policy says
+    not to cut it."""
 
 
 @dataclass(frozen=True)
@@ -140,14 +63,13 @@ class DeadLetterProducer:
     bundle, and what a decode that must not let a chunk go on before its letters are
     written does per poll (DecodeMessages with letters_to=)."""
 
-    def __init__(self, connection: KafkaConnection, topic: str, delivery_timeout_s: float):
+    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy):
         self.connection = connection
-        self.topic = topic
-        self.delivery_timeout_s = delivery_timeout_s
+        self.policy = policy
         self.producer = None
 
     def open(self) -> None:
-        delivery_timeout_ms = int(self.delivery_timeout_s * 1000)
+        delivery_timeout_ms = int(self.policy.delivery_timeout_s * 1000)
         self.producer = self.connection.producer(
             acks="all",
             linger_ms=LINGER_MS,
@@ -173,29 +95,35 @@ class DeadLetterProducer:
 
     def _over_limit(self, letter: MessageDeadLetter) -> str | None:
         """Why the letter is too large for the producer, or None if it fits."""
-        size = letter.record_size()
+        size = oversize.letter_size(letter, self.policy.max_reason_bytes)
         return f"{size} bytes > max_request_size {self.max_request_size}" if size > self.max_request_size else None
 
     def _send(self, letter: MessageDeadLetter):
         try:
-            future = self.producer.send(self.topic, key=letter.key, value=letter.value, headers=letter.headers(),
+            future = self.producer.send(self.policy.topic, key=letter.key, value=letter.value,
+                                        headers=letter.headers(self.policy.max_reason_bytes),
                                         timestamp_ms=letter.timestamp_ms or None)
         except MessageSizeTooLargeError as error:  # the client's exact check, should ours be short
             self._send_cut(letter, _describe(error))
             return
         except KafkaError as error:  # e.g. no metadata within max_block_ms: the broker is gone
             raise DeadLettersNotWritten(
-                f"dead letter {letter.source} offset {letter.offset} could not be sent to '{self.topic}': "
+                f"dead letter {_named(letter)} could not be sent to '{self.policy.topic}': "
                 f"{_describe(error)}") from error
         self.sends.append(_Send(letter, future))
 
     def _send_cut(self, letter: MessageDeadLetter, why: str):
-        """Send the letter cut down; one that is cut already and still too large is an error."""
-        cut = letter if letter.is_cut else letter.cut(why)
+        """Send the letter cut down, as the policy says by default; one that is cut already
+        and still too large is an error, as is any too large letter when the policy stops."""
+        if self.policy.too_large == STOP:
+            raise DeadLetterTooLarge(
+                f"dead letter {_named(letter)} is too large ({why}), and the dead-letter "
+                "policy stops rather than cut it")
+        cut = letter if letter.is_cut else oversize.cut_letter(letter, why, self.policy.kept_prefix_bytes)
         still_too_large = why if letter.is_cut else self._over_limit(cut)
         if still_too_large:
             raise DeadLetterTooLarge(
-                f"dead letter {letter.source} offset {letter.offset} does not fit even cut down "
+                f"dead letter {_named(letter)} does not fit even cut down "
                 f"({still_too_large}); raise the producer's max_request_size")
         self._send(cut)
 
@@ -215,14 +143,14 @@ class DeadLetterProducer:
         if failures:
             letter, error = failures[0]
             raise DeadLettersNotWritten(
-                f"{len(failures)} of {letters} dead letters were not written to '{self.topic}'; "
-                f"the first, {letter.source} offset {letter.offset}: {_describe(error)}")
+                f"{len(failures)} of {letters} dead letters were not written to '{self.policy.topic}'; "
+                f"the first, {_named(letter)}: {_describe(error)}")
 
     def _confirm(self, sends: list[_Send]) -> list[tuple[_Send, Exception]]:
         """The sends that failed, with their errors, once every one has an answer."""
-        deadline = time.monotonic() + self.delivery_timeout_s + CONFIRM_GRACE_S
+        deadline = time.monotonic() + self.policy.delivery_timeout_s + CONFIRM_GRACE_S
         try:
-            self.producer.flush(timeout=self.delivery_timeout_s + CONFIRM_GRACE_S)
+            self.producer.flush(timeout=self.policy.delivery_timeout_s + CONFIRM_GRACE_S)
         except KafkaTimeoutError:
             pass  # the futures still unanswered say so below, one by one
         failed = []
@@ -245,8 +173,8 @@ class DeadLetterProducer:
 
 
 class _WriteDeadLettersDoFn(beam.DoFn):
-    def __init__(self, connection: KafkaConnection, topic: str, delivery_timeout_s: float):
-        self.letters = DeadLetterProducer(connection, topic, delivery_timeout_s)
+    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy):
+        self.letters = DeadLetterProducer(connection, policy)
 
     def setup(self):
         self.letters.open()
@@ -261,24 +189,24 @@ class _WriteDeadLettersDoFn(beam.DoFn):
         self.letters.close()
 
 
+def _named(letter: MessageDeadLetter) -> str:
+    """e.g. 'events/3 offset 17': where the letter's message was."""
+    return f"{source_name(letter.topic, letter.partition)} offset {letter.offset}"
+
+
 def _describe(error: Exception) -> str:
     text, name = str(error), type(error).__name__
     return text if name in text else f"{name}: {text}"  # kafka-python often names the class itself
 
 
 class WriteDeadLettersToKafka(beam.PTransform):
-    """MessageDeadLetters in; each becomes one record of the dead-letter topic, acknowledged
-    by the broker before its bundle finishes (see the module docstring)."""
+    """MessageDeadLetters in; each becomes one record of the policy's dead-letter topic,
+    acknowledged by the broker before its bundle finishes (see the module docstring)."""
 
-    def __init__(self, connection: KafkaConnection, topic: str,
-                 delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S):
+    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy):
         super().__init__()
-        if delivery_timeout_s < 1:
-            raise ValueError(f"delivery_timeout_s must be at least 1 second, got {delivery_timeout_s}")
         self.connection = connection
-        self.topic = topic
-        self.delivery_timeout_s = delivery_timeout_s
+        self.policy = policy
 
     def expand(self, letters):
-        return letters | "Produce" >> beam.ParDo(
-            _WriteDeadLettersDoFn(self.connection, self.topic, self.delivery_timeout_s))
+        return letters | "Produce" >> beam.ParDo(_WriteDeadLettersDoFn(self.connection, self.policy))

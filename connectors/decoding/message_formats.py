@@ -8,7 +8,8 @@ A topic carries one of:
 Every format ends in the same RecordDecoder, so the rules (and reasons) are those of day
 files. A refused record becomes a MessageDeadLetter that keeps the message's original
 bytes; an Arrow message with several refused rows becomes one dead letter that names each
-row, rather than one copy of a large message per row.
+row, rather than one copy of a large message per row. What then happens to a letter is
+the dead-letter policy's (connectors/dead_letters/policy.py).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from picasso.connectors.decoding.contracts import DecodeResult, summed_counts
 from picasso.connectors.decoding.json_fast_path import read_poll
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.connectors.kafka_config import source_name
-from picasso.connectors.dead_letters.topic import MessageDeadLetter
+from picasso.connectors.dead_letters.letters import MessageDeadLetter
 from picasso.connectors.kafka_source import Messages
 
 log = logging.getLogger(__name__)

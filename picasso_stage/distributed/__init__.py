@@ -21,6 +21,7 @@ Kept apart the way TorchRec keeps math from distribution:
 Every mode computes local gradients the same way and steps through the same Shard, so
 the learning rate, optimizers and global batch mean the same thing in each, and every
 mode reads and writes the Trainer's checkpoint layout: a job switches mode by restarting
-from a checkpoint with a different mode and nothing else. The commands are in
-picasso.pipelines.cli.distributed (`ps`, `gba-worker`, `sync-worker`).
+from a checkpoint with a different mode and nothing else. The commands `ps`, `gba-worker`
+and `sync-worker` run picasso.pipelines.runs' param_server.py, gba_worker.py and
+sync_worker.py; picasso.pipelines.cli.distributed parses their flags.
 """

@@ -1,5 +1,5 @@
 """Joining a running GBA (or async) job as one worker: the one way in, for the command
-line (`picasso gba-worker`) and for Beam (PicassoTrain(mode="gba")).
+line (`picasso gba-worker`) and for Beam (PicassoTrain with a GBAHandler).
 
 In order: wait for shard 0 (a server that never comes is a clear error, not a hang), read
 the job's description from it (spec, TrainConfig, layout: a worker cannot train a model

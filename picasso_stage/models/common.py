@@ -12,9 +12,8 @@ from torch import nn
 from picasso.batch import TorchBatch
 from picasso.sample_join.delayed_feedback import importance_weights
 from picasso.dynamic_rows import RowResets, reset_new_rows
-from picasso.embedding import PackedEmbedding
+from picasso.embedding import PackedEmbedding, lookup_together, share_bags
 from picasso.packing import PackingPlan
-from picasso.stepped_lookup import lookup_together, share_bags
 
 
 class PackedModel(nn.Module):

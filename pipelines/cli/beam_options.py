@@ -15,7 +15,7 @@ import functools
 import apache_beam  # noqa: F401 - registers the options classes of the runners and IOs
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from picasso.pipelines.cli.parser import did_you_mean
+from picasso.pipelines.cli.did_you_mean import did_you_mean
 
 BEAM_EPILOG = ("Options this command does not know are handed to Beam's PipelineOptions (e.g. "
                "--direct_num_workers=2, --project, --region, --temp_location, --flink_master, "

@@ -1,16 +1,17 @@
-"""`picasso ps` (a parameter server of one or more shards) and `picasso gba-worker`.
+"""`picasso ps` (a parameter server of one or more shards), `picasso gba-worker` and
+`picasso sync-worker`: their flags, and what they print. Each parses its flags into the
+settings of its run, in pipelines/runs/ (param_server.py, gba_worker.py, sync_worker.py,
+sharing distributed_job.py), and calls it.
 
     picasso ps --spec criteo --workdir ./gba --shards 2 --workers 4 --port 29500 --mode gba
     picasso gba-worker --port 29500 --rank 0 --rows 100000
 
-The server starts from the latest checkpoint under WORKDIR/checkpoints (any mode's; a
-fresh model when there is none) and, when every worker is done or dropped, writes one in
-the Trainer's layout, which any mode resumes from. Workers get the spec, the TrainConfig
-and the layout from shard 0, so they cannot disagree with the servers. Learning rates,
-optimizers and the global batch (M local batches) are the same flags in every mode.
+Learning rates, optimizers and the global batch (M local batches) are the same flags in
+every mode, and mean the same in each.
 
-`add_ps_commands(subparsers)` registers both commands on the `picasso` command line;
-`python -m picasso.pipelines.cli.distributed` runs them on their own.
+`add_ps_commands(subparsers)` registers the three commands on the `picasso` command line;
+`python -m picasso.pipelines.cli.distributed` runs them on their own (as `picasso ps`
+starts its other shards, and torchrun the ranks of sync-worker).
 
 Without --json they say what they do in plain lines on stderr, as it happens: where the
 server listens, each worker that joins, leaves or is dropped (the server's log), each
@@ -21,28 +22,17 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
-import hashlib
 import json
 import logging
-import os
 import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
-
-import torch.distributed as dist
 
 from picasso.cache import parse_capacity
-from picasso.checkpoint import read_applied, save_checkpoint
+from picasso.connectors.beam_files import serve_urls_through_beam
 from picasso.distributed.gba import GBAConfig
-from picasso.distributed.worker_startup import JoinSettings, join_job
-from picasso.distributed.layout import SYNC_DYNAMIC
-from picasso.distributed.param_server import JobDescription, ParameterServerError, ServerAddress, serve_shard
-from picasso.distributed.ps_checkpoint import build_shard, save_ps_checkpoint
+from picasso.distributed.param_server import ServerAddress
 from picasso.distributed.row_cache import RowCacheConfig
 from picasso.distributed.staleness import parse_decay
-from picasso.distributed.sync import SyncReplica
 from picasso.distributed.transport import Security
 from picasso.pipelines.cli.endless import add_ps_endless_args, run_ps_endless
 from picasso.pipelines.cli.metrics_args import add_metrics_arg
@@ -51,17 +41,15 @@ from picasso.pipelines.cli.process_exit import run_command
 from picasso.pipelines.cli.spec_arg import add_spec_arg
 from picasso.pipelines.cli.train_args import (MODEL_FLAGS, add_model_args, add_row_gradient_arg, flag_value,
                                               model_settings)
-from picasso.connectors.synthetic.planted_batches import planted_batches, planted_source
-from picasso.pipelines.runs.workdir import Workdir
-from picasso.spec import SpecError
+from picasso.pipelines.runs.distributed_job import PlantedData, RunError
+from picasso.pipelines.runs.gba_worker import GBAWorkerSettings, run_gba_worker
+from picasso.pipelines.runs.param_server import ParamServerSettings, run_param_server
+from picasso.pipelines.runs.sync_worker import SyncWorkerSettings, run_sync_worker
+from picasso.spec import FeatureSpec, SpecError
 from picasso.spec_refs import load_spec
-from picasso.trainer import TrainConfig, Trainer
+from picasso.trainer import TrainConfig
 
-# By name: run with `python -m` (a shard process, torchrun's ranks) __name__ is "__main__",
-# outside the "picasso" loggers that say_progress lets speak.
-log = logging.getLogger("picasso.pipelines.cli.distributed")
-MODES = ("gba", "async")
-COMMANDS = ("ps", "gba-worker", "sync-worker")  # each sets args.run
+MODES = ("gba", "async")  # picasso ps --mode: how its shards step (_gba_config)
 
 
 def _add_group_args(parser: argparse.ArgumentParser, server: bool) -> None:
@@ -168,29 +156,31 @@ def parse_straggler(text: str) -> tuple[int, float]:
     return parsed
 
 
-def _slowdown(args, rank: int) -> float:
-    return args.straggler[1] if args.straggler and args.straggler[0] == rank else 1.0
+def _planted_data(args) -> PlantedData:
+    return PlantedData(rows=args.rows, batch_size=args.batch_size, stream=args.stream, stream_base=args.stream_base,
+                       straggler=args.straggler)
 
 
-def _trainer(args, sync: bool = False):
-    """A Trainer of the flags' model, resumed from WORKDIR/checkpoints when it has one;
-    returns (it, the checkpoints' root, the checkpoint resumed or None)."""
+def _spec(args) -> FeatureSpec:
     try:
-        spec = load_spec(args.spec)
+        return load_spec(args.spec)
     except SpecError as err:
         raise SystemExit(f"error: {err}") from None
-    if sync and spec.dynamic_fields:
-        raise SystemExit(f"error: {', '.join(f.name for f in spec.dynamic_fields)}: {SYNC_DYNAMIC}")
-    # A sync rank's local batch (B is the ranks' sum); `picasso ps` has none: its workers say theirs.
-    config = TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu",
-                         loss_batch_size=getattr(args, "batch_size", None))
-    trainer = Trainer(spec, config)
-    root = Path(Workdir(args.workdir).checkpoints)
+
+
+def _train_config(args) -> TrainConfig:
+    """The flags' model. A sync rank's local batch (B is the ranks' sum); `picasso ps` has
+    none: its workers say theirs."""
+    return TrainConfig(**model_settings(args), seed=args.seed, log_every=0, device="cpu",
+                       loss_batch_size=getattr(args, "batch_size", None))
+
+
+def _run(run, settings):
+    """What the run returns; a RunError, which the operator can act on, as one error line."""
     try:
-        resumed = trainer.warm_start(root)
-    except (RuntimeError, ValueError) as err:  # another spec, or a model of other shapes
-        raise SystemExit(f"error: cannot resume from {root}: {err}") from None
-    return trainer, root, resumed
+        return run(settings)
+    except RunError as err:
+        raise SystemExit(f"error: {err}") from None
 
 
 def _address(args, server: bool):
@@ -225,48 +215,15 @@ def run_ps(args) -> int:
     index = args.shard_index or 0
     if not 0 <= index < args.shards:
         raise SystemExit(f"error: --shard-index {index} outside [0, {args.shards})")
-
-    trainer, root, resumed = _trainer(args)
-    spec, config = trainer.spec, trainer.config
-    children = []
-    if args.shard_index is None and args.shards > 1:
-        children = [subprocess.Popen([sys.executable, "-m", "picasso.pipelines.cli.distributed", *_shard_argv(args, s)])
-                    for s in range(1, args.shards)]
-    # The ledger of source ranges trained goes on with the weights: a batch replayed after
-    # the restart is acknowledged, not trained twice.
-    applied = read_applied(resumed) if resumed is not None else None
-    shard, layout = build_shard(trainer, index, args.shards, gba, args.samples, args.checkpoint_every, applied)
-    summary = {"shard": index, "mode": args.mode, "global_batches": gba.global_batches, "decay": gba.decay.describe(),
-               "row_gradient": gba.row_gradient}
-
-    def checkpoint(snapshots, last: bool = False):
-        path, state = save_ps_checkpoint(root, layout, snapshots, trainer, {"mode": args.mode})
-        log.info("%scheckpoint at step %d (%d samples): %s", "last " if last else "", state["step"], state["samples"],
-                 path)
-        return path, state
-
-    def write_checkpoint(snapshots, lost_workers) -> None:
-        path, state = checkpoint(snapshots, last=True)
-        summary.update(step=state["step"], samples=state["samples"], counts=snapshots[0].counts,
-                       contributed=snapshots[0].contributed, positions=snapshots[0].positions, checkpoint=str(path),
-                       dropped_workers=sorted(shard.control.dropped), lost_workers=lost_workers)
-
-    description = JobDescription(spec, config, layout, args.lease)
-    from picasso.pipelines.runs.run_metrics import ShardMetrics, serving_metrics
-
-    try:
-        with serving_metrics(args.metrics_port) as registry:  # this shard's; None: no --metrics-port
-            if registry is not None:
-                ShardMetrics(registry, shard)
-            serve_shard(shard, address, args.workers, args.lease, description=description,
-                        on_stop=write_checkpoint, on_checkpoint=checkpoint, num_shards=args.shards)
-    except (ValueError, OSError, ParameterServerError) as err:  # a bad address or credentials, a shard that never came
-        for child in children:
-            child.terminate()
-        raise SystemExit(f"error: {err}") from None
-    failed = [c.args for c in children if c.wait() != 0]
-    if failed:
-        raise SystemExit(f"error: {len(failed)} shard process(es) failed")
+    # Without --shard-index this process serves shard 0 and starts the others.
+    others = () if args.shard_index is not None else tuple(
+        (sys.executable, "-m", "picasso.pipelines.cli.distributed", *_shard_argv(args, s))
+        for s in range(1, args.shards))
+    settings = ParamServerSettings(
+        spec=_spec(args), config=_train_config(args), workdir=args.workdir, address=address, gba=gba, mode=args.mode,
+        workers=args.workers, shards=args.shards, shard_index=index, lease_s=args.lease, samples=args.samples,
+        checkpoint_every=args.checkpoint_every, metrics_port=args.metrics_port, shard_commands=others)
+    summary = _run(run_param_server, settings)
     if args.json:
         print(json.dumps(summary))
     return 0
@@ -296,92 +253,28 @@ def run_worker(args) -> int:
             parse_capacity(row_cache.capacity, num_rows=1, row_bytes=1)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
-    settings = JoinSettings(name=f"worker{args.rank}", max_in_flight=args.max_in_flight, row_cache=row_cache,
-                            slowdown=_slowdown(args, args.rank), seed=args.rank, batch_size=args.batch_size)
-    # At once: with no server yet, join_job waits for it, up to the timeout, with nothing to say.
-    log.info("worker%d: joining the parameter server at %s:%d (waiting up to %g s for it to listen)", args.rank,
-             address.host, address.port, address.timeout_s)
-    try:
-        joined = join_job(address, settings)
-    except (ParameterServerError, ValueError) as err:
-        raise SystemExit(f"error: {err}") from None
-    try:
-        spec = joined.description.spec
-        stream = args.stream_base + args.rank if args.stream is None else args.stream
-        source = planted_source(stream)
-        start = joined.positions().get(source, 0)  # resume where trained: a replacement reads on from there
-        end = start + args.rows
-        batches = planted_batches(spec, args.rows, args.batch_size, stream, start)
-
-        def reread(positions: dict[str, int]):  # after a rejoin: on from what the model has
-            at = positions.get(source, start)
-            return planted_batches(spec, end - at, args.batch_size, stream, at)
-
-        joined.start_line()
-        began = time.time()  # wall clock: the benchmark spans every worker's run with it
-        stats = joined.worker.train(batches, reread)
-    except ParameterServerError as err:
-        raise SystemExit(f"error: {err}") from None
-    finally:
-        joined.close()
-    log.info("%s: done: %d batches, %d samples, mean loss %.4f", joined.name, stats.batches, stats.samples,
-             stats.mean_loss)
+    settings = GBAWorkerSettings(address, args.rank, _planted_data(args), max_in_flight=args.max_in_flight,
+                                 row_cache=row_cache)
+    summary = _run(run_gba_worker, settings)
     if args.json:
-        client = joined.client
-        saved = {f"row_cache_{k}": v for k, v in client.stats.as_metrics().items()} if row_cache else {}
-        print(json.dumps({"worker": joined.name, "batches": stats.batches, "samples": stats.samples,
-                          "mean_loss": stats.mean_loss, "refused": stats.refused, "duplicates": stats.duplicates,
-                          "rejoined": stats.rejoined,
-                          "mean_staleness": stats.mean_staleness, "seconds": stats.seconds, "start": start,
-                          "began": began, "ended": began + stats.seconds, **saved}))
+        print(json.dumps(summary))
     return 0
 
 
 def run_sync(args) -> int:
     say_progress()
-    if "RANK" not in os.environ:
-        raise SystemExit("error: sync-worker runs under torchrun (RANK, WORLD_SIZE and MASTER_ADDR unset)")
-    trainer, root, _ = _trainer(args, sync=True)
-    dist.init_process_group("gloo")
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        replica = SyncReplica(trainer, rank, world, _slowdown(args, rank), args.row_gradient)
-        stream = args.stream_base + rank if args.stream is None else args.stream
-        start = trainer.positions.get(planted_source(stream), 0)  # resume where the checkpoint's training ends
-        batches = planted_batches(trainer.spec, args.rows, args.batch_size, stream, start)
-
-        def save(replica) -> None:  # the replicas are identical: rank 0 writes
-            if rank == 0:
-                _said(save_checkpoint(root, replica.state(), trainer.spec, replica.positions, {"mode": "sync"}))
-
-        dist.barrier()  # every rank has its data: time the training alone, from a common start
-        began = time.time()
-        stats = replica.train(batches, args.checkpoint_every, save)
-        seconds = time.time() - began
-        state = replica.state()
-        dist.barrier()  # every rank has taken its last step before rank 0 writes
-        path = _said(save_checkpoint(root, state, trainer.spec, replica.positions, {"mode": "sync"}), "last ") \
-            if rank == 0 else None
-    finally:
-        dist.destroy_process_group()
+    settings = SyncWorkerSettings(_spec(args), _train_config(args), args.workdir, _planted_data(args),
+                                  row_gradient=args.row_gradient, checkpoint_every=args.checkpoint_every)
+    result = _run(run_sync_worker, settings)
     if args.json:  # one write, so that the ranks' lines (torchrun merges their stdout) never interleave
-        _print_line({"rank": rank, "world_size": world, "steps": stats.steps, "samples": stats.samples,
-                     "mean_loss": stats.mean_loss, "seconds": seconds, "began": began, "ended": began + seconds,
-                     "apply_s": stats.apply_s, "step_s": stats.seconds, "row_gradient": args.row_gradient,
-                     "step": state["step"], "checkpoint": str(path) if path else None,
-                     "state_hash": _state_hash(state["model"])})
+        _print_line(result.summary())
     return 0
-
-
-def _said(path, last: str = ""):
-    log.info("%scheckpoint: %s", last, path)
-    return path
 
 
 def say_progress() -> None:
     """What the distributed commands say, as it happens: picasso's own log records (the
-    server's joins, leaves and drops, the worker's steps, the checkpoints above), one plain
-    line each on stderr; other libraries stay at warnings. A root logger set up with
+    server's joins, leaves and drops, the worker's steps, the checkpoints the runs write),
+    one plain line each on stderr; other libraries stay at warnings. A root logger set up with
     logging's defaults (Beam's import does it, logging its apitools notice through
     logging.warning: cli/noise.py) gets the plain format; one set up otherwise (a test's
     capture, an embedding program) is left as it is."""
@@ -400,17 +293,9 @@ def _print_line(summary: dict) -> None:
     sys.stdout.flush()
 
 
-def _state_hash(model_state: dict) -> str:
-    """A digest of the model's tensors: replicas that agree bit for bit have the same one."""
-    digest = hashlib.sha256()
-    for key in sorted(model_state):
-        digest.update(key.encode())
-        digest.update(model_state[key].contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 def main(argv: list[str] | None = None) -> int:
     faulthandler.register(signal.SIGUSR1)  # `kill -USR1 PID` prints every thread's stack: for a hung group
+    serve_urls_through_beam()  # a shard's workdir and checkpoints may be URLs (picasso.storage)
     parser = CommandParser(prog="picasso")
     add_ps_commands(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)

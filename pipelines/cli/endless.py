@@ -22,6 +22,7 @@ from picasso.serving.publishing.contract import MLflowTarget
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.staleness import parse_decay
 from picasso.distributed.transport import Security
+from picasso.pipelines.cli.dead_letter_args import dead_letter_policy
 from picasso.pipelines.cli.health_args import add_health_args, health_limits
 from picasso.pipelines.cli.publish import add_publish_args, add_target_args, publish_policy
 from picasso.pipelines.cli.train_args import add_row_gradient_arg, model_settings
@@ -179,7 +180,7 @@ def endless_config(args, topics: dict[str, str], connection, spec, joined=None):
             server = dataclasses.replace(server, joined=joined)
     return EndlessConfig(connection=connection, topics=topics, spec=spec, server=server, ps=ps,
                          decode=DecodeOptions(unknown_fields=args.unknown_fields),
-                         dead_letter_topic=args.dead_letter_topic, batch_messages=args.batch_messages,
+                         dead_letters=dead_letter_policy(args), batch_messages=args.batch_messages,
                          runner=args.runner, beam_args=args.beam_args, backoff_s=args.backoff,
                          backoff_max_s=args.backoff_max, max_batch_delay_s=args.max_batch_delay, kafka_io=kafka_io,
                          joined=joined)

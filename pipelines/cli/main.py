@@ -6,6 +6,11 @@ Every command is a subparser whose `run` (set_defaults) takes the parsed flags a
 the exit status; main dispatches to it and to nothing else. The reporting commands end as
 cli/output.py says (a summary, --json, exit statuses); the distributed ones print their own
 lines (cli/distributed.py).
+
+What every command needs set up is done where it starts: its exit handler is registered
+before this module's imports load anything (cli/__init__.py, process_exit.py), and main
+serves picasso's URLs through Beam's filesystems before the command touches one
+(connectors/beam_files.py), whichever command it is.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
+from picasso.connectors.beam_files import serve_urls_through_beam
 from picasso.pipelines.cli import noise
 from picasso.pipelines.cli.broker import add_broker_command
 from picasso.pipelines.cli.daily import add_daily_command, add_demo_command
@@ -75,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    serve_urls_through_beam()  # every folder a command takes may be a URL (picasso.storage)
     args = parse_args(argv)
     noise.show_debug(args.debug)
     try:

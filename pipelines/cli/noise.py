@@ -6,7 +6,7 @@ its own text: never a whole logger, nor a whole category of warnings.
   BigQuery, which picasso does not use. (Logged through logging.warning, it still sets up
   the root logger's default handler, as it always did: only the line is gone.)
 - Beam's "No shards found to finalize", once per partition: WriteToText(skip_if_empty)
-  of an empty dead-letter collection writes no file, as asked (connectors/dead_letters/letters.py).
+  of an empty dead-letter collection writes no file, as asked (connectors/dead_letters/files.py).
 - The error Beam logs with its traceback before it raises it again out of a DoFn, when it
   is one the command then says in one line (cli/output.py: bad input): `--debug` keeps it.
 

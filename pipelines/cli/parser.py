@@ -6,7 +6,7 @@ said before a missing one.
   abbreviation of a picasso flag).
 - An unknown flag is the error, with the flag it is closest to: `--workdr x` is a typo of
   the required --workdir, and argparse's own "the following arguments are required:
-  --workdir" would hide that.
+  --workdir" would hide that. (The hint: did_you_mean.py.)
 - What a command does not know: on a pipeline command, Beam's options (beam_options.py);
   on every other, an error.
 """
@@ -14,8 +14,9 @@ said before a missing one.
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
+
+from picasso.pipelines.cli.did_you_mean import did_you_mean
 
 # argparse's messages for a flag, or one of a group of flags, that is missing.
 _REQUIRED = ("the following arguments are required", "one of the arguments")
@@ -67,21 +68,3 @@ class CommandParser(argparse.ArgumentParser):
         if leftovers:
             self.take_leftovers(leftovers)  # raises, unless Beam takes them all
 
-
-def did_you_mean(unknown: list[str], *parsers: argparse.ArgumentParser) -> str:
-    """' (did you mean --workdir?)' for the first unknown option close to a flag of the
-    first parser (or else of the next); '' when none is."""
-    for arg in unknown:
-        if not arg.startswith("--"):
-            continue
-        name = arg.split("=", 1)[0]
-        for parser in parsers:
-            close = difflib.get_close_matches(name, option_strings(parser), n=1)
-            if close:
-                return f" (did you mean {close[0]}?)"
-    return ""
-
-
-def option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    # argparse has no public list of a parser's flags; _actions is what its help is made of.
-    return [flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")]

@@ -13,12 +13,14 @@ as at any exit. What is skipped is the teardown alone, which can lose only data 
 left in a file object it never closed; picasso writes through context managers, and
 stdout and stderr are flushed here.
 
-The handler is registered when this module is imported, first thing in picasso.pipelines,
-so that it is among the first registered (only what site itself registers comes before:
-certifi's, a no-op for an installed package). It does nothing unless run_command armed
-it: library callers of a command's main() (tests, notebooks) exit as Python always does.
-The console script (cli/main.py's console_main) and `python -m` of the command modules go
-through run_command.
+The handler is registered when this module is imported, first thing in the command line's
+package (cli/__init__.py, before the logging module is loaded), which every entry point of
+the command imports before anything else: so it is among the first registered (only what
+site itself registers comes before: certifi's, a no-op for an installed package). Importing
+picasso.pipelines alone registers nothing. The handler does nothing unless run_command
+armed it: library callers of a command's main() (tests, notebooks) exit as Python always
+does. The console script (cli/main.py's console_main, also `python -m picasso.pipelines.cli`)
+and `python -m picasso.pipelines.cli.distributed` go through run_command.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from picasso.serving.publishing.contract import MLflowTarget
 from picasso.durations import duration_arg
 from picasso.pipelines.cli.beam_options import add_pipeline_command
 from picasso.pipelines.cli.cache_args import add_cache_args, cache_config
+from picasso.pipelines.cli.dead_letter_args import add_dead_letter_args, dead_letter_policy
 from picasso.pipelines.cli.endless import (add_endless_args, check_endless_args, refuse_endless_only,
                                           run_endless_command)
 from picasso.pipelines.cli.metrics_args import add_metrics_arg
@@ -113,7 +114,7 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     _kafka_args(stream)
     _kafka_client_arg(stream)
     stream.add_argument("--group-id", default="picasso-stream", help="consumer group the positions are committed to")
-    stream.add_argument("--dead-letter-topic", default="picasso.dead-letters")
+    add_dead_letter_args(stream)
     stream.add_argument("--batch-messages", type=int, default=1000, help="messages per training batch")
     stream.add_argument("--max-cycle-messages", type=int, default=None, help="per partition and cycle")
     stream.add_argument("--publish-every", type=float, default=300.0, help="seconds between model versions; 0: never")
@@ -264,7 +265,7 @@ def stream_config(args):
         train=TrainConfig(**model_settings(args), device=args.device, cache=cache_config(args)),
         decode=DecodeOptions(unknown_fields=args.unknown_fields),
         group_id=args.group_id,
-        dead_letter_topic=args.dead_letter_topic,
+        dead_letters=dead_letter_policy(args),
         batch_messages=args.batch_messages,
         max_cycle_messages=args.max_cycle_messages,
         publish_every_s=args.publish_every,

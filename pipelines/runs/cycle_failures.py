@@ -8,7 +8,9 @@ to try again:
   made dead letters because the broker was away.
 - FATAL: the stream cannot read on as configured (a codec with no library here). A
   retry meets the same bytes, so the stream stops with the error, which says what to do.
-  Errors say so with a class attribute `retryable = False`.
+  Errors say so with a class attribute `retryable = False`. A dead letter the topic did
+  not take (not written, or too large) is FATAL where the dead-letter policy says STOP
+  (connectors/dead_letters/policy.py).
 - REPEATED: anything else is retried too, but when it fails the same way at the same
   positions REPEATS_BEFORE_STOPPING times in a row it is taken to come from the data or
   from a bug, which no retry mends: the stream stops with the error rather than spin on
@@ -23,9 +25,10 @@ from dataclasses import dataclass
 
 from kafka.errors import KafkaError
 
+from picasso.connectors.dead_letters.policy import STOP, DeadLetterPolicy
+from picasso.connectors.dead_letters.topic import DeadLettersNotWritten, DeadLetterTooLarge
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import TopicNotFound
-from picasso.connectors.dead_letters.topic import DeadLettersNotWritten
 from picasso.connectors.kafka_source import SourceStalled
 from picasso.connectors.kafka_wait import error_line, seconds, unreachable_reason
 
@@ -47,16 +50,25 @@ def _chain(err: BaseException) -> Iterator[BaseException]:
         err = err.__cause__ or err.__context__
 
 
-def classify(err: BaseException) -> str:
-    """OUTSIDE or FATAL, or REPEATED for errors whose cause is not known."""
+def classify(err: BaseException, dead_letters: DeadLetterPolicy = DeadLetterPolicy()) -> str:
+    """OUTSIDE or FATAL, or REPEATED for errors whose cause is not known. An error of the
+    dead-letter topic is FATAL where the stream's dead-letter policy stops on it."""
     errors = list(_chain(err))
     # CodecUnavailable.raised_in also knows the form a multi-worker runner hands it back
     # in: a RuntimeError carrying the worker's traceback as text.
     if any(getattr(e, "retryable", True) is False or CodecUnavailable.raised_in(e) for e in errors):
         return FATAL
+    if _stopped_by(dead_letters, errors):
+        return FATAL
     if any(isinstance(e, _OUTSIDE_ERRORS) for e in errors):
         return OUTSIDE
     return REPEATED
+
+
+def _stopped_by(dead_letters: DeadLetterPolicy, errors: list[BaseException]) -> bool:
+    """Whether the dead-letter policy stops the stream on one of these errors of its topic."""
+    return any((isinstance(e, DeadLettersNotWritten) and dead_letters.not_written == STOP)
+               or (isinstance(e, DeadLetterTooLarge) and dead_letters.too_large == STOP) for e in errors)
 
 
 def retry_line(err: BaseException, bootstrap_servers: str, delay_s: float) -> str:
@@ -80,13 +92,19 @@ class FailureTracker:
 
     signature: tuple | None = None
     repeats: int = 0
+    dead_letters: DeadLetterPolicy = DeadLetterPolicy()  # the stream's: it says which letter failures stop it
+
+    def classify(self, err: BaseException) -> str:
+        return classify(err, self.dead_letters)
 
     def record(self, err: BaseException, positions: dict[str, int]) -> StreamStopped | None:
         """The error that stops the stream, or None when the cycle is to be retried."""
-        kind = classify(err)
+        kind = self.classify(err)
         message = f"{type(err).__name__}: {str(err).splitlines()[0][:500] if str(err) else ''}"
         if kind == FATAL:
-            return StreamStopped(f"stopped: {message} (retrying cannot succeed)")
+            why = "the dead-letter policy stops on it" if _stopped_by(self.dead_letters, list(_chain(err))) \
+                else "retrying cannot succeed"
+            return StreamStopped(f"stopped: {message} ({why})")
         if kind == OUTSIDE:
             self.signature, self.repeats = None, 0
             return None

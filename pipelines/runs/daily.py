@@ -37,8 +37,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso import storage
 from picasso.checkpoint import latest_checkpoint
-from picasso.connectors.beam_files import use_beam_filesystems
+from picasso.connectors.beam_files import serve_urls_through_beam, use_beam_filesystems
 from picasso.connectors.day_files import ReadDayFiles, list_day_files
+from picasso.connectors.dead_letters.files import WriteDeadLettersToFiles
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.partitions import parse_partition
 from picasso.serving.publishing.registry_tags import EVALUATION
@@ -55,6 +56,7 @@ from picasso.pipelines.transforms.decode import DEAD_LETTERS, HOLDOUT, TRAIN, De
 from picasso.pipelines.transforms.pack import PackFeatures
 from picasso.pipelines.transforms.row_profile import RowProfile
 from picasso.pipelines.transforms.train import CheckpointRef, EvaluateCheckpoint, PicassoTrain
+from picasso.pipelines.transforms.train_handlers import TrainerHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, TrainConfig
 
@@ -239,6 +241,9 @@ def _write_result(outcome: PublishOutcome, judged: _Judged, checkpoint: Checkpoi
                   path: str, **more) -> None:
     """The record of a partition run: RECORDED's fields (the request's other metrics, e.g.
     the mean label, ride along for whoever reads the file), and `more`."""
+    # Called by a Beam worker (a Map), whose process imports only the modules of its steps:
+    # nothing else has set up writing the record's URL.
+    serve_urls_through_beam()
     _write_record(path, {
         **more,
         **_outcome_fields(outcome),
@@ -262,6 +267,7 @@ def _write_refused(judged: _Judged, checkpoint: CheckpointRef, facts: _RunFacts,
     """The record of a refused partition, which does not make it done. Its checkpoint goes
     (unless it is the one training started from: nothing was saved over it), or the next
     run would warm-start from a model the gate refused."""
+    serve_urls_through_beam()  # a Beam worker's step, as _write_result
     if checkpoint.path != facts.warm_start_from:
         storage.delete_tree(checkpoint.path)
     _write_result(PublishOutcome(REFUSED, checkpoint.path, error=judged.verdict.reason), judged, checkpoint, facts,
@@ -277,24 +283,9 @@ def _evaluation_rows(pipeline: beam.Pipeline, config: DailyConfig, decoded):
         | "ReadEvalDay" >> ReadDayFiles(config.data_root, config.eval_date, chunk_rows=config.batch_size)
         | "DecodeEvalDay" >> DecodeRecords(config.spec, config.decode, holdout_fraction=1.0)
     )
-    evaluation[DEAD_LETTERS] | "WriteEvalDeadLetters" >> _WriteDeadLetters(
+    evaluation[DEAD_LETTERS] | "WriteEvalDeadLetters" >> WriteDeadLettersToFiles(
         storage.join(config.folders.dead_letters(config.eval_date), "eval-part"))
     return evaluation[HOLDOUT]
-
-
-class _WriteDeadLetters(beam.PTransform):
-    """Dead letters as JSON lines in files PREFIX-NNNNN-of-NNNNN.jsonl, none when there are
-    none: Beam's S3 writer cannot make an empty object (a multipart upload of no parts),
-    and an empty file says nothing anyway."""
-
-    def __init__(self, prefix: str):
-        super().__init__()
-        self.prefix = prefix
-
-    def expand(self, letters):
-        return (letters
-                | "ToJson" >> beam.Map(lambda letter: letter.to_json())
-                | "Write" >> beam.io.WriteToText(self.prefix, file_name_suffix=".jsonl", skip_if_empty=True))
 
 
 def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | None = "latest",
@@ -305,12 +296,13 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
         | "ReadDayFiles" >> ReadDayFiles(config.data_root, config.date, chunk_rows=config.batch_size)
         | "DecodeRecords" >> DecodeRecords(spec, config.decode, 0.0 if config.eval_date else config.holdout_fraction)
     )
-    decoded[DEAD_LETTERS] | "WriteDeadLetters" >> _WriteDeadLetters(
+    decoded[DEAD_LETTERS] | "WriteDeadLetters" >> WriteDeadLettersToFiles(
         storage.join(config.folders.dead_letters(config.date), "part"))
     checkpoint = (
         decoded[TRAIN]
         | "PackTrain" >> PackFeatures(spec)
-        | "PicassoTrain" >> PicassoTrain(spec, config.train, config.folders.checkpoints, start_from=start_from)
+        | "PicassoTrain" >> PicassoTrain(TrainerHandler.for_run(spec, config.train, config.folders.checkpoints,
+                                                               start_from))
     )
     metrics = (
         _evaluation_rows(pipeline, config, decoded)

@@ -2,7 +2,7 @@
 
     ReadFromKafka.unbounded (from the server's positions)
       → DecodeMessages (each poll's dead letters written and acknowledged before its chunk goes on)
-      → PackMessages → PicassoTrain(mode="gba", unbounded) → the parameter server
+      → PackMessages → PicassoTrain(GBAHandler, unbounded) → the parameter server
 
 The model lives in the parameter server, not in the runner (DESIGN.md): the runner's
 workers join it, pull, compute and push; each push names the source range it trained, and
@@ -47,8 +47,9 @@ from kafka.errors import KafkaError
 
 from picasso.connectors.beam_kafka_io import BeamKafkaIO, BeamKafkaRead, ReadWithBeamKafka
 from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
+from picasso.connectors.dead_letters.topic import DeadLetterProducer
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, ensure_topic
-from picasso.connectors.dead_letters.topic import DEFAULT_DELIVERY_TIMEOUT_S, DeadLetterProducer
 from picasso.connectors.kafka_source import (PartitionRange, ReadFromKafka, bounded_ranges, drain_unbounded_reads,
                                              undrain_unbounded_reads)
 from picasso.connectors.retry import Backoff
@@ -64,6 +65,7 @@ from picasso.pipelines.transforms.decode import DecodeMessages
 from picasso.pipelines.transforms.gba_train import PSAddress
 from picasso.pipelines.transforms.pack import PackMessages
 from picasso.pipelines.transforms.train import PicassoTrain
+from picasso.pipelines.transforms.train_handlers import GBAHandler
 from picasso.spec import FeatureSpec
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ class EndlessConfig:
     server: EndlessServerConfig | None
     ps: PSAddress | None = None  # a running `picasso ps --endless`
     decode: DecodeOptions = DecodeOptions()
-    dead_letter_topic: str = "picasso.dead-letters"
+    dead_letters: DeadLetterPolicy = DeadLetterPolicy()  # where bad messages' letters go, and what if they cannot
     batch_messages: int = 1000  # messages per training batch (an Arrow message holds many rows)
     runner: str = "FnApiRunner"
     beam_args: tuple[str, ...] = ()
@@ -88,7 +90,6 @@ class EndlessConfig:
     connect_attempts: int = 10
     backoff_s: float = 1.0
     backoff_max_s: float = 30.0
-    delivery_timeout_s: float = DEFAULT_DELIVERY_TIMEOUT_S  # a dead letter's, before its bundle fails
     kafka_io: BeamKafkaIO | None = None  # Beam's ReadFromKafka (--kafka-io beam); None: picasso's own reader
     # Impressions and labels joined in the job (--impressions, --labels; endless_joined.py);
     # None: labelled events.
@@ -142,7 +143,7 @@ def start_ranges(config: EndlessConfig, positions: dict[str, int], sleep=time.sl
 
 def build_pipeline(config: EndlessConfig, ps: PSAddress, ranges: list[PartitionRange]) -> beam.Pipeline:
     pipeline = beam.Pipeline(options=config.pipeline_options())
-    letters = DeadLetterProducer(config.connection, config.dead_letter_topic, config.delivery_timeout_s)
+    letters = DeadLetterProducer(config.connection, config.dead_letters)
     messages = _read_messages(pipeline, config, ranges)
     if config.joined is not None:
         batches = _joined_batches(config, messages, letters)
@@ -154,7 +155,7 @@ def build_pipeline(config: EndlessConfig, ps: PSAddress, ranges: list[PartitionR
                    | "Batches" >> beam.Map(lambda packed: packed.batch))
     # A batch cut short by --max-batch-delay weighs each sample as a full one's (aggregation.py).
     ps = replace(ps, batch_size=config.batch_messages)
-    _ = batches | "Train" >> PicassoTrain(config.spec, mode="gba", ps=ps, unbounded=True)
+    _ = batches | "Train" >> PicassoTrain(GBAHandler(ps, config.spec), unbounded=True)
     return pipeline
 
 
@@ -214,7 +215,7 @@ def run_endless(config: EndlessConfig, watch=None) -> EndlessSummary:
         summary.started_at = {r.source: r.start for r in ranges}
         if config.joined is not None:
             _settle_unread(config, server, ps, summary.started_at)
-        ensure_topic(config.connection, config.dead_letter_topic, 1)  # one partition: letters in arrival order
+        ensure_topic(config.connection, config.dead_letters.topic, 1)  # one partition: letters in arrival order
         log.info("endless job: reading %s from %s",
                  ", ".join(f"{r.source}@{r.start}" for r in ranges), config.connection.bootstrap_servers)
         pipeline = build_pipeline(config, ps, ranges)

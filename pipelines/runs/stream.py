@@ -38,12 +38,13 @@ from kafka.structs import OffsetAndMetadata
 from picasso.checkpoint import clean_temporaries
 from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.decoding.contracts import DecodeOptions
-from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
+from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.dead_letters.topic import WriteDeadLettersToKafka
+from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
 from picasso.connectors.kafka_source import PartitionRange, ReadFromKafka, bounded_ranges
 from picasso.connectors.retry import Backoff
 from picasso.pipelines.runs.counters import picasso_counters
-from picasso.pipelines.runs.cycle_failures import FailureTracker, classify, retry_line
+from picasso.pipelines.runs.cycle_failures import FailureTracker, retry_line
 from picasso.pipelines.runs.join_cycle import ORPHANS, DecodeJoinEvents, JoinInCycle, PackSamples
 from picasso.pipelines.runs.joined_stream_state import JoinedModelLoader, JoinedTopics
 from picasso.pipelines.runs.run_health import HealthFacts, HealthLimits, check_health
@@ -88,7 +89,7 @@ class StreamConfig:
     train: TrainConfig = TrainConfig()
     decode: DecodeOptions = DecodeOptions()
     group_id: str = "picasso-stream"
-    dead_letter_topic: str = "picasso.dead-letters"
+    dead_letters: DeadLetterPolicy = DeadLetterPolicy()  # where bad messages' letters go, and what if they cannot
     batch_messages: int = 1000  # messages per training batch (an Arrow message holds many rows)
     max_cycle_messages: int | None = None  # per partition and cycle; None: up to the end offsets
     publish_every_s: float = 300.0
@@ -254,7 +255,7 @@ class StreamRunner:
         """Events that carry their labels: decode → pack → train."""
         config = self.config
         decoded = messages | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode)
-        decoded[DEAD_LETTERS] | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letter_topic)
+        decoded[DEAD_LETTERS] | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letters)
         (
             decoded.chunks
             | "PackMessages" >> PackMessages(config.spec)
@@ -268,7 +269,7 @@ class StreamRunner:
         samples = decoded.chunks | "JoinLabels" >> JoinInCycle(self.load, self.key, self.shared,
                                                                 joined.join.label_of(config.spec.label))
         letters = (decoded[DEAD_LETTERS], samples[ORPHANS]) | "AllDeadLetters" >> beam.Flatten()
-        letters | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letter_topic)
+        letters | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letters)
         (
             samples.samples
             | "PackSamples" >> PackSamples(config.spec)
@@ -308,7 +309,7 @@ class StreamRunner:
         summary = self.summary
         summary.failures += 1
         summary.last_error = f"{type(err).__name__}: {err}"
-        kind = classify(err)
+        kind = tracker.classify(err)
         summary.failure_kinds[kind] = summary.failure_kinds.get(kind, 0) + 1
         self.model = None  # the next attempt restores the last checkpoint
         stop = tracker.record(err, starts)
@@ -328,13 +329,13 @@ class StreamRunner:
         backoff = Backoff(config.backoff_s, config.backoff_max_s)
         started = time.monotonic()
         failures_in_row = 0
-        tracker = FailureTracker()
+        tracker = FailureTracker(dead_letters=config.dead_letters)
         dead_letter_topic_ready = False
         while not self._should_stop(started):
             starts: dict[str, int] = {}  # where this cycle reads from: what a repeated failure is keyed by
             try:
                 if not dead_letter_topic_ready:  # one partition: dead letters stay in arrival order
-                    ensure_topic(config.connection, config.dead_letter_topic, 1)
+                    ensure_topic(config.connection, config.dead_letters.topic, 1)
                     dead_letter_topic_ready = True
                 model = self._acquire()
                 ranges, lag = self.plan(model)

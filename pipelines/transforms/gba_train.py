@@ -1,4 +1,4 @@
-"""PicassoTrain(mode="gba")'s engine: each Beam worker process is one GBA worker of a running
+"""PicassoTrain(GBAHandler(...))'s engine: each Beam worker process is one GBA worker of a running
 `picasso ps`. The transform is train.py's, the handler train_handlers.GBAHandler; this
 module holds the server's address and the process's membership of the job.
 

@@ -2,9 +2,10 @@
 
 PicassoTrain is the one training transform of every run: daily (a picasso.Trainer, local
 mode), stream (the stream's model and ledger) and gba (a worker of a parameter server).
-Like Beam's RunInference, the heavy object is built by a small handler
-(train_handlers.py) and shared by every DoFn instance in a process, so that the training
-step and what follows it see the same model. Training is a sink in Beam terms; its one
+The caller hands it the handler of its mode (train_handlers.py: TrainerHandler.for_run,
+StreamHandler, GBAHandler); it knows no mode by name. Like Beam's RunInference, the heavy
+object is built by that small handler and shared by every DoFn instance in a process, so
+that the training step and what follows it see the same model. Training is a sink in Beam terms; its one
 output is what the handler makes of the merged statistics: a reference to the checkpoint
 written once every batch has been trained on (local), or those statistics (stream, gba).
 
@@ -17,9 +18,7 @@ process, bundle by bundle.
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
-from pathlib import Path
 
 import apache_beam as beam
 import numpy as np
@@ -29,8 +28,8 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.batch import PackedBatch
-from picasso.checkpoint import latest_checkpoint
-from picasso.pipelines.transforms.train_handlers import CheckpointRef, GBAHandler, Trained, TrainerHandler, TrainHandler
+from picasso.connectors.beam_files import serve_urls_through_beam
+from picasso.pipelines.transforms.train_handlers import CheckpointRef, Trained, TrainHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, StepResult, TrainConfig, Trainer, TrainStats, evaluation_metrics
 
@@ -79,8 +78,8 @@ class _TrainAllDoFn(beam.DoFn):
     def process(self, keys: list, elements_by_key):
         # An engine of this attempt's own (a key of its own in Shared): a runner that retries
         # the bundle in this process trains a fresh one, from the same start (pinned when the
-        # pipeline was built, see _handler_for), instead of training the day again into the
-        # engine the failed attempt left behind.
+        # pipeline was built, see TrainerHandler.for_run), instead of training the day again
+        # into the engine the failed attempt left behind.
         handler = self.handler.attempt()
         engine = handler.acquire(self.shared)
         stats = TrainStats()
@@ -137,32 +136,27 @@ class _MergeStats(beam.CombineFn):
 
 
 class PicassoTrain(beam.PTransform):
-    """PackedBatches in; one CheckpointRef out, once all of them are trained on.
+    """PackedBatches in; what the handler makes of their training out.
 
-    mode="gba" (with ps, a gba_train.PSAddress): every worker process of the runner trains
-    as one GBA worker of that parameter server instead; the output is then the merged
-    TrainStats and the checkpoint is the server's (gba_train.py).
+    With a TrainerHandler (TrainerHandler.for_run: the daily run's), one CheckpointRef, once
+    all of them are trained on. With a GBAHandler (a gba_train.PSAddress and the spec),
+    every worker process of the runner trains as one GBA worker of that parameter server
+    instead; the output is then the merged TrainStats and the checkpoint is the server's
+    (gba_train.py). The stream's handlers (StreamHandler, JoinedStreamHandler) output the
+    merged TrainStats too. shared= is the Shared the engine lives in, for a caller that
+    holds the engine too (the stream keeps its model across cycles).
 
-    handler= (with no other settings) trains with a handler of one's own, such as the
-    stream's train_handlers.StreamHandler; shared= is the Shared its engine lives in, for a
-    caller that holds the engine too (the stream keeps its model across cycles).
+    unbounded=True (an endless job's: a handler with runs_unbounded, a GBAHandler): the
+    output is each step's TrainStats, never merged: a global combine after an unbounded
+    source would never fire, and would hold a partial result per bundle for as long as the
+    job runs."""
 
-    unbounded=True (an endless job's, mode="gba"): the output is each step's TrainStats,
-    never merged: a global combine after an unbounded source would never fire, and would
-    hold a partial result per bundle for as long as the job runs."""
-
-    def __init__(self, spec: FeatureSpec | None = None, config: TrainConfig | None = None,
-                 checkpoint_dir: str | Path | None = None, start_from: str | None = "latest", mode: str = "local",
-                 ps=None, *, handler: TrainHandler | None = None, shared: Shared | None = None,
-                 unbounded: bool = False):
+    def __init__(self, handler: TrainHandler, *, shared: Shared | None = None, unbounded: bool = False):
         super().__init__()
-        if unbounded and (mode != "gba" or handler is not None):
-            raise ValueError("an unbounded PicassoTrain trains against a parameter server: mode='gba' with ps=")
+        if unbounded and not handler.runs_unbounded:
+            raise ValueError(f"an unbounded PicassoTrain trains against a parameter server (a GBAHandler), "
+                             f"not with a {type(handler).__name__}")
         self.unbounded = unbounded
-        if handler is None:
-            handler = _handler_for(spec, config, checkpoint_dir, start_from, mode, ps)
-        elif any(setting is not None for setting in (spec, config, checkpoint_dir, ps)) or mode != "local":
-            raise ValueError("PicassoTrain takes a handler or the settings to build one, not both")
         self.handler = handler
         self.shared = Shared() if shared is None else shared
 
@@ -202,26 +196,14 @@ class PicassoTrain(beam.PTransform):
         )
 
 
-def _handler_for(spec, config, checkpoint_dir, start_from, mode, ps) -> TrainHandler:
-    if mode not in ("local", "gba") or (mode == "gba") != (ps is not None):
-        raise ValueError(f"mode must be 'local', or 'gba' with ps= the parameter server's address; got {mode!r}")
-    if spec is None or (mode == "local" and (config is None or checkpoint_dir is None)):
-        raise ValueError("PicassoTrain needs a spec and, in local mode, a train config and a checkpoint directory "
-                         "(in gba mode, the model is the server's)")
-    if mode == "gba":
-        return GBAHandler(ps, spec)
-    if start_from == "latest":
-        # Pinned now: every attempt at training (a retried bundle's too) starts from the
-        # same checkpoint, never from one an earlier attempt of this run wrote.
-        start_from = latest_checkpoint(checkpoint_dir)
-    return TrainerHandler(spec, config, str(checkpoint_dir), key=uuid.uuid4().hex, start_from=start_from)
-
-
 class _ScoreDoFn(beam.DoFn):
     def __init__(self, spec: FeatureSpec, config: TrainConfig, shared: Shared):
         self.spec = spec
         self.config = config
         self.shared = shared
+
+    def setup(self):
+        serve_urls_through_beam()  # the checkpoint may be a URL (as in TrainHandler.acquire)
 
     def process(self, batch: PackedBatch, checkpoint: CheckpointRef):
         def load() -> Trainer:

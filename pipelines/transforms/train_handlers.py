@@ -1,19 +1,23 @@
 """What PicassoTrain trains with in each mode: one small handler per mode.
 
-PicassoTrain (train.py) is the same Beam transform in every mode; a handler tells it which
-engine to train (the heavy object, built once per process), how a bundle pushes its
-elements through that engine, and what follows the merged statistics:
+PicassoTrain (train.py) is the same Beam transform in every mode, and the caller hands it
+the handler of its mode; a handler tells it which engine to train (the heavy object, built
+once per process), how a bundle pushes its elements through that engine, and what follows
+the merged statistics. A new mode is a new handler here (and the run that builds it):
+PicassoTrain itself has no list of modes.
 
-- `TrainerHandler` (daily, local mode): the engine is a picasso.Trainer, and there is one
-  of it (one_trainer): every batch of the run is brought to one call that trains them all
-  through Trainer.pipeline() (interleaved); its stats are followed by the checkpoint, and
-  the output is a CheckpointRef.
+- `TrainerHandler` (daily, local mode; TrainerHandler.for_run pins where a run starts):
+  the engine is a picasso.Trainer, and there is one of it (one_trainer): every batch of
+  the run is brought to one call that trains them all through Trainer.pipeline()
+  (interleaved); its stats are followed by the checkpoint, and the output is a
+  CheckpointRef.
 - `StreamHandler` (one cycle of `picasso stream`): the engine is the stream's StreamModel;
   a step checks the span against the ledger, scores the batch, trains on it and records
   it; the stream runner checkpoints after the cycle, so the output is the merged stats.
-- `GBAHandler` (mode="gba"): the engine is this process's worker of a running `picasso ps`
+- `GBAHandler` (gba): the engine is this process's worker of a running `picasso ps`
   (gba_train.py); a step pulls, computes and pushes; the checkpoint is the server's, so
-  the output is the merged stats.
+  the output is the merged stats. The one handler that may train an unbounded collection
+  (runs_unbounded: the endless job's).
 
 Like the model handlers of Beam's RunInference, a handler is small and picklable: it
 travels in the pipeline's graph, and each worker process builds its engine from it.
@@ -25,12 +29,15 @@ import dataclasses
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 import apache_beam as beam
 from apache_beam.utils.shared import Shared
 
 from picasso.batch import PackedBatch
+from picasso.checkpoint import latest_checkpoint
+from picasso.connectors.beam_files import serve_urls_through_beam
 from picasso.distributed.worker import WorkerStats
 from picasso.pipelines.transforms.gba_train import PSAddress, acquire_member, release_member
 from picasso.spec import FeatureSpec
@@ -61,11 +68,17 @@ class TrainHandler:
     # ONE engine, which trains every element: PicassoTrain brings them all to one call
     # (train._TrainAllDoFn), which trains them in a fixed order; finish then gets a Trained.
     one_trainer: ClassVar[bool] = False
+    # True: nothing follows the last element (the model and its checkpoint are a parameter
+    # server's), so PicassoTrain(unbounded=True) may train an unbounded collection with it.
+    runs_unbounded: ClassVar[bool] = False
 
     def load(self) -> Any:
         raise NotImplementedError
 
     def acquire(self, shared: Shared) -> Any:
+        # An engine loads and saves checkpoints, which may be URLs, in a worker process that
+        # imports only the modules of its DoFns: nothing else has set up reading them.
+        serve_urls_through_beam()
         return shared.acquire(self.load, tag=self.key)
 
     def release(self, engine: Any) -> None:
@@ -128,6 +141,18 @@ class TrainerHandler(TrainHandler):
     # One model per run, whatever the runner and its number of workers: trainers in several
     # processes would each learn from part of the day, and only one could be saved.
     one_trainer: ClassVar[bool] = True
+
+    @classmethod
+    def for_run(cls, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path,
+                start_from: str | None = "latest") -> "TrainerHandler":
+        """The handler of one pipeline run: a key of its own, and its start pinned now, when
+        the pipeline is built, so that every attempt at training (a retried bundle's too)
+        starts from the same checkpoint, never from one an earlier attempt of this run wrote."""
+        if spec is None or config is None or checkpoint_dir is None:
+            raise ValueError("a TrainerHandler needs a spec, a train config and a checkpoint directory")
+        if start_from == "latest":
+            start_from = latest_checkpoint(checkpoint_dir)
+        return cls(spec, config, str(checkpoint_dir), key=uuid.uuid4().hex, start_from=start_from)
 
     def load(self) -> Trainer:
         trainer = Trainer(self.spec, self.config)
@@ -231,7 +256,13 @@ class GBAHandler(TrainHandler):
     (gba_train.py). The model and its checkpoint are the server's."""
 
     address: PSAddress
-    spec: FeatureSpec
+    spec: FeatureSpec  # the spec the pipeline packs: the server refuses a worker of another
+    runs_unbounded: ClassVar[bool] = True
+
+    def __post_init__(self):
+        if self.address is None or self.spec is None:
+            raise ValueError("a GBAHandler needs the parameter server's address (a gba_train.PSAddress) and the "
+                             "spec the pipeline packs (the model is the server's)")
 
     # Not through Shared: the member must leave the job when its last user goes, and Shared
     # never says when that is. gba_train keeps one counted member per process instead.

@@ -5,9 +5,10 @@ publish() makes, for one checkpoint:
   positions, and whatever the trainer put in the checkpoint's metrics), and artifacts:
   the spec, the packing plan, the positions, plots of the metrics over versions, and the
   delta against the previous version (the embedding rows that changed);
-- a pyfunc model (serving/pyfunc_model.py, logged as models-from-code with the picasso
-  modules it imports and pinned pip requirements (model_code.py); its signature states the
-  output and the on_bad_row param, its metadata the spec's input fields);
+- a pyfunc model (serving/pyfunc_model.py, logged as models-from-code with a copy of
+  exactly the picasso modules it needs, the kernels' C++ sources and pinned pip
+  requirements (serving/model_code.py); its signature states the output and the
+  on_bad_row param, its metadata the spec's input fields);
 - a registered version tagged with the checkpoint id, the source positions and the data
   counts, under the alias `candidate`, and promoted to `champion` by the PublishPolicy.
 

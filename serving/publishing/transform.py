@@ -6,6 +6,7 @@ from pathlib import Path
 
 import apache_beam as beam
 
+from picasso.connectors.beam_files import serve_urls_through_beam
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.serving.publishing.outbox import PublishOutbox
 from picasso.serving.publishing.policy import PublishPolicy
@@ -21,5 +22,17 @@ class PublishToMLflow(beam.PTransform):
         self.target, self.workspace, self.policy = target, str(workspace), policy
 
     def expand(self, requests):
-        target, workspace, policy = self.target, self.workspace, self.policy
-        return requests | "Publish" >> beam.Map(lambda request: PublishOutbox(workspace).submit(request, target, policy))
+        return requests | "Publish" >> beam.ParDo(_PublishDoFn(self.target, self.workspace, self.policy))
+
+
+class _PublishDoFn(beam.DoFn):
+    def __init__(self, target: MLflowTarget, workspace: str, policy: PublishPolicy):
+        self.target, self.workspace, self.policy = target, workspace, policy
+
+    def setup(self):
+        # The outbox and the checkpoints it publishes may be URLs, and a worker process
+        # imports only the modules of the DoFns it runs: nothing else has set up reading them.
+        serve_urls_through_beam()
+
+    def process(self, request):
+        yield PublishOutbox(self.workspace).submit(request, self.target, self.policy)
