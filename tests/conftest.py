@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,33 @@ def _mlflow_uris_stay_with_their_module():
     Without it, a later module in the same worker published to that server: a stream's
     retry that should have made version 1 of its own store made version 2 there."""
     with kept_fluent_uris():
+        yield
+
+
+@contextmanager
+def _kept_sys_path():
+    saved = list(sys.path)
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_stays_with_its_test():
+    """mlflow.pyfunc.load_model puts the model's code folder first on sys.path, for good.
+    In this process picasso is imported already, so that changes nothing here; but a child
+    a later test spawns (torch.multiprocessing's spawn, which hands its children this
+    sys.path) would import `picasso` from that folder, which holds only the modules the
+    served model needs, and fail on any other."""
+    with _kept_sys_path():
+        yield
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sys_path_stays_with_its_module():
+    """The same around a module's module-scoped fixtures (test_serving's loads models)."""
+    with _kept_sys_path():
         yield
 
 
