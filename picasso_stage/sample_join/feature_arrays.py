@@ -7,7 +7,7 @@ a row's numbers are one record of a numpy structured array and its lists' items 
 of a flat array (field after field), so a take is a few numpy gathers, however many
 fields there are; the Arrow columns are made once, on the way out.
 
-RowLayout holds what a schema allows: numbers (integer and floating fields, nulls
+FeatureLayout holds what a schema allows: numbers (integer and floating fields, nulls
 allowed) and lists of numbers (all lists of one item type, as the canonical rows'
 list<int64> ids; null lists allowed, null items not). It refuses anything else by name.
 """
@@ -22,7 +22,7 @@ import pyarrow as pa
 
 
 @dataclass
-class RowArrays:
+class FeatureArrays:
     numbers: np.ndarray  # (n,) structured: one field per number column
     nulls: np.ndarray | None  # (n, number columns) bool, True where null; None: no nulls
     lengths: np.ndarray  # (n, list columns) int8/16/32: each list's length, -1 a null list
@@ -37,15 +37,15 @@ class RowArrays:
         nulls = 0 if self.nulls is None else self.nulls.nbytes
         return self.numbers.nbytes + nulls + self.lengths.nbytes + self.starts.nbytes + self.items.nbytes
 
-    def take(self, rows: np.ndarray) -> "RowArrays":
+    def take(self, rows: np.ndarray) -> "FeatureArrays":
         """These rows (indices), in the order given."""
         begin, end = self.starts[rows], self.starts[rows + 1]
-        return RowArrays(
+        return FeatureArrays(
             numbers=self.numbers[rows], nulls=None if self.nulls is None else self.nulls[rows],
             lengths=self.lengths[rows], starts=_starts_of(end - begin), items=self.items[_runs(begin, end - begin)])
 
     @staticmethod
-    def concat(parts: Sequence["RowArrays"]) -> "RowArrays":
+    def concat(parts: Sequence["FeatureArrays"]) -> "FeatureArrays":
         if len(parts) == 1:
             return parts[0]
         nulls = None
@@ -54,7 +54,7 @@ class RowArrays:
                                     for p in parts])
         offsets = np.cumsum([0] + [len(p.items) for p in parts[:-1]])
         starts = np.concatenate([parts[0].starts[:1]] + [p.starts[1:] + o for p, o in zip(parts, offsets)])
-        return RowArrays(numbers=np.concatenate([p.numbers for p in parts]), nulls=nulls,
+        return FeatureArrays(numbers=np.concatenate([p.numbers for p in parts]), nulls=nulls,
                          lengths=np.concatenate([p.lengths for p in parts]), starts=starts,
                          items=np.concatenate([p.items for p in parts]))
 
@@ -63,8 +63,8 @@ class RowArrays:
         return len(self.numbers.dtype.names or ())
 
 
-class RowLayout:
-    """A schema's fields as numbers and lists, and the ways from Arrow to RowArrays and
+class FeatureLayout:
+    """A schema's fields as numbers and lists, and the ways from Arrow to FeatureArrays and
     back. Columns keep the schema's order."""
 
     def __init__(self, schema: pa.Schema):
@@ -87,11 +87,11 @@ class RowLayout:
         self.record = np.dtype([(schema[i].name, schema[i].type.to_pandas_dtype()) for i in numbers])
         self.item = np.dtype(schema[lists[0]].type.value_type.to_pandas_dtype()) if lists else np.dtype(np.int64)
 
-    def empty(self) -> RowArrays:
-        return RowArrays(np.zeros(0, self.record), None, np.zeros((0, len(self.lists)), np.int8),
+    def empty(self) -> FeatureArrays:
+        return FeatureArrays(np.zeros(0, self.record), None, np.zeros((0, len(self.lists)), np.int8),
                          np.zeros(1, np.int64), np.zeros(0, self.item))
 
-    def from_arrow(self, table: pa.Table) -> RowArrays:
+    def from_arrow(self, table: pa.Table) -> FeatureArrays:
         n = table.num_rows
         numbers = np.empty(n, self.record)
         nulls = None
@@ -126,9 +126,9 @@ class RowLayout:
         run_starts = starts[:-1, None] + np.cumsum(counts, axis=1) - counts
         for j, source in enumerate(sources):
             items[_runs(run_starts[:, j], counts[:, j])] = source
-        return RowArrays(numbers, nulls, lengths.astype(_length_type(lengths)), starts, items)
+        return FeatureArrays(numbers, nulls, lengths.astype(_length_type(lengths)), starts, items)
 
-    def to_arrow(self, rows: RowArrays) -> pa.Table:
+    def to_arrow(self, rows: FeatureArrays) -> pa.Table:
         columns: list[pa.Array | None] = [None] * len(self.schema)
         for j, i in enumerate(self.numbers):
             values = np.ascontiguousarray(rows.numbers[self.schema[i].name])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from picasso.sample_join.feature_arrays import RowArrays, RowLayout
+from picasso.sample_join.feature_arrays import FeatureArrays, FeatureLayout
 
 MERGE_ROWS = 65_536
 
@@ -29,15 +29,15 @@ MERGE_ROWS = 65_536
 @dataclass
 class _Table:
     first: int  # the row id of its first row; its rows are first, first + 1, ...
-    rows: RowArrays
+    rows: FeatureArrays
     owners: np.ndarray  # the slot of each row (-1: a slot renumbered away)
     held: int  # rows still held
 
 
-class FeatureRows:
+class HeldFeatures:
     def __init__(self, schema: pa.Schema, merge_rows: int = MERGE_ROWS):
         self.schema = schema
-        self.layout = RowLayout(schema)
+        self.layout = FeatureLayout(schema)
         self.merge_rows = merge_rows
         self.row_of = np.zeros(0, np.int64)  # per slot: its row id, -1 when it holds none
         self._tables: list[_Table] = []
@@ -84,7 +84,7 @@ class FeatureRows:
             if hi > lo:
                 part = self._tables[t]
                 parts.append(part.rows.take(ids[lo:hi] - part.first))
-        return self.layout.to_arrow(RowArrays.concat(parts))
+        return self.layout.to_arrow(FeatureArrays.concat(parts))
 
     def release(self, slots: np.ndarray) -> None:
         """These slots' rows are needed no more (slots without one are skipped)."""
@@ -128,7 +128,7 @@ class FeatureRows:
         if not len(owners):
             self._tables[replaced] = []
             return
-        rows = RowArrays.concat(kept_rows)
+        rows = FeatureArrays.concat(kept_rows)
         self.row_of[owners] = first + np.arange(len(owners))
         self._tables[replaced] = [_Table(first, rows, owners, len(owners))]
 

@@ -60,7 +60,7 @@ from dataclasses import asdict
 import numpy as np
 import pyarrow as pa
 
-from picasso.sample_join.held_features import MERGE_ROWS, FeatureRows
+from picasso.sample_join.held_features import MERGE_ROWS, HeldFeatures
 from picasso.forgotten_keys import NOT_FOUND, ForgottenKeys
 from picasso.key_index import KeyIndex
 from picasso.sample_join.join_rules import (CORRECTION_COLUMN, DELAY_COLUMN, FORGOTTEN, KEY_COLUMN, NEGATIVE, PENDING, PENDING_LATE,
@@ -91,7 +91,7 @@ class JoinState:
         self.states = np.zeros(0, np.int8)
         self.label_times = np.zeros(0, np.int64)  # of the first label; -1 none
         self.ids = np.full(0, None, object)  # the key itself (join_ids), or None
-        self.rows = FeatureRows(schema, merge_rows=min(MERGE_ROWS, 8 * block))  # small blocks, small tables
+        self.rows = HeldFeatures(schema, merge_rows=min(MERGE_ROWS, 8 * block))  # small blocks, small tables
         self._index = KeyIndex.new()  # key -> slot of the first record of that hash
         # key -> {id: slot} of the other records of that hash: keys that share the hash of
         # the record in _index (a collision); there is one only while _index holds the key.
