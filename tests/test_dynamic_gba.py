@@ -178,7 +178,7 @@ def test_a_gba_job_over_grpc_trains_a_dynamic_table_on_its_shards(tmp_path):
     spec = parse_spec(raw)
     path = tmp_path / "dynamic.yaml"
     spec.save(path)
-    port = free_port()
+    port = free_port(count=2)
     server = _ps(str(path), tmp_path, port, 2, 2)
     refused = _worker(port, 2, 100, "--row-cache", "64")
     code, _, err = _finish(refused)

@@ -64,7 +64,7 @@ def test_each_beam_worker_process_is_a_gba_worker(tmp_path, monkeypatch):
     start = Trainer(SPEC, CONFIG)
     start.train(planted_batches(SPEC, 2 * WORKERS * BATCH, WORKERS * BATCH, stream=300))
     start.save_checkpoint(tmp_path / "checkpoints")
-    port = free_port()
+    port = free_port(count=SHARDS)
     # No hard staleness limit: how far one process runs ahead of the other is the
     # scheduler's choice (a loaded machine can pause one for 10 global steps), and a batch
     # dropped as too stale would make the exact accounting below depend on it. Dropping is
@@ -186,7 +186,7 @@ def test_a_beam_worker_killed_mid_bundle_and_the_job_run_again_trains_every_samp
     spec_path = tmp_path / "tiny.yaml"
     SPEC.save(spec_path)
     flags = ("--mode", "gba", "--lr-sparse", str(LR_SPARSE), "--decay", "exp:limit=none", "--lease", "2")
-    port = free_port()
+    port = free_port(count=SHARDS)
     server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, *flags)
     try:
         with pytest.raises(Exception):  # the runner reports its worker's death
@@ -199,7 +199,7 @@ def test_a_beam_worker_killed_mid_bundle_and_the_job_run_again_trains_every_samp
     trained_first = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))
     assert trained_first.state["samples"] < WORKERS * ROWS  # the dead one's tail was never trained
 
-    port = free_port()
+    port = free_port(count=SHARDS)
     server = _ps(str(spec_path), tmp_path, port, SHARDS, WORKERS, *flags)
     try:
         _gba_pipeline(port, _planted)  # every source from its start: at least once

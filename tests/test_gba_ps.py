@@ -317,7 +317,7 @@ def test_a_worker_that_stalls_past_its_lease_rejoins(tiny_spec, tmp_path):
     out at its next pull, rejoins under a new incarnation, reads its source on from the
     server's positions, and the job ends with both sources trained to the end. worker0,
     slowed down, trains on throughout."""
-    port = free_port()
+    port = free_port(count=2)
     # No hard staleness limit: a gradient dropped as too stale would advance the positions
     # without its samples, and the count below could not be exact.
     # A lease that a busy machine's steady worker never outlasts between two calls; the

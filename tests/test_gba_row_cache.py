@@ -122,7 +122,7 @@ def test_bad_settings_are_refused():
 def test_gba_workers_with_the_row_cache_against_a_real_server(tiny_spec, tmp_path):
     """`picasso gba-worker --row-cache`: real processes on loopback; each worker reports what
     its cache served, and the job trains every sample."""
-    port = free_port()
+    port = free_port(count=2)
     server = _ps(tiny_spec, tmp_path, port, 2, 2, "--mode", "gba")
     workers = [_worker(port, rank, 1000, "--row-cache", "30%", "--row-cache-staleness", "2")
                for rank in range(2)]

@@ -49,7 +49,7 @@ def _sync(spec_path, workdir) -> None:
 
 
 def _gba(spec_path, workdir) -> dict:
-    port = free_port()
+    port = free_port(count=2)
     server = _ps(str(spec_path), workdir, port, 2, WORKERS, "--mode", "gba", "--checkpoint-every", str(EVERY))
     workers = [_worker(port, rank, ROWS, "--stream-base", str(STREAM_BASE)) for rank in range(WORKERS)]
     for code, stats, err in [_finish(w) for w in workers]:

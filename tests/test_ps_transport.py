@@ -146,7 +146,7 @@ def test_ps_off_loopback_without_tls_says_why(tiny_spec, tmp_path):
 def test_a_job_over_tls_with_a_token_trains_and_a_worker_without_the_token_is_refused(tiny_spec, tmp_path, certificate,
                                                                                       monkeypatch):
     cert, key = certificate
-    port = free_port()
+    port = free_port(count=2)
     monkeypatch.setenv(transport.TOKEN_ENV, "s3cret")
     server = _ps(tiny_spec, tmp_path, port, 2, 1, "--tls-cert", cert, "--tls-key", key)
     monkeypatch.delenv(transport.TOKEN_ENV)
@@ -166,7 +166,7 @@ def test_a_killed_worker_is_replaced_by_a_new_process_that_reads_on_from_the_ser
     """worker1 is killed while training; a new process with its rank joins the running job,
     reads its source on from the server's positions and trains it to the end. An extra
     worker (rank 2, beyond --workers) joins half-way too. No restart of anything else."""
-    port = free_port()
+    port = free_port(count=2)
     # The replacement takes the dead one's name when it joins, whatever the lease; a long
     # lease keeps the frozen worker below in the job.
     server = _ps(tiny_spec, tmp_path, port, 2, 2, "--lease", "120", "--decay", "exp:limit=none")

@@ -123,11 +123,26 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (for a server this process is about to start)."""
+def free_port(host: str = "127.0.0.1", count: int = 1) -> int:
+    """A port nothing listens on now (for a server this process is about to start), nor on
+    the count - 1 ports after it: a job of S shards listens on port, port + 1, ... port +
+    S - 1, and a port the system hands out says nothing of its neighbours."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port + count <= 65536 and all(_bindable(host, port + i) for i in range(1, count)):
+            return port
+    raise OSError(f"no {count} free ports in a row on {host}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _read(path: str, what: str) -> bytes:
