@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from picasso.batch import PackedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint
 from picasso.connectors.testing.param_server import in_process
 from picasso.distributed.aggregation import Contribution
@@ -74,6 +75,58 @@ def test_the_applied_ranges_are_only_those_in_the_model():
         _push(control, "w/a", start, start + 10, sequence)
     assert control.ledger.to_json() == {"s": [[0, 30]]}  # claimed: the third is buffered
     assert control.applied().to_json() == {"s": [[0, 20]]}
+
+
+def test_a_batch_passed_over_fills_its_range_and_its_positions_wait_for_the_batches_before_it():
+    """A batch with nothing to train (every message a dead letter) between two that train:
+    its range is claimed at once, and counts as in the model, with its positions, only once
+    the batch before it has left the buffer."""
+    control = TokenControl(GBAConfig(global_batches=2))
+    control.pull("w/a")
+    _push(control, "w/a", 0, 10, 0)  # buffered
+    assert control.pass_over("w/a", 1, {"s": 11}, {"s": (10, 11)})
+    assert control.ledger.to_json() == {"s": [[0, 11]]}
+    assert control.applied().to_json() == {} and control.positions == {}
+    _, stepped = _push(control, "w/a", 11, 21, 2)
+    assert stepped is not None and stepped.samples == 20
+    assert control.applied().to_json() == {"s": [[0, 21]]} and control.positions == {"s": 21}
+    assert control.counts["passed_over"] == 1
+    # Passed over again (a re-read): kept as it is, and its positions count.
+    assert control.pass_over("w/a", 3, {"s": 11}, {"s": (10, 11)}) and control.applied().to_json() == {"s": [[0, 21]]}
+
+
+def test_a_batch_passed_over_is_given_back_with_its_dropped_worker_and_refused_from_an_unknown_one():
+    control = TokenControl(GBAConfig(global_batches=2))
+    assert not control.pass_over("w/never", 0, {"s": 1}, {"s": (0, 1)})  # never pulled: nothing recorded
+    control.pull("w/dead")
+    _push(control, "w/dead", 0, 10, 0)
+    control.pass_over("w/dead", 1, {"s": 11}, {"s": (10, 11)})
+    control.drop_worker("w/dead")
+    assert control.ledger.to_json() == {} and control.applied().to_json() == {}
+    assert not control.pass_over("w/dead", 2, {"s": 12}, {"s": (11, 12)})
+    assert control.counts["passed_over"] == 1
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+@pytest.mark.parametrize("empty_at", [0, 3, 6])
+def test_a_worker_passes_a_batch_of_refused_messages_over_and_the_ledger_holds_its_source_whole(shards, empty_at):
+    """A batch whose every message was refused is packed with no rows (pipelines'
+    PackMessages): the worker trains nothing for it, and every shard still holds its range;
+    shard 0's positions reach the source's end. First, in the middle or last."""
+    trainer = Trainer(SPEC, CONFIG)
+    computer = GradientComputer(build_model(CONFIG.model, SPEC, trainer.plan, CONFIG.hidden))
+    built = [build_shard(trainer, s, shards, GBAConfig(2)) for s in range(shards)]
+    servers = [shard for shard, _ in built]
+    client = PSClient(built[0][1], "worker0/x", max_in_flight=2, call=in_process(servers))
+    batches = list(planted_batches(SPEC, 700, 100, stream=5))  # 6 to train: 3 global steps of M = 2
+    batches[empty_at] = PackedBatch(batches[empty_at].data.slice(0, 0))
+    assert batches[empty_at].ranges == {"planted-5": (empty_at * 100, empty_at * 100 + 100)}
+    stats = GBAWorker(client, computer).train(batches)
+    assert stats.samples == 600 and stats.refused == 0
+    for server in servers:
+        snapshot = server.snapshot()
+        assert snapshot.applied == {"planted-5": [[0, 700]]}
+    assert servers[0].snapshot().positions == {"planted-5": 700} and servers[0].snapshot().samples == 600
 
 
 @pytest.mark.parametrize("shards", [1, 2])

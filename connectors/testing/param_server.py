@@ -24,7 +24,8 @@ def in_process(shards: list[Shard]):
     """A `call` for PSClient that reaches Shard objects in this process instead of over
     the network: the same client, for tests and one-process runs."""
     methods = {"pull": "pull", "resolve": "resolve", "push": "push", "positions": "positions", "forget": "drop_worker",
-               "finish": "retire", "held": "held", "settle": "settle", "renew": "renew"}
+               "finish": "retire", "held": "held", "settle": "settle", "pass_over": "pass_over",
+               "renew": "renew"}
 
     def call(index: int, method: str, args: tuple, asynchronous: bool):
         result = getattr(shards[index], methods[method])(*args)

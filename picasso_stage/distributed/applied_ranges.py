@@ -13,9 +13,10 @@ leaves those rows out before its gradient is computed.
 
 The ledger holds, per source, sorted disjoint half-open ranges, merged where they touch,
 so a source read in order is one range however many batches it had. A shard claims a
-range when it accepts the push into its global batch, and gives it back if the batch
-leaves unapplied (its worker was dropped): `applied()` is what a checkpoint stores, the
-ranges in the model. A checkpoint restored restores the ledger with the weights.
+range when it accepts the push into its global batch, or when a batch with nothing to
+train (its every message refused) is passed over (gba.TokenControl.pass_over), and gives
+it back if the batch leaves unapplied (its worker was dropped): `applied()` is what a
+checkpoint stores, the ranges in the model. A checkpoint restored restores the ledger with the weights.
 """
 
 from __future__ import annotations
@@ -83,6 +84,14 @@ class AppliedRanges:
             if parts:
                 found[source] = sorted(parts)
         return found
+
+    def missing(self, ranges: dict[str, Spans]) -> dict[str, list[Range]]:
+        """The parts of `ranges` the ledger does not hold, per source (sources with none
+        left out)."""
+        left = AppliedRanges()
+        left.add_all(ranges)
+        left.remove_all(self.held(ranges))
+        return {source: spans for source, spans in left.ranges.items() if spans}
 
     def add(self, source: str, start: int, end: int) -> None:
         if not start < end:

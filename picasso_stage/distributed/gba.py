@@ -12,6 +12,8 @@ One `TokenControl` runs per parameter-server shard, over that shard's parameters
   global batch and its tokens become invalid, so a push it sent before dying is refused.
 - a push whose source ranges were trained already (a retried bundle, a replay after a
   restart) is acknowledged as a duplicate and not trained again (applied_ranges.py).
+- `pass_over(...)` takes a batch with nothing to train (its every message refused): its
+  ranges go into the ledger and its positions count in the worker's order, as a push's.
   The worker rejoins by pulling again under a new incarnation id (see `WorkerId`). Workers
   silent for longer than a lease are dropped the same way (`drop_silent`).
 
@@ -31,7 +33,7 @@ import torch
 from picasso.distributed.aggregation import Contribution, GlobalGradient, Weighted, aggregate, check_row_gradient
 from picasso.distributed.applied_ranges import AppliedRanges
 from picasso.distributed.staleness import NO_DECAY, StalenessDecay
-from picasso.sample_identity import Spans, joined_positions, spans_of
+from picasso.sample_identity import Range, Spans, joined_positions, spans_of
 from picasso.trainer import merge_positions
 
 
@@ -95,13 +97,16 @@ class TokenControl:
         # ahead of an earlier batch of theirs, and the next number positions wait for.
         self._landed: dict[str, dict[int, dict[str, int]]] = {}
         self._next_sequence: dict[str, int] = {}
+        # Per worker (incarnation): the ranges of batches passed over (pass_over) whose
+        # positions wait for an earlier batch, by number: claimed, but not yet in the model.
+        self._passed: dict[str, dict[int, dict[str, list[Range]]]] = {}
         self._clock = clock
         self._last_seen: dict[str, float] = {}  # live workers
         self._dropped: set[str] = set()
         self._buffer: list[Weighted] = []
         self.counts = {"accepted": 0, "accepted_samples": 0, "dropped_stale": 0, "refused_dropped_worker": 0,
                        "refused_unknown_worker": 0, "discarded_failed_worker": 0, "refused_budget_spent": 0,
-                       "duplicate": 0, "refused_partly_trained": 0, "steps": 0}
+                       "duplicate": 0, "refused_partly_trained": 0, "passed_over": 0, "steps": 0}
         self.staleness_sum = 0  # over the accepted pushes: with counts["accepted"], their mean staleness
 
     @property
@@ -141,7 +146,7 @@ class TokenControl:
         if verdict != "new":
             # Its positions are recorded all the same: they are no further than the trained
             # ones, and the worker's later pushes wait for this sequence number.
-            self._record_positions(contribution)
+            self._record_positions(worker, contribution.sequence, contribution.positions)
             if verdict == "held":
                 self.counts["duplicate"] += 1
                 return PushOutcome(False, f"already trained: {_describe(contribution.ranges)}", -1, 0.0, self.step,
@@ -153,7 +158,7 @@ class TokenControl:
         decay = self.config.decay
         if decay.dropped(staleness):
             self.counts["dropped_stale"] += 1
-            self._record_positions(contribution)  # consumed, on purpose unused
+            self._record_positions(worker, contribution.sequence, contribution.positions)  # consumed, on purpose unused
             return PushOutcome(False, f"staleness {staleness} > limit {decay.limit}", staleness, 0.0, self.step,
                                False), None
         row_staleness = row_staleness or {}
@@ -172,26 +177,50 @@ class TokenControl:
             return PushOutcome(True, "", staleness, weight, self.step, False), None
         gradient = aggregate(self._buffer, self.config.row_gradient)
         for weighted in self._buffer:
-            self._record_positions(weighted.contribution)
+            self._record_positions(weighted.contribution.worker, weighted.contribution.sequence,
+                                   weighted.contribution.positions)
         self._buffer = []
         self.step += 1
         self.counts["steps"] += 1
         return PushOutcome(True, "", staleness, weight, self.step, True), gradient
 
-    def _record_positions(self, contribution: Contribution) -> None:
-        """A batch left the buffer (stepped, or dropped as too stale). Its positions count
-        once every earlier batch of its worker has left too: pushes of one worker can
-        reach the shard out of order (RPC threads), and a checkpoint's positions must never
-        pass a batch the model has not seen, or a resumed job would skip it."""
-        if contribution.sequence < 0:  # not numbered: taken as they come
-            self.positions = merge_positions(self.positions, contribution.positions)
+    def pass_over(self, worker: str, sequence: int, positions: dict[str, int], ranges: dict[str, Spans]) -> bool:
+        """A batch of `worker`'s with nothing to train (its every message refused), numbered
+        as its pushes are: its ranges go into the ledger, untrained, and its positions count
+        once every earlier batch of the worker's has left the buffer, as a push's would. So
+        the ledger has no hole where it was and the positions pass it; its ranges count as
+        in the model only with its positions (a checkpoint must not hold a range beyond a
+        batch still buffered, or a re-read from its positions would overlap it).
+
+        False, and nothing recorded, for a worker that never pulled here or was dropped:
+        its source is read again from the positions (a rejoin; a restarted server's
+        resubmitted job), and that read passes the batch over again."""
+        if worker in self._dropped or worker not in self._last_seen:
+            return False
+        self._last_seen[worker] = self._clock()
+        fresh = self.ledger.missing(ranges)  # a re-read's: what a checkpoint had is kept as it is
+        self.ledger.add_all(fresh)
+        self._passed.setdefault(worker, {})[sequence] = fresh
+        self._record_positions(worker, sequence, positions)
+        self.counts["passed_over"] += 1
+        return True
+
+    def _record_positions(self, worker: str, sequence: int, positions: dict[str, int]) -> None:
+        """A batch left the buffer (stepped, or dropped as too stale), or was passed over.
+        Its positions count once every earlier batch of its worker has left too: pushes of
+        one worker can reach the shard out of order (RPC threads), and a checkpoint's
+        positions must never pass a batch the model has not seen, or a resumed job would
+        skip it."""
+        if sequence < 0:  # not numbered: taken as they come
+            self.positions = merge_positions(self.positions, positions)
             return
-        worker = contribution.worker
         landed = self._landed.setdefault(worker, {})
-        landed[contribution.sequence] = contribution.positions
+        landed[sequence] = positions
+        passed = self._passed.get(worker, {})
         following = self._next_sequence.get(worker, 0)
         while following in landed:
             self.positions = merge_positions(self.positions, landed.pop(following))
+            passed.pop(following, None)  # a batch passed over is in the model with its positions
             following += 1
         self._next_sequence[worker] = following
 
@@ -202,6 +231,8 @@ class TokenControl:
         # Positions still waiting for an earlier batch of it: that batch never comes.
         self._landed.pop(worker, None)
         self._next_sequence.pop(worker, None)
+        for ranges in self._passed.pop(worker, {}).values():  # read again after its rejoin
+            self.ledger.remove_all(ranges)
         kept = [w for w in self._buffer if w.contribution.worker != worker]
         for weighted in self._buffer:
             if weighted.contribution.worker == worker:  # not trained: a re-read trains it
@@ -238,10 +269,14 @@ class TokenControl:
         return {**self.positions, **joined_positions(self.applied().ranges)}
 
     def applied(self) -> AppliedRanges:
-        """The ranges in the model: the claimed ones less those still buffered."""
+        """The ranges in the model: the claimed ones less those still buffered, and those
+        passed over whose positions still wait."""
         applied = self.ledger.copy()
         for weighted in self._buffer:
             applied.remove_all(weighted.contribution.ranges)
+        for passed in self._passed.values():
+            for ranges in passed.values():
+                applied.remove_all(ranges)
         return applied
 
     def refuse(self, count: str, reason: str) -> PushOutcome:

@@ -123,7 +123,7 @@ class ShardService:
         shard = self.shard
         return {"describe": self.describe, "join": self.join, "start_line": self.start_line, "pull": shard.pull,
                 "resolve": shard.resolve, "push": shard.push, "positions": shard.positions,
-                "held": shard.held, "settle": shard.settle,
+                "held": shard.held, "settle": shard.settle, "pass_over": shard.pass_over,
                 "forget": shard.drop_worker, "renew": shard.renew, "finish": self.finish, "stashed": self.stashed, "step": shard.step,
                 "stash_at": shard.stash_at, "snapshot": shard.snapshot, "release": self.stopped.set,
                 "status": self.status}

@@ -165,6 +165,19 @@ class PSClient:
         for s in range(self.layout.num_shards):
             self._call(s, "settle", (self.worker, ranges), False)
 
+    def pass_over(self, positions: dict[str, int], ranges: dict) -> bool:
+        """A batch with nothing to train (its every message refused): every shard records its
+        ranges, and shard 0 its positions, numbered as a push, so they count in order with
+        this worker's pushes (gba.TokenControl.pass_over). An incarnation that has not pulled
+        yet pulls first: a shard takes nothing from a worker it does not know, and a
+        restarted one says so to a pull. False when the job's sample budget is spent."""
+        if len(self._pulled_from) < self.layout.num_shards and self.pull({}).stop:
+            return False
+        for s in range(self.layout.num_shards):
+            self._call(s, "pass_over", (self.worker, self._pushed, positions if s == 0 else {}, ranges), False)
+        self._pushed += 1
+        return True
+
     def rejoin(self) -> None:
         """Go on as a new incarnation of this worker, after the shards dropped this one: its
         unanswered pushes are taken (refused), and pushes are numbered from 0 again."""

@@ -218,6 +218,12 @@ class Shard:
         with self._lock:
             self.control.settle(ranges)
 
+    def pass_over(self, worker: str, sequence: int, positions: dict[str, int], ranges: dict[str, Spans]) -> bool:
+        """A batch with nothing to train: its ranges and positions (TokenControl.pass_over)."""
+        self._arrived[worker] = time.monotonic()
+        with self._lock:
+            return self.control.pass_over(worker, sequence, positions, ranges)
+
     def drop_worker(self, worker: str) -> int:
         with self._lock:
             return self.control.drop_worker(worker)

@@ -120,10 +120,16 @@ class GBAWorker:
         only the gradient of the rows not yet trained may be pushed. The positions it
         settles go to the shards after its push."""
         settles = batch.settles
-        if batch.row_identities() is not None and batch.num_samples:
+        identities = batch.row_identities()
+        if identities is not None and batch.num_samples:
             fresh = batch.without_held(self.client.held(batch.ranges))
             stats.held_rows += batch.num_samples - fresh.num_samples
             batch = fresh
+        elif identities is None and not batch.num_samples and batch.ranges:
+            # Every message of it refused (dead letters): nothing to train, but its range
+            # must reach the ledger and its positions the checkpoint, in order.
+            if not self.client.pass_over(batch.positions, batch.ranges):
+                return False
         if batch.num_samples and not self._train_step(batch, stats):
             return False
         if settles:
