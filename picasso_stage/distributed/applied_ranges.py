@@ -16,7 +16,8 @@ so a source read in order is one range however many batches it had. A shard clai
 range when it accepts the push into its global batch, or when a batch with nothing to
 train (its every message refused) is passed over (gba.TokenControl.pass_over), and gives
 it back if the batch leaves unapplied (its worker was dropped): `applied()` is what a
-checkpoint stores, the ranges in the model. A checkpoint restored restores the ledger with the weights.
+checkpoint stores, the ranges in the model. A checkpoint restored restores the ledger
+with the weights.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ One `TokenControl` runs per parameter-server shard, over that shard's parameters
   optimizer step and advances the step. A push never waits for other workers.
 - `drop_worker(worker)` forgets a failed worker: its buffered contributions leave the
   global batch and its tokens become invalid, so a push it sent before dying is refused.
+  The worker rejoins by pulling again under a new incarnation id (see `worker_id`). Workers
+  silent for longer than a lease are dropped the same way (`drop_silent`).
 - a push whose source ranges were trained already (a retried bundle, a replay after a
   restart) is acknowledged as a duplicate and not trained again (applied_ranges.py).
 - `pass_over(...)` takes a batch with nothing to train (its every message refused): its
   ranges go into the ledger and its positions count in the worker's order, as a push's.
-  The worker rejoins by pulling again under a new incarnation id (see `WorkerId`). Workers
-  silent for longer than a lease are dropped the same way (`drop_silent`).
 
 Plain asynchronous training is the same machinery with M = 1 and no decay
 (`GBAConfig.plain_async`): every push steps at once, however stale.
