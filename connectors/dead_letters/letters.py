@@ -54,8 +54,6 @@ def reason_kind(reason: str) -> str:
     return kind or "other"
 
 
-
-
 # A cut letter says so in its reason: 'oversize: <why> (original reason: <reason>)'.
 OVERSIZE = "oversize"
 _ORIGINAL_REASON = " (original reason: "

@@ -5,9 +5,10 @@ mode), stream (the stream's model and ledger) and gba (a worker of a parameter s
 The caller hands it the handler of its mode (train_handlers.py: TrainerHandler.for_run,
 StreamHandler, GBAHandler); it knows no mode by name. Like Beam's RunInference, the heavy
 object is built by that small handler and shared by every DoFn instance in a process, so
-that the training step and what follows it see the same model. Training is a sink in Beam terms; its one
-output is what the handler makes of the merged statistics: a reference to the checkpoint
-written once every batch has been trained on (local), or those statistics (stream, gba).
+that the training step and what follows it see the same model. Training is a sink in Beam
+terms; its one output is what the handler makes of the merged statistics: a reference to
+the checkpoint written once every batch has been trained on (local), or those statistics
+(stream, gba).
 
 A daily run (local mode) trains ONE model, whatever the runner and its number of workers
 (the handler's one_trainer): decoding and packing run in parallel, and then one DoFn call
