@@ -1,8 +1,11 @@
 # A Beam worker image with picasso and its C++ kernels built in: pass it to the pipeline as
 # --sdk_container_image (Dataflow, Flink and Spark's portable runners), with no --setup_file.
-# Built on the Beam Python SDK image of the apache-beam that the driver runs:
-# the SDK on both sides must match.
-FROM apache/beam_python3.11_sdk:2.77.0
+# Built on the Beam Python SDK image of the apache-beam that the driver runs: the SDK on
+# both sides must match, and the set-up installs whichever apache-beam is newest, so the
+# version is the build's argument, with no default (README: the build command passes the
+# driver's own).
+ARG BEAM_VERSION
+FROM apache/beam_python3.11_sdk:${BEAM_VERSION}
 
 # CPU workers: torch's CPU build (PyPI's Linux torch is the CUDA one, several GB). A build
 # argument, so it is in the environment of the RUN lines only, not of the image; set it
