@@ -7,7 +7,13 @@ written for MLflow works unchanged. What picasso adds:
 - every answer names the version that gave it (header X-Picasso-Model-Version), and a
   request keeps the version it started on, whatever swaps meanwhile;
 - more than --max-rows rows is a 413, said in one line (MLflow's own refusal would quote
-  the whole request back);
+  the whole request back), with MLflow's error code for a bad request;
+- a body nested deeper than Python's JSON parser goes (its recursion limit, about 1,000
+  levels) is a 400 saying so, where MLflow's parser would fail with a RecursionError;
+- every accepted connection gets TCP_NODELAY (NoDelayHTTP): a client that keeps its
+  connection open is answered at once, not after its own delayed ACK (about 40 ms);
+- SIGTERM and SIGINT drain the requests in flight and end run() (GracefulServer), so that
+  the caller's cleanup runs and the process exits 0;
 - /ping answers while any version is served; /health says whether it is the one the
   alias points at (503 with the reason when not); /version names the version; /metrics.
 """
@@ -15,10 +21,18 @@ written for MLflow works unchanged. What picasso adds:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
+import signal
+import socket
+import sys
+import threading
 import time
 
+import uvicorn
 from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc.scoring_server import invocations
 from mlflow.version import VERSION as MLFLOW_VERSION
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -26,6 +40,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from picasso.serving.follower import Follower
 from picasso.serving.server_metrics import ServeMetrics
@@ -33,6 +48,9 @@ from picasso.serving.versions import LoadedVersion, describe
 
 VERSION_HEADER = "X-Picasso-Model-Version"
 JSON = "application/json"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# JSON's brackets, and its strings (skipped whole: a bracket inside one is text).
+_NESTING = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
 class TooManyRows(MlflowException):
@@ -41,10 +59,33 @@ class TooManyRows(MlflowException):
     def __init__(self, rows: int, limit: int):
         # Kept apart: invocations() prefixes the message with the whole request.
         self.refusal = f"a request of {rows} rows is over this server's limit of {limit} (--max-rows)"
-        super().__init__(self.refusal, error_code="INVALID_PARAMETER_VALUE")
+        # The proto's number: MlflowException reads a name given as a string as INTERNAL_ERROR.
+        super().__init__(self.refusal, error_code=INVALID_PARAMETER_VALUE)
 
     def get_http_status_code(self) -> int:
         return 413
+
+
+class TooDeep(MlflowException):
+    """A JSON body nested deeper than the parser goes: HTTP 400, saying how deep."""
+
+    def __init__(self, depth: int):
+        super().__init__(f"the request's JSON is nested {depth:,} levels deep, deeper than this server parses "
+                         f"(about {sys.getrecursionlimit():,} levels); a scoring request needs a few",
+                         error_code=INVALID_PARAMETER_VALUE)
+
+
+def nesting_depth(body: bytes) -> int:
+    """How deep a JSON text's arrays and objects go (read on the refusal path only)."""
+    depth = deepest = 0
+    for match in _NESTING.finditer(body):
+        token = match.group()
+        if token in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in (b"]", b"}"):
+            depth -= 1
+    return deepest
 
 
 class _Scored:
@@ -64,14 +105,70 @@ class _Scored:
         return self.model.predict(data, params=params)
 
 
-
 def _score(loaded: LoadedVersion, body: bytes, content_type: str, max_rows: int, metrics: ServeMetrics):
-    return invocations(body, content_type, _Scored(loaded, max_rows, metrics), loaded.input_schema)
+    try:
+        return invocations(body, content_type, _Scored(loaded, max_rows, metrics), loaded.input_schema)
+    except RecursionError:
+        # json.loads goes as deep as the recursion limit and then raises this, which MLflow
+        # lets through; a body that is not that deep failed for another reason: a 500.
+        depth = nesting_depth(body)
+        if depth < sys.getrecursionlimit() // 2:
+            raise
+        raise TooDeep(depth) from None
+
+
+class NoDelayHTTP(AutoHTTPProtocol):
+    """uvicorn's HTTP protocol, with TCP_NODELAY on the connection's socket. asyncio sets it
+    only where the listening socket was made with proto IPPROTO_TCP, and
+    socket.create_server makes it with proto 0: without it, Nagle's algorithm holds each
+    answer of a kept-alive connection until the client's delayed ACK (about 40 ms)."""
+
+    def connection_made(self, transport) -> None:
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().connection_made(transport)
+
+
+class GracefulServer(uvicorn.Server):
+    """uvicorn's server, whose run() returns after SIGTERM or SIGINT once the requests in
+    flight are answered. uvicorn's own handling raises the signal again after that
+    shutdown, which ends the process with -15 before the caller's `finally` runs."""
+
+    stopped_by: int | None = None
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        before = {sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
+
+    def _stop(self, sig: int, frame) -> None:
+        self.stopped_by = self.stopped_by or sig
+        self.handle_exit(sig, frame)  # a second SIGINT: uvicorn stops waiting for connections
+
+
+def http_server(app, **config) -> GracefulServer:
+    """The server `picasso serve` runs: its app under uvicorn, with NoDelayHTTP."""
+    return GracefulServer(uvicorn.Config(app, http=NoDelayHTTP, lifespan="off", **config))
 
 
 def build_app(follower: Follower, metrics: ServeMetrics, max_rows: int) -> Starlette:
     async def score(request: Request) -> Response:
         started = time.perf_counter()
+        metrics.in_flight.inc()
+        try:
+            return await _answer(request, started)
+        finally:
+            metrics.in_flight.dec()
+
+    async def _answer(request: Request, started: float) -> Response:
         loaded = follower.served  # once: this request finishes on this version, whatever swaps meanwhile
         body = await request.body()
         try:

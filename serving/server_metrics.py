@@ -1,5 +1,5 @@
 """`picasso serve`'s Prometheus metrics: request latency by status, rows per request, the
-version served and its freshness, and swaps with their failures by kind. They go into a
+requests in flight, the version served and its freshness, and swaps with their failures by kind. They go into a
 registry the caller gives: the server's own /metrics, and --metrics-port's endpoint."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -28,6 +28,9 @@ class ServeMetrics:
                                  "HTTP status", ["status"], buckets=LATENCY_BUCKETS, registry=registry)
         self.rows = Histogram("picasso_serve_request_rows", "rows per request scored", buckets=ROW_BUCKETS,
                               registry=registry)
+        # What a SIGTERM waits for before the process exits.
+        self.in_flight = Gauge("picasso_serve_requests_in_flight", "requests to /invocations received and not yet "
+                               "answered", registry=registry)
         registry.register(_FollowerCollector(follower))
 
     def observe(self, status: int, seconds: float) -> None:

@@ -37,7 +37,7 @@ from mlflow.tracking import MlflowClient
 
 from picasso.serving import old_names
 from picasso.serving.publishing import registry_tags as tags
-from picasso.serving.publishing.delta_store import download_delta, logged_model_location
+from picasso.serving.publishing.delta_store import download_delta, model_version_location
 from picasso.serving.publishing.mlflow_env import pyfunc_with, python_model_of, tracking_uri
 from picasso.serving.publishing.model_delta import apply_delta, load_delta
 from picasso.serving.signature import BUILT_FROM, INPUT_FIELDS, built_from_sha256
@@ -118,7 +118,7 @@ class VersionLoader:
         its delta applies to it, else in full. Raises VersionFailure."""
         number = str(version.version)
         try:
-            location = logged_model_location(self.client, version)
+            location = model_version_location(self.client, version)
         except Exception as err:  # noqa: BLE001 - no logged model behind the version, or no registry
             raise VersionFailure(number, REGISTRY if is_unreachable(err) else ARTIFACT, _one_line(err)) from err
         facts = dict(version=number, model_uri=f"models:/{name}/{number}",
@@ -148,6 +148,10 @@ class VersionLoader:
                                  _one_line(err)) from err
         finally:
             shutil.rmtree(folder.parent / "download", ignore_errors=True)
+        if not (folder / MLMODEL).is_file():  # MLflow downloads a source with no files as an empty folder
+            _remove(folder)
+            raise VersionFailure(facts["version"], ARTIFACT, f"there is no model at {location}: it holds no "
+                                 f"{MLMODEL} file, so MLflow cannot load it either")
         return self._loaded(folder, facts, served, _folder_bytes(folder), started)
 
     def _by_delta(self, location: str, version, served: LoadedVersion, facts: dict) -> LoadedVersion | None:

@@ -21,7 +21,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from publish_helpers import CheckpointMaker, fresh_target, request
-from serving_helpers import call, probabilities
+from serving_helpers import call, metric, probabilities
 from test_dynamic_serving import dynamic_spec
 
 from picasso.serving.publishing.publication import publish
@@ -51,13 +51,6 @@ def wait_for(condition, what: str):
 
 def served_version(url: str) -> str | None:
     return call(url, "/version").body.get("version")
-
-
-def metric(url: str, name: str) -> float:
-    """A sample of the server's /metrics; 0 when it has none (a counter never incremented)."""
-    text = call(url, "/metrics").body.get("text", "")
-    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " ")]
-    return values[0] if values else 0.0
 
 
 class ClientLoop:

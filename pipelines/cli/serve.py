@@ -4,7 +4,8 @@ alias, swapping to each new version (by delta where it can) while it keeps answe
 
     picasso serve --model models:/picasso-ctr@champion --port 8080 --workdir ./workdir
 
-  0  stopped by Ctrl-C or SIGTERM
+  0  stopped by Ctrl-C or SIGTERM: the requests in flight answered, the temporary cache
+     removed, and a `stopped` line said
   2  nothing to serve: a bad --model, no such store, or no version loaded within
      --start-timeout-s (the reason in one line)
 """
@@ -15,6 +16,7 @@ import gc
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -25,6 +27,8 @@ from picasso.pipelines.cli.publish import check_existing_store
 
 DEFAULT_PORT = 8080
 GIL_SWITCH_S = 0.001
+CACHE_PREFIX = "picasso-serve-"
+OWNER_FILE = "owner.pid"  # in a temporary cache: the process that made it
 
 
 def add_serve_command(commands) -> None:
@@ -58,7 +62,6 @@ def add_serve_command(commands) -> None:
 
 def run_serve(args) -> int:
     # Heavy imports here: the parser of every other command must not pay for them.
-    import uvicorn
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
     from prometheus_client import CollectorRegistry
@@ -67,7 +70,7 @@ def run_serve(args) -> int:
     from picasso.pipelines.runs.run_metrics import MetricsEndpoint
     from picasso.serving.follower import Follower, ModelRef
     from picasso.serving.pyfunc_model import MAX_ROWS_VARIABLE
-    from picasso.serving.server import build_app
+    from picasso.serving.server import STOP_SIGNALS, build_app, http_server
     from picasso.serving.server_metrics import ServeMetrics
     from picasso.serving.versions import VersionFailure, VersionLoader, describe
 
@@ -91,7 +94,7 @@ def run_serve(args) -> int:
     # rather than in MLflow's retries for minutes (its defaults).
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
-    cache = args.cache_dir or Path(tempfile.mkdtemp(prefix="picasso-serve-"))
+    cache = args.cache_dir or _temporary_cache()
     client = MlflowClient(tracking, tracking)
     follower = Follower(ref, client, VersionLoader(client, cache / "versions"), args.poll_s, on_swap=_say_swap)
     # What is imported by now (torch, MLflow, pandas, picasso: some 400,000 objects) lives as
@@ -100,6 +103,11 @@ def run_serve(args) -> int:
     # which every request in flight would wait for. The versions' own objects stay in sight.
     gc.collect()
     gc.freeze()
+    # Until the server takes them over: a stop while the first version loads ends as one
+    # while serving does, with the cache removed.
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, _stop_starting)
+    stopped = None  # the line said once the cache is removed
     try:
         try:
             first = follower.load_first(args.start_timeout_s, say=_say)
@@ -120,21 +128,68 @@ def run_serve(args) -> int:
             print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
             return 2
         port = listening.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(build_app(follower, metrics, args.max_rows), log_level="warning",
-                                               access_log=False, lifespan="off"))
+        server = http_server(build_app(follower, metrics, args.max_rows), log_level="warning", access_log=False)
         follower.start()
         facts = describe(first)
         _say(f"picasso serve: {ref.uri} version {first.version or '(pinned)'} loaded in full "
             f"({facts['bytes_read'] / 1e6:.1f} MB, {facts['load_s']:.1f} s); answering on "
             f"http://{args.host}:{port}/invocations" + (f"; metrics {endpoint.url}" if endpoint else "")
             + (f"; following the alias every {args.poll_s:g} s" if ref.follows else "; pinned"))
-        server.run(sockets=[listening])  # until SIGINT or SIGTERM (uvicorn's handlers), then a graceful shutdown
-        _say("picasso serve: stopped")
+        # Until SIGTERM or SIGINT; then the port closes, idle connections close, and run()
+        # returns once every request in flight is answered.
+        server.run(sockets=[listening])
+        by = f" by {signal.Signals(server.stopped_by).name}" if server.stopped_by else ""
+        stopped = f"stopped{by}, every request in flight answered"
+        return 0
+    except _Stopped as stop:
+        stopped = f"stopped by {stop.name} before serving"
         return 0
     finally:
+        for sig in STOP_SIGNALS:  # the few steps left are not cut short by a second signal
+            signal.signal(sig, signal.SIG_IGN)
         follower.stop()
         if args.cache_dir is None:
             shutil.rmtree(cache, ignore_errors=True)
+        if stopped:
+            _say(f"picasso serve: {stopped}")
+
+
+class _Stopped(BaseException):
+    """SIGTERM or SIGINT before the server runs. A BaseException, as KeyboardInterrupt is,
+    so that no `except Exception` on the way (loading a version has several) takes it."""
+
+    def __init__(self, sig: int):
+        super().__init__(sig)
+        self.name = signal.Signals(sig).name
+
+
+def _stop_starting(sig: int, frame) -> None:
+    raise _Stopped(sig)
+
+
+def _temporary_cache() -> Path:
+    """A new temporary cache, marked with this process's id; and the ones of `picasso
+    serve` processes that are gone without removing theirs (SIGKILL, a crash), removed."""
+    for stale in Path(tempfile.gettempdir()).glob(f"{CACHE_PREFIX}*"):
+        try:
+            owner = int((stale / OWNER_FILE).read_text())
+        except (OSError, ValueError):  # not one of ours, or being made right now
+            continue
+        if not _running(owner):
+            shutil.rmtree(stale, ignore_errors=True)
+    cache = Path(tempfile.mkdtemp(prefix=CACHE_PREFIX))
+    (cache / OWNER_FILE).write_text(str(os.getpid()))
+    return cache
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _say(line: str) -> None:

@@ -44,18 +44,23 @@ class DeltaArtifact:
     tombstones: int = 0  # ids they evicted
 
 
-def _model_id(version) -> str:
-    return getattr(version, "model_id", None) or version.source.rsplit("/", 1)[-1]
-
-
-def logged_model_location(client: MlflowClient, version) -> str:
-    """Where a registered version's logged model keeps its files (MLmodel at the top)."""
-    return client.get_logged_model(_model_id(version)).artifact_location
+def model_version_location(client: MlflowClient, version) -> str:
+    """Where a registered version's model keeps its files (MLmodel at the top), as MLflow
+    itself resolves it for `models:/NAME/VERSION`: a logged model's artifact location for a
+    version made by log_model or registered from models:/<model id> (or from a runs:/ URI
+    MLflow resolved to its logged model), else the version's source as registered: a
+    runs:/RUN/PATH URI (MLflow 2's way, or create_model_version with such a source), an
+    artifact URI or a path. The version's entity often has no model_id (MLflow's REST
+    answer leaves it out), so the source's last part is never read as one."""
+    model_id = getattr(version, "model_id", None)
+    if model_id:
+        return client.get_logged_model(model_id).artifact_location
+    return client.get_model_version_download_uri(version.name, version.version)
 
 
 def download_weights(client: MlflowClient, version, directory: Path) -> Path:
     """A version's serving weights (the weights artifact of its logged model)."""
-    location = logged_model_location(client, version)
+    location = model_version_location(client, version)
     return Path(mlflow.artifacts.download_artifacts(artifact_uri=f"{location}/artifacts/weights.pt",
                                                     dst_path=str(directory), tracking_uri=tracking_uri(client)))
 
