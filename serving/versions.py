@@ -145,7 +145,7 @@ class VersionLoader:
         except Exception as err:  # noqa: BLE001 - said as a failure of this version, kind by cause
             _remove(folder)
             raise VersionFailure(facts["version"], REGISTRY if is_unreachable(err) else ARTIFACT,
-                                 _one_line(err)) from err
+                                 f"cannot download its files from {location}: {_one_line(err)}") from err
         finally:
             shutil.rmtree(folder.parent / "download", ignore_errors=True)
         if not (folder / MLMODEL).is_file():  # MLflow downloads a source with no files as an empty folder

@@ -71,14 +71,14 @@ class ServeProcess:
     the test's, so that a test can signal it and see what it left behind. Killed on the way
     out if the test has not stopped it."""
 
-    def __init__(self, model_uri: str, tracking_uri: str, root: Path, *args: str, port: int | None = None):
+    def __init__(self, model_uri: str, tracking_uri: str | None, root: Path, *args: str, port: int | None = None):
         self.root, self.tmp = root, root / "tmp"
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = root / f"serve-{self.port}-{time.monotonic_ns()}.log"
-        command = [sys.executable, "-m", "picasso.pipelines.cli", "serve", "--model", model_uri, "--mlflow-uri",
-                   tracking_uri, "--host", "127.0.0.1", "--port", str(self.port), *args]
+        command = [sys.executable, "-m", "picasso.pipelines.cli", "serve", "--model", model_uri, "--host", "127.0.0.1",
+                   "--port", str(self.port), *(["--mlflow-uri", tracking_uri] if tracking_uri else []), *args]
         env = {**os.environ, "TMPDIR": str(self.tmp), "MLFLOW_DISABLE_TELEMETRY": "true",
                "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
         with open(self.log, "wb") as log:
