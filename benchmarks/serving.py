@@ -8,10 +8,14 @@ planted events. Four parts, each a table:
    `picasso stream` (its StreamRunner) trains and publishes a version every --interval-s
    seconds, and `picasso serve --poll-s --poll-s` follows the champion. A client sends
    1-row requests without pause and notes, for each answer, when it came and which version
-   gave it (the X-Picasso-Model-Version header). A version's endpoint freshness is the time
-   of its first answer less the time of the newest event it trained on (the message's
-   timestamp, stamped when it was sent). The goal: p50 <= interval + 2 s, p99 <= interval
-   + 4 s. The version served when the client started is left out (it was not swapped in).
+   gave it (the X-Picasso-Model-Version header). Freshness is taken at every answer: the
+   answer's time less the time of the newest event the version that gave it trained on
+   (the message's timestamp, stamped when it was sent), so a version served long after
+   the next was published counts for every answer it gave. The goal: p50 <= interval + 2
+   s, p99 <= interval + 4 s. The answers of the version served when the client started
+   are left out (it was loaded at start-up, not followed). Versions published, followed
+   (answered at least once) and skipped (never answered: the alias moved on between two
+   polls), and the real gap between two publishes, are reported beside it.
 2. Swap cost. Versions one stream interval apart (--rate x --interval-s events each) are
    published first; then a client sends 100-row requests without pause through phases of
    --phase-s seconds, in turns: steady (the alias stays) and swapping (the alias moves to
@@ -29,18 +33,30 @@ planted events. Four parts, each a table:
    taken in turns request by request after a warm-up, both checked to give the same
    answers. vs_mlflow_serve@ROWS is mlflow's p50 over picasso serve's (the goal: at least
    1.0 at every size).
+5. Clients. The same two servers, 1-row requests, from three kinds of client: one
+   connection kept alive (http.client, as requests.Session and every pool and load
+   balancer keep theirs), a new connection per request, and 8 kept-alive clients at once
+   (threads, each its own connection). keepalive_vs_fresh_p50 is picasso serve's
+   kept-alive p50 over its new-connection p50: a metric, LOWER is better (goal <= 1.2; a
+   server without TCP_NODELAY on its accepted sockets answers a kept-alive client only
+   after the client's delayed ACK, ~40 ms). vs_mlflow_serve_keepalive is mlflow's
+   kept-alive p50 over picasso's, and vs_mlflow_serve_concurrent picasso's answers per
+   second over mlflow's with 8 clients at once (goal >= 1.0); both higher is better.
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,7 +81,8 @@ from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig
 
 ROW_COUNTS = (1, 100, 10_000)
-PARTS = ("freshness", "swaps", "throughput")
+PARTS = ("freshness", "swaps", "throughput", "clients")
+CONCURRENT_CLIENTS = 8
 SERVERS = ("mlflow", "picasso")
 REQUEST_STREAM = 1_000  # a planted stream no model here trained on
 VERSION_HEADER = "X-Picasso-Model-Version"
@@ -157,39 +174,154 @@ def served_health(url: str) -> dict:
         return json.loads(err.read())
 
 
-# -- 4. throughput against mlflow models serve ---------------------------------------------
+# -- 4 and 5. throughput and clients against mlflow models serve --------------------------
 
 
-def throughput(uri: str, work: Path, train_events: int, row_counts, repeat: int) -> tuple[list, dict, dict]:
+@contextlib.contextmanager
+def both_servers(uri: str, work: Path, train_events: int) -> Iterator[dict[str, str]]:
+    """One published version, served by `mlflow models serve` and by `picasso serve`: their URLs."""
     target = MLflowTarget(uri, experiment="serving-bench", model_name=f"throughput-{uuid.uuid4().hex[:6]}")
     cycles = Cycles("criteo", train_events)
     checkpoint = cycles.train_cycle(work / "throughput")
     ref = publish(PublishRequest(str(checkpoint), {"auc": 0.7, "logloss": 0.6, "calibration": 1.0,
                                                    "samples": cycles.trainer.samples}), target)
-    model_uri = ref.model_uri
+    with served_model(ref.model_uri, uri, work / "mlflow-serve.log") as (theirs, _), \
+            picasso_served(ref.model_uri, uri, work / "picasso-serve.log") as (ours, _):
+        yield {"mlflow": theirs, "picasso": ours}
+
+
+def throughput(urls: dict[str, str], row_counts, repeat: int) -> tuple[list, dict, dict]:
     rows, ratios, metrics = [], {}, {}
-    with served_model(model_uri, uri, work / "mlflow-serve.log") as (theirs, _), \
-            picasso_served(model_uri, uri, work / "picasso-serve.log") as (ours, _):
-        urls = {"mlflow": theirs, "picasso": ours}
-        for count in row_counts:
-            body = encode(request_rows(count))
-            answers = {name: post(url, body) for name, url in urls.items()}
-            assert all(status == 200 for status, _, _ in answers.values()), answers
-            np.testing.assert_array_equal(predictions(answers["mlflow"][2]), predictions(answers["picasso"][2]))
-            requests = max(5, repeat) if count >= 10_000 else max(20, 20 * repeat)
-            times = {name: [] for name in SERVERS}
-            for _ in range(2):  # warm-up, both
-                for url in urls.values():
-                    post(url, body)
-            for _ in range(requests):
-                for name in SERVERS:  # in turns: drift in the machine's load falls on both alike
-                    times[name].append(timed_post(urls[name], body).seconds)
-            p50 = {}
-            for name in SERVERS:
-                p50[name], p99 = percentile(times[name], 50), percentile(times[name], 99)
-                metrics[f"{name}_p50_s@{count}"], metrics[f"{name}_p99_s@{count}"] = p50[name], p99
-                rows.append([f"{count:,}", f"{name} serve", 1000 * p50[name], 1000 * p99, requests])
-            ratios[f"vs_mlflow_serve@{count}"] = p50["mlflow"] / p50["picasso"]
+    for count in row_counts:
+        body = encode(request_rows(count))
+        answers = {name: post(url, body) for name, url in urls.items()}
+        assert all(status == 200 for status, _, _ in answers.values()), answers
+        np.testing.assert_array_equal(predictions(answers["mlflow"][2]), predictions(answers["picasso"][2]))
+        requests = max(5, repeat) if count >= 10_000 else max(20, 20 * repeat)
+        times = {name: [] for name in SERVERS}
+        for _ in range(2):  # warm-up, both
+            for url in urls.values():
+                post(url, body)
+        for _ in range(requests):
+            for name in SERVERS:  # in turns: drift in the machine's load falls on both alike
+                times[name].append(timed_post(urls[name], body).seconds)
+        p50 = {}
+        for name in SERVERS:
+            p50[name], p99 = percentile(times[name], 50), percentile(times[name], 99)
+            metrics[f"{name}_p50_s@{count}"], metrics[f"{name}_p99_s@{count}"] = p50[name], p99
+            rows.append([f"{count:,}", f"{name} serve", 1000 * p50[name], 1000 * p99, requests])
+        ratios[f"vs_mlflow_serve@{count}"] = p50["mlflow"] / p50["picasso"]
+    return rows, ratios, metrics
+
+
+class KeptAlive:
+    """One HTTP/1.1 connection, kept open from request to request (http.client: what a
+    requests.Session or any pool holds)."""
+
+    def __init__(self, url: str):
+        parsed = urllib.parse.urlparse(url)
+        self.connection = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=300)
+
+    def post(self, body: bytes) -> tuple[int, bytes]:
+        self.connection.request("POST", "/invocations", body=body, headers={"Content-Type": "application/json"})
+        answer = self.connection.getresponse()
+        return answer.status, answer.read()
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def fresh_post(url: str, body: bytes) -> tuple[int, bytes]:
+    """A request on a connection of its own, closed after the answer."""
+    once = KeptAlive(url)
+    try:
+        once.connection.request("POST", "/invocations", body=body,
+                                headers={"Content-Type": "application/json", "Connection": "close"})
+        answer = once.connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        once.close()
+
+
+def _timed(send: Callable[[], tuple[int, bytes]]) -> tuple[float, int]:
+    started = time.perf_counter()
+    status, _ = send()
+    return time.perf_counter() - started, status
+
+
+def concurrent_rate(url: str, body: bytes, clients: int, requests_each: int) -> tuple[float, int]:
+    """Answers per second with `clients` kept-alive clients sending without pause; and how
+    many answers were not 200."""
+    failed, lock = [0], threading.Lock()
+    ready = threading.Barrier(clients + 1)
+
+    def client() -> None:
+        mine = KeptAlive(url)
+        mine.post(body)  # connected and warm before the clock starts
+        ready.wait()
+        bad = sum(1 for _ in range(requests_each) if mine.post(body)[0] != 200)
+        mine.close()
+        with lock:
+            failed[0] += bad
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    ready.wait()
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    return clients * requests_each / (time.perf_counter() - started), failed[0]
+
+
+def clients(urls: dict[str, str], repeat: int) -> tuple[list, dict, dict]:
+    """Part 5: a kept-alive client, a new connection per request, and 8 clients at once,
+    1-row requests, the two servers in turns."""
+    body = encode(request_rows(1))
+    kept = {name: KeptAlive(url) for name, url in urls.items()}
+    answers = {name: kept[name].post(body) for name in SERVERS}
+    assert all(status == 200 for status, _ in answers.values()), answers
+    np.testing.assert_array_equal(predictions(answers["mlflow"][1]), predictions(answers["picasso"][1]))
+    requests = max(40, 40 * repeat)
+    times = {(name, kind): [] for name in SERVERS for kind in ("kept alive", "new connection")}
+    failed = 0
+    sends = {(name, kind): send for name in SERVERS for kind, send in (
+        ("kept alive", lambda name=name: kept[name].post(body)),
+        ("new connection", lambda name=name: fresh_post(urls[name], body)))}
+    for turn in range(requests):
+        # In turns, one order then its reverse: none always follows the same one (a request
+        # right after one to the same server finds its caches warm).
+        for key in (list(sends) if turn % 2 == 0 else list(reversed(sends))):
+            seconds, status = _timed(sends[key])
+            failed += status != 200
+            times[key].append(seconds)
+    for connection in kept.values():
+        connection.close()
+    rows, metrics = [], {}
+    for (name, kind), seconds in times.items():
+        p50, p99 = percentile(seconds, 50), percentile(seconds, 99)
+        key = "keepalive" if kind == "kept alive" else "fresh"
+        metrics[f"{name}_{key}_p50_s"], metrics[f"{name}_{key}_p99_s"] = p50, p99
+        rows.append([f"{name} serve", kind, 1000 * p50, 1000 * p99, len(seconds)])
+    rates = {name: [] for name in SERVERS}
+    each = max(25, 25 * repeat)
+    for _ in range(3):  # rounds, in turns
+        for name in SERVERS:
+            rate, bad = concurrent_rate(urls[name], body, CONCURRENT_CLIENTS, each)
+            rates[name].append(rate)
+            failed += bad
+    for name in SERVERS:
+        metrics[f"{name}_concurrent_answers_per_s"] = float(np.median(rates[name]))
+        rows.append([f"{name} serve", f"{CONCURRENT_CLIENTS} kept-alive clients at once",
+                     f"{metrics[f'{name}_concurrent_answers_per_s']:,.0f} answers/s", "", 3 * CONCURRENT_CLIENTS * each])
+    # Lower is better, so a metric, not a ratio (ratios here are higher-is-better).
+    metrics["keepalive_vs_fresh_p50"] = metrics["picasso_keepalive_p50_s"] / metrics["picasso_fresh_p50_s"]
+    metrics["mlflow_keepalive_vs_fresh_p50"] = metrics["mlflow_keepalive_p50_s"] / metrics["mlflow_fresh_p50_s"]
+    metrics["clients_failed_requests"] = failed
+    ratios = {"vs_mlflow_serve_keepalive": metrics["mlflow_keepalive_p50_s"] / metrics["picasso_keepalive_p50_s"],
+              "vs_mlflow_serve_fresh": metrics["mlflow_fresh_p50_s"] / metrics["picasso_fresh_p50_s"],
+              "vs_mlflow_serve_concurrent": metrics["picasso_concurrent_answers_per_s"]
+              / metrics["mlflow_concurrent_answers_per_s"]}
     return rows, ratios, metrics
 
 
@@ -292,21 +424,32 @@ def endpoint_freshness(uri: str, work: Path, bootstrap: str | None, rate: float,
         stop.set()
         producer.join()
     answers = [a for _, a in loop.answers if a.status == 200]
-    first_answer: dict[str, float] = {}
-    for answer in answers:
-        first_answer.setdefault(answer.version, answer.sent + answer.seconds)
+    published = read_versions(config)
+    newest = {str(entry["version"]): entry["newest_event_ms"] / 1000 for entry in published
+              if entry.get("newest_event_ms")}
     at_start = answers[0].version if answers else None
-    rows, ages = [], []
-    for entry in read_versions(config):
-        version, newest_ms = str(entry["version"]), entry.get("newest_event_ms")
-        if version == at_start or version not in first_answer or not newest_ms:
-            continue
-        age = first_answer[version] - newest_ms / 1000
-        ages.append(age)
-        rows.append([version, (entry["published_ms"] - newest_ms) / 1000, age])
+    followed = [a for a in answers if a.version != at_start]
+    # At every answer: how old the newest event behind the version that gave it was.
+    ages = [a.sent + a.seconds - newest[a.version] for a in followed if a.version in newest]
+    by_version: dict[str, list[float]] = {}
+    for answer, age in zip((a for a in followed if a.version in newest), ages):
+        by_version.setdefault(answer.version, []).append(age)
+    rows = []
+    for entry in published:
+        version = str(entry["version"])
+        if version in by_version:
+            seen = by_version[version]
+            rows.append([version, (entry["published_ms"] / 1000 - newest[version]), len(seen), min(seen),
+                         percentile(seen, 50), max(seen)])
+    after_start = [entry for entry in published if at_start is None or int(entry["version"]) > int(at_start)]
+    gaps = np.diff([entry["published_ms"] / 1000 for entry in published])
     failed = sum(1 for _, a in loop.answers if a.status != 200)
     metrics = {"endpoint_freshness_p50_s": percentile(ages, 50), "endpoint_freshness_p99_s": percentile(ages, 99),
-               "publish_interval_s": interval_s, "poll_s": poll_s, "versions_followed": len(ages),
+               "freshness_answers": len(ages), "publish_interval_s": interval_s,
+               "publish_gap_median_s": float(np.median(gaps)) if len(gaps) else float("nan"),
+               "publish_gap_max_s": float(np.max(gaps)) if len(gaps) else float("nan"),
+               "poll_s": poll_s, "versions_published": len(published), "versions_followed": len(by_version),
+               "versions_skipped": sum(1 for entry in after_start if str(entry["version"]) not in by_version),
                "freshness_failed_requests": failed, "rate_events_per_s": rate}
     ratios = {"freshness_p50_goal_over_measured": (interval_s + 2) / metrics["endpoint_freshness_p50_s"],
               "freshness_p99_goal_over_measured": (interval_s + 4) / metrics["endpoint_freshness_p99_s"]}
@@ -342,10 +485,16 @@ def main() -> None:
             if "freshness" in parts:
                 rows, part_ratios, part_metrics = endpoint_freshness(
                     uri, work, args.bootstrap, args.rate, args.seconds, args.interval_s, args.poll_s)
-                print_table("serving: freshness at the endpoint", ["version", "published after newest event (s)",
-                                                                    "first answered after newest event (s)"], rows,
+                print_table("serving: freshness at the endpoint, at every answer",
+                            ["version", "published after newest event (s)", "answers",
+                             "freshness min (s)", "p50 (s)", "max (s)"], rows,
                             caption=f"a version every {args.interval_s:g} s, --poll-s {args.poll_s:g}: goal p50 <= "
-                                    f"{args.interval_s + 2:g} s, p99 <= {args.interval_s + 4:g} s")
+                                    f"{args.interval_s + 2:g} s, p99 <= {args.interval_s + 4:g} s, over every answer; "
+                                    f"{part_metrics['versions_published']} versions published, "
+                                    f"{part_metrics['versions_followed']} followed, "
+                                    f"{part_metrics['versions_skipped']} skipped; publish gap median "
+                                    f"{part_metrics['publish_gap_median_s']:.2f} s, max "
+                                    f"{part_metrics['publish_gap_max_s']:.2f} s")
                 ratios.update(part_ratios)
                 metrics.update(part_metrics)
                 metrics["failed_requests"] += part_metrics["freshness_failed_requests"]
@@ -361,11 +510,23 @@ def main() -> None:
                 ratios.update(part_ratios)
                 metrics.update(part_metrics)
                 metrics["failed_requests"] += part_metrics["swap_failed_requests"]
-            if "throughput" in parts:
-                speed_rows, part_ratios, part_metrics = throughput(
-                    uri, work, args.train_events, sized(args, ROW_COUNTS, ROW_COUNTS[:2]), args.repeat)
-                ratios.update(part_ratios)
-                metrics.update(part_metrics)
+            if parts & {"throughput", "clients"}:
+                with both_servers(uri, work, args.train_events) as urls:
+                    if "throughput" in parts:
+                        speed_rows, part_ratios, part_metrics = throughput(
+                            urls, sized(args, ROW_COUNTS, ROW_COUNTS[:2]), args.repeat)
+                        ratios.update(part_ratios)
+                        metrics.update(part_metrics)
+                    if "clients" in parts:
+                        client_rows, part_ratios, part_metrics = clients(urls, args.repeat)
+                        print_table("serving: 1-row requests by kind of client", ["server", "client", "p50 ms",
+                                                                                   "p99 ms", "requests"], client_rows,
+                                    caption="keepalive_vs_fresh_p50 = picasso kept-alive p50 / new-connection p50 "
+                                            "(a metric: lower is better, goal <= 1.2); vs_mlflow_serve_concurrent = "
+                                            "picasso answers/s / mlflow's, 8 clients at once (goal >= 1.0)")
+                        ratios.update(part_ratios)
+                        metrics.update(part_metrics)
+                        metrics["failed_requests"] += part_metrics["clients_failed_requests"]
     report("serving", ["rows", "server", "p50 ms", "p99 ms", "requests"], speed_rows, ratios, metrics, args.json,
            caption="throughput on one version, in turns; vs_mlflow_serve@ROWS = mlflow p50 / picasso p50")
 
