@@ -43,6 +43,15 @@ def call(url: str, path: str, body: dict | bytes | None = None, timeout: float =
         return Answer(err.code, _json(err.read()), err.headers.get(VERSION_HEADER))
 
 
+def wait_for(condition, what: str):
+    """condition()'s first true value, tried every 0.1 s; the hang guard is for a hung process only."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"hang guard: {what}"
+        time.sleep(0.1)
+    return found
+
+
 def post(url: str, body: dict | bytes) -> tuple[int, dict]:
     answer = call(url, "/invocations", body)
     return answer.status, answer.body

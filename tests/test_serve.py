@@ -21,7 +21,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from publish_helpers import CheckpointMaker, fresh_target, request
-from serving_helpers import call, metric, probabilities
+from serving_helpers import HANG_GUARD_S, call, metric, probabilities, wait_for
 from test_dynamic_serving import dynamic_spec
 
 from picasso.serving.publishing.publication import publish
@@ -34,19 +34,10 @@ from picasso.serving.signature import BUILT_FROM
 from picasso.serving.versions import DELTA, FULL, WEIGHTS, VersionLoader
 from picasso.serving.weights import file_sha256, weights_sha256
 
-HANG_GUARD_S = 240
 POLL = ("--poll-s", "0.3")
 EVENTS = pd.DataFrame({"d1": [0.5, 3.0, None, 1.0], "h": ["a", None, "b", 42], "v": [3, 7, None, 0]})
 BODY = {"dataframe_split": {"columns": list(EVENTS.columns), "data": EVENTS.astype(object).where(EVENTS.notna(), None)
                             .values.tolist()}}
-
-
-def wait_for(condition, what: str):
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"hang guard: {what}"
-        time.sleep(0.1)
-    return found
 
 
 def served_version(url: str) -> str | None:

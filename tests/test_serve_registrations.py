@@ -12,7 +12,6 @@ source may be a path on disk, and a pinned runs:/ URI."""
 from __future__ import annotations
 
 import json
-import time
 
 import mlflow
 import numpy as np
@@ -20,7 +19,7 @@ import pandas as pd
 import pytest
 from mlflow.tracking import MlflowClient
 from publish_helpers import CheckpointMaker, fresh_target, request
-from serving_helpers import HANG_GUARD_S, ServeProcess, call, post, probabilities
+from serving_helpers import ServeProcess, call, post, probabilities, wait_for
 
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.serving.publishing.publication import publish
@@ -28,14 +27,6 @@ from picasso.serving.publishing.publication import publish
 EVENTS = pd.DataFrame({"d1": [0.5, 3.0, None], "h": ["a", None, 42], "v": [3, None, 0]})
 BODY = {"dataframe_split": json.loads(EVENTS.to_json(orient="split", index=False))}
 ALIAS = "live"
-
-
-def _wait_for(condition, what: str):
-    deadline = time.monotonic() + HANG_GUARD_S
-    while not (found := condition()):
-        assert time.monotonic() < deadline, f"hang guard: {what}"
-        time.sleep(0.1)
-    return found
 
 
 def _logged(client: MlflowClient, tracking_uri: str, name: str, tmp_path):
@@ -86,7 +77,7 @@ def test_every_way_mlflow_registers_a_version_is_served(mlflow_server, tmp_path)
         server.wait_serving()
         for way, version in made.items():
             client.set_registered_model_alias(name, ALIAS, version)
-            _wait_for(lambda: call(server.url, "/version").body.get("version") == version or
+            wait_for(lambda: call(server.url, "/version").body.get("version") == version or
                       call(server.url, "/health").body["failed_versions"].get(version), f"version {version} loaded")
             health = call(server.url, "/health")
             assert health.status == 200, f"{way}: {health.body['failed_versions']}"
@@ -108,7 +99,7 @@ def test_a_version_whose_source_holds_no_model_is_refused_saying_so_and_the_serv
                       "--poll-s", "0.2") as server:
         server.wait_serving()
         client.set_registered_model_alias(target.model_name, "champion", empty.version)
-        failure = _wait_for(lambda: call(server.url, "/health").body["failed_versions"].get(str(empty.version)),
+        failure = wait_for(lambda: call(server.url, "/health").body["failed_versions"].get(str(empty.version)),
                             "the empty version refused")
         assert failure["kind"] == "artifact"
         assert f"{says} runs:/{run_id}/{path}" in failure["reason"], failure

@@ -233,7 +233,8 @@ def test_picasso_serve_refuses_more_than_max_rows_with_a_413_and_malformed_json_
     assert status == 413
     assert answer["message"] == f"a request of {MAX_ROWS + 1} rows is over this server's limit of {MAX_ROWS} (--max-rows)"
     # The code mlflow models serve gives the same refusal (a 400 there: its pyfunc's own limit).
-    assert answer["error_code"] == post(served.url, HOSTILE["too-many-rows"][0])[1]["error_code"] == "INVALID_PARAMETER_VALUE"
+    theirs = post(served.url, HOSTILE["too-many-rows"][0])[1]
+    assert answer["error_code"] == theirs["error_code"] == "INVALID_PARAMETER_VALUE"
     assert post(served.picasso_url, b'{"dataframe_split": ') == post(served.url, b'{"dataframe_split": ')
     assert post(served.picasso_url, b'{"dataframe_split": ')[0] == 400
 
