@@ -14,8 +14,11 @@ planted events. Four parts, each a table:
    the next was published counts for every answer it gave. The goal: p50 <= interval + 2
    s, p99 <= interval + 4 s. The answers of the version served when the client started
    are left out (it was loaded at start-up, not followed). Versions published, followed
-   (answered at least once) and skipped (never answered: the alias moved on between two
-   polls), and the real gap between two publishes, are reported beside it.
+   (answered at least once), skipped (champions never answered: the alias moved on
+   between two polls) and not promoted (the publish policy kept the champion), and the
+   real gap between two publishes, are reported beside it, and the two
+   parts of the delay: the stream's (its newest event to the publish) and picasso
+   serve's (the publish to the version's first answer).
 2. Swap cost. Versions one stream interval apart (--rate x --interval-s events each) are
    published first; then a client sends 100-row requests without pause through phases of
    --phase-s seconds, in turns: steady (the alias stays) and swapping (the alias moves to
@@ -249,20 +252,21 @@ def _timed(send: Callable[[], tuple[int, bytes]]) -> tuple[float, int]:
     return time.perf_counter() - started, status
 
 
-def concurrent_rate(url: str, body: bytes, clients: int, requests_each: int) -> tuple[float, int]:
-    """Answers per second with `clients` kept-alive clients sending without pause; and how
-    many answers were not 200."""
-    failed, lock = [0], threading.Lock()
+def concurrent_rate(url: str, body: bytes, clients: int, requests_each: int) -> tuple[float, list[float], int]:
+    """Answers per second with `clients` kept-alive clients sending without pause, each
+    request's seconds, and how many answers were not 200."""
+    seconds, failed, lock = [], [0], threading.Lock()
     ready = threading.Barrier(clients + 1)
 
     def client() -> None:
         mine = KeptAlive(url)
         mine.post(body)  # connected and warm before the clock starts
         ready.wait()
-        bad = sum(1 for _ in range(requests_each) if mine.post(body)[0] != 200)
+        timed = [_timed(lambda: mine.post(body)) for _ in range(requests_each)]
         mine.close()
         with lock:
-            failed[0] += bad
+            seconds.extend(took for took, _ in timed)
+            failed[0] += sum(1 for _, status in timed if status != 200)
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     for thread in threads:
@@ -271,7 +275,7 @@ def concurrent_rate(url: str, body: bytes, clients: int, requests_each: int) -> 
     started = time.perf_counter()
     for thread in threads:
         thread.join()
-    return clients * requests_each / (time.perf_counter() - started), failed[0]
+    return clients * requests_each / (time.perf_counter() - started), seconds, failed[0]
 
 
 def clients(urls: dict[str, str], repeat: int) -> tuple[list, dict, dict]:
@@ -303,17 +307,20 @@ def clients(urls: dict[str, str], repeat: int) -> tuple[list, dict, dict]:
         key = "keepalive" if kind == "kept alive" else "fresh"
         metrics[f"{name}_{key}_p50_s"], metrics[f"{name}_{key}_p99_s"] = p50, p99
         rows.append([f"{name} serve", kind, 1000 * p50, 1000 * p99, len(seconds)])
-    rates = {name: [] for name in SERVERS}
+    rates, latencies = {name: [] for name in SERVERS}, {name: [] for name in SERVERS}
     each = max(25, 25 * repeat)
     for _ in range(3):  # rounds, in turns
         for name in SERVERS:
-            rate, bad = concurrent_rate(urls[name], body, CONCURRENT_CLIENTS, each)
+            rate, seconds, bad = concurrent_rate(urls[name], body, CONCURRENT_CLIENTS, each)
             rates[name].append(rate)
+            latencies[name].extend(seconds)
             failed += bad
     for name in SERVERS:
-        metrics[f"{name}_concurrent_answers_per_s"] = float(np.median(rates[name]))
-        rows.append([f"{name} serve", f"{CONCURRENT_CLIENTS} kept-alive clients at once",
-                     f"{metrics[f'{name}_concurrent_answers_per_s']:,.0f} answers/s", "", 3 * CONCURRENT_CLIENTS * each])
+        rate, p50, p99 = float(np.median(rates[name])), percentile(latencies[name], 50), percentile(latencies[name], 99)
+        metrics[f"{name}_concurrent_answers_per_s"] = rate
+        metrics[f"{name}_concurrent_p50_s"], metrics[f"{name}_concurrent_p99_s"] = p50, p99
+        rows.append([f"{name} serve", f"{CONCURRENT_CLIENTS} kept-alive clients at once: {rate:,.0f} answers/s",
+                     1000 * p50, 1000 * p99, len(latencies[name])])
     # Lower is better, so a metric, not a ratio (ratios here are higher-is-better).
     metrics["keepalive_vs_fresh_p50"] = metrics["picasso_keepalive_p50_s"] / metrics["picasso_fresh_p50_s"]
     metrics["mlflow_keepalive_vs_fresh_p50"] = metrics["mlflow_keepalive_p50_s"] / metrics["mlflow_fresh_p50_s"]
@@ -434,22 +441,34 @@ def endpoint_freshness(uri: str, work: Path, bootstrap: str | None, rate: float,
     by_version: dict[str, list[float]] = {}
     for answer, age in zip((a for a in followed if a.version in newest), ages):
         by_version.setdefault(answer.version, []).append(age)
-    rows = []
+    first_answer: dict[str, float] = {}
+    for answer in followed:
+        first_answer.setdefault(answer.version, answer.sent + answer.seconds)
+    rows, after_publish = [], []
     for entry in published:
         version = str(entry["version"])
         if version in by_version:
             seen = by_version[version]
-            rows.append([version, (entry["published_ms"] / 1000 - newest[version]), len(seen), min(seen),
-                         percentile(seen, 50), max(seen)])
+            # picasso serve's own share: from the publish to the version's first answer.
+            after_publish.append(first_answer[version] - entry["published_ms"] / 1000)
+            rows.append([version, (entry["published_ms"] / 1000 - newest[version]), after_publish[-1], len(seen),
+                         min(seen), percentile(seen, 50), max(seen)])
     after_start = [entry for entry in published if at_start is None or int(entry["version"]) > int(at_start)]
     gaps = np.diff([entry["published_ms"] / 1000 for entry in published])
     failed = sum(1 for _, a in loop.answers if a.status != 200)
     metrics = {"endpoint_freshness_p50_s": percentile(ages, 50), "endpoint_freshness_p99_s": percentile(ages, 99),
                "freshness_answers": len(ages), "publish_interval_s": interval_s,
+               "first_answer_after_publish_p50_s": percentile(after_publish, 50),
+               "published_after_newest_event_p50_s": percentile(
+                   [entry["published_ms"] / 1000 - newest[str(entry["version"])] for entry in published
+                    if str(entry["version"]) in by_version], 50),
                "publish_gap_median_s": float(np.median(gaps)) if len(gaps) else float("nan"),
                "publish_gap_max_s": float(np.max(gaps)) if len(gaps) else float("nan"),
                "poll_s": poll_s, "versions_published": len(published), "versions_followed": len(by_version),
-               "versions_skipped": sum(1 for entry in after_start if str(entry["version"]) not in by_version),
+               # A champion never answered: the alias moved on between two polls.
+               "versions_skipped": sum(1 for entry in after_start if entry.get("champion", True)
+                                       and str(entry["version"]) not in by_version),
+               "versions_not_promoted": sum(1 for entry in after_start if not entry.get("champion", True)),
                "freshness_failed_requests": failed, "rate_events_per_s": rate}
     ratios = {"freshness_p50_goal_over_measured": (interval_s + 2) / metrics["endpoint_freshness_p50_s"],
               "freshness_p99_goal_over_measured": (interval_s + 4) / metrics["endpoint_freshness_p99_s"]}
@@ -486,13 +505,15 @@ def main() -> None:
                 rows, part_ratios, part_metrics = endpoint_freshness(
                     uri, work, args.bootstrap, args.rate, args.seconds, args.interval_s, args.poll_s)
                 print_table("serving: freshness at the endpoint, at every answer",
-                            ["version", "published after newest event (s)", "answers",
+                            ["version", "published after newest event (s)", "first answer after publish (s)",
+                             "answers",
                              "freshness min (s)", "p50 (s)", "max (s)"], rows,
                             caption=f"a version every {args.interval_s:g} s, --poll-s {args.poll_s:g}: goal p50 <= "
                                     f"{args.interval_s + 2:g} s, p99 <= {args.interval_s + 4:g} s, over every answer; "
                                     f"{part_metrics['versions_published']} versions published, "
                                     f"{part_metrics['versions_followed']} followed, "
-                                    f"{part_metrics['versions_skipped']} skipped; publish gap median "
+                                    f"{part_metrics['versions_skipped']} skipped, "
+                                    f"{part_metrics['versions_not_promoted']} not promoted; publish gap median "
                                     f"{part_metrics['publish_gap_median_s']:.2f} s, max "
                                     f"{part_metrics['publish_gap_max_s']:.2f} s")
                 ratios.update(part_ratios)

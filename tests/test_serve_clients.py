@@ -255,3 +255,18 @@ def test_after_sigkill_a_new_server_on_the_same_port_serves_and_removes_the_cach
         assert status == 200
         np.testing.assert_array_equal(probabilities(body, len(EVENTS)), expected)
         assert server.signal(signal.SIGTERM) == 0 and server.caches() == []
+
+
+def test_a_second_sigint_stops_waiting_for_the_request_in_flight_and_says_so(published, mlflow_server, tmp_path):
+    target, _ = published
+    with ServeProcess(f"models:/{target.model_name}/1", mlflow_server, tmp_path) as server:
+        server.wait_serving()
+        sock, _ = _partial_request(server.url)  # never finished: only a second Ctrl-C ends the wait
+        wait_for(lambda: metric(server.url, "picasso_serve_requests_in_flight") == 1, "the request at the server")
+        server.process.send_signal(signal.SIGINT)
+        wait_for(lambda: _port_closed(server.url), "the port closed after the first SIGINT")
+        assert server.process.poll() is None
+        assert server.signal(signal.SIGINT) == 0, server.output()
+        sock.close()
+        assert "picasso serve: stopped by SIGINT, requests in flight cut short" in server.output()
+        assert server.caches() == []

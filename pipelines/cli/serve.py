@@ -139,7 +139,9 @@ def run_serve(args) -> int:
         # returns once every request in flight is answered.
         server.run(sockets=[listening])
         by = f" by {signal.Signals(server.stopped_by).name}" if server.stopped_by else ""
-        stopped = f"stopped{by}, every request in flight answered"
+        # A second Ctrl-C (uvicorn's force_exit) stops waiting for the requests in flight.
+        stopped = f"stopped{by}, " + ("requests in flight cut short" if server.force_exit
+                                      else "every request in flight answered")
         return 0
     except _Stopped as stop:
         stopped = f"stopped by {stop.name} before serving"
