@@ -13,6 +13,10 @@ or the partition's end: enable.partition.eof): until it answers, the cached valu
 an older fetch's, from when the partition was last read, and an endless job that took it
 would wait for ever under a record it believes is not there yet. Errors of the broker or of a fetch are KafkaReadFailed,
 which a stream's cycle retries; bad settings are a ValueError at start.
+
+A broker that goes away is not an error of a poll: librdkafka reconnects in its thread and
+reports it to error_cb, which notes it for connected() (connectors.broker_outage says it
+in picasso's words).
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ import time
 import numpy as np
 from kafka import TopicPartition
 
+from picasso.connectors.kafka_client_logs import apply_client_logs
 from picasso.connectors.kafka_clients import CONFLUENT, KafkaReadFailed, Polled, require_client
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, topics_missing_message
 from picasso.connectors.librdkafka_config import LOOKUP_TIMEOUT, librdkafka_consumer_config
 from picasso.connectors.kafka_record_batches import RecordBlock
 
 # librdkafka's log lines come here (on poll), below kafka-python's logger, so that what
-# quiets the client's lines in the commands (cli/stream.quiet_kafka_client) quiets both.
+# quiets the client's lines in the commands (connectors.kafka_client_logs) quiets both.
 _LOG = logging.getLogger("kafka.librdkafka")
 UNKNOWN = -1001  # librdkafka's OFFSET_INVALID: no offset known (yet)
 
@@ -37,6 +42,7 @@ UNKNOWN = -1001  # librdkafka's OFFSET_INVALID: no offset known (yet)
 class ConfluentReader:
     def __init__(self, connection: KafkaConnection, **overrides):
         require_client(CONFLUENT)
+        apply_client_logs()  # in a Beam worker process too
         import confluent_kafka
 
         self._kafka = confluent_kafka
@@ -47,7 +53,9 @@ class ConfluentReader:
         config = librdkafka_consumer_config(connection, **overrides)
         config.setdefault("group.id", "picasso")
         config |= {"enable.auto.commit": False, "enable.auto.offset.store": False, "logger": _LOG,
-                   "enable.partition.eof": True}  # a fetch's answer at a partition's end (latest_offsets)
+                   "enable.partition.eof": True,  # a fetch's answer at a partition's end (latest_offsets)
+                   "error_cb": self._client_error}
+        self._lost_brokers = False
         try:
             self.consumer = confluent_kafka.Consumer(config)
         except (confluent_kafka.KafkaException, ValueError, TypeError) as err:
@@ -151,6 +159,18 @@ class ConfluentReader:
         except self._kafka.KafkaException as err:
             raise KafkaReadFailed(f"no answer from the Kafka broker at {self.servers} to {what} "
                                   f"(librdkafka: {_reason(err)})") from None
+
+    def connected(self) -> bool:
+        """False once after librdkafka reported, since the last time asked, that it lost its
+        connections (a transport failure, or every broker down)."""
+        lost, self._lost_brokers = self._lost_brokers, False
+        return not lost
+
+    def _client_error(self, error) -> None:  # librdkafka's error_cb, called in a poll
+        if error.code() in (self._kafka.KafkaError._TRANSPORT, self._kafka.KafkaError._ALL_BROKERS_DOWN):
+            self._lost_brokers = True
+        else:
+            _LOG.error("%s", error.str())  # as librdkafka logs an error no callback takes
 
     def close(self) -> None:
         self.consumer.close()

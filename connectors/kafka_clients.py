@@ -70,6 +70,10 @@ class PartitionReader(Protocol):
         """Records of the assigned partition, waiting up to timeout_s for the first. A
         client may hand over more than max_records (whatever it has fetched already)."""
 
+    def connected(self) -> bool | None:
+        """Whether the client holds a connection to a broker now, as far as it says (None:
+        it cannot tell). Asked after polls that brought nothing (connectors.broker_outage)."""
+
     def close(self) -> None: ...
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 from kafka import TopicPartition
 
 from picasso.connectors.kafka_blocks import blocks_of, use_blocks
+from picasso.connectors.kafka_client_logs import apply_client_logs
 from picasso.connectors.kafka_clients import Polled
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets, topic_partitions
 
 
 class KafkaPythonReader:
     def __init__(self, connection: KafkaConnection, **overrides):
+        apply_client_logs()  # in a Beam worker process too
         self.consumer = connection.consumer(**overrides)
         self.blocks = use_blocks(self.consumer)
 
@@ -33,6 +35,11 @@ class KafkaPythonReader:
         wanted = 1 << 20 if self.blocks else max_records
         records = self.consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=wanted)
         return Polled(blocks_of(records.get(tp, [])), self.consumer.position(tp))
+
+    def connected(self) -> bool | None:
+        # kafka-python's own count of its open connections (None: its metrics are off).
+        count = self.consumer.metrics().get("consumer-metrics", {}).get("connection-count")
+        return None if count is None else count > 0
 
     def close(self) -> None:
         self.consumer.close()

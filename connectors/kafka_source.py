@@ -40,6 +40,7 @@ from apache_beam.transforms.core import RestrictionProvider
 from apache_beam.utils.timestamp import Duration, Timestamp
 from kafka import TopicPartition
 
+from picasso.connectors.broker_outage import broker_watch
 from picasso.connectors.element_coder import register_sized_coder
 from picasso.connectors.kafka_readers import open_reader
 from picasso.connectors.kafka_codecs import CodecUnavailable, check_codecs, naming_missing_codec
@@ -179,8 +180,11 @@ class _ReadPartitionDoFn(beam.DoFn):
             raise
 
     def _read(self, element: PartitionRange, tracker, watermark):
-        reader = _PartitionReader(self.reader, element, tracker, self.max_messages)
         bounded = element.stop != UNBOUNDED
+        # A bounded read that stalls fails its cycle, which says the retry; an unbounded one
+        # waits for the broker, and its watch says each retry (connectors/broker_outage.py).
+        watch = None if bounded else broker_watch(self.connection.bootstrap_servers)
+        reader = _PartitionReader(self.reader, element, tracker, self.max_messages, watch)
         started = last_progress = time.monotonic()
         while not reader.done:
             batch = reader.read(flush_partial=not bounded, max_delay_s=None if bounded else self.max_delay_s)
@@ -216,8 +220,9 @@ class _PartitionReader:
     reader for the next element, so cut points stay a pure function of the start position.
     """
 
-    def __init__(self, reader, element: PartitionRange, tracker, max_messages: int):
+    def __init__(self, reader, element: PartitionRange, tracker, max_messages: int, watch=None):
         self.reader = reader
+        self.watch = watch  # a BrokerWatch, told of each poll
         self.tracker = tracker
         self.max_messages = max_messages
         self.tp = TopicPartition(element.topic, element.partition)
@@ -261,6 +266,8 @@ class _PartitionReader:
         with naming_missing_codec(f"{source_name(self.tp.topic, self.tp.partition)} at offset {self.fetched}"):
             polled = self.reader.poll(self.tp, self.max_messages - len(self.offsets), timeout_s=0.2)
         block = polled.block
+        if self.watch is not None:
+            self.watch.after_poll(len(block), self.reader.connected)
         before = self.fetched
         if len(block) and block.offsets[-1] >= stop:
             self.fetched = stop

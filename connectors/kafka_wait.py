@@ -9,13 +9,16 @@ one line for the caller to print:
 
     no Kafka broker at 127.0.0.1:9092 (connection refused); retrying in 2 s
 
-The commands keep kafka-python's own logs quiet (but under --debug), so that line is all
-a log file gets.
+The same line, from broker_retry_line, says each retry of a cycle and of a running endless
+read (connectors.broker_outage), and each is counted (BROKER_RETRIES: the metric
+picasso_kafka_broker_retries_total). The commands keep the clients' own logs quiet (but
+under --debug: connectors.kafka_client_logs), so that line is all a log file gets.
 """
 
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -80,6 +83,33 @@ def unreachable_reason(bootstrap_servers: str, timeout_s: float) -> str | None:
     return "; ".join(dict.fromkeys(reasons)) or "no server given"
 
 
+class RetryCount:
+    """Retries said in this process, from any thread. A reader subtracts the count it
+    started from (several runs in one process, as in tests, share it)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._count = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self._count += 1
+
+    @property
+    def count(self) -> int:
+        with self._lock:
+            return self._count
+
+
+BROKER_RETRIES = RetryCount()
+
+
+def broker_retry_line(bootstrap_servers: str, reason: str, delay_s: float) -> str:
+    """The line of one retry while no broker answers, counted as it is made."""
+    BROKER_RETRIES.add()
+    return f"no Kafka broker at {bootstrap_servers} ({reason}); retrying in {seconds(delay_s)} s"
+
+
 def error_line(err: BaseException, limit: int = 300) -> str:
     """'KafkaTimeoutError: Unable to bootstrap from ...': its type once (kafka-python's
     errors name themselves already), its first line."""
@@ -120,7 +150,7 @@ class BrokerWaiter:
                 raise KafkaUnreachable(f"no Kafka broker at {servers} ({reason}) within {seconds(wait.timeout_s)} s: "
                                        "is one running there, and are --bootstrap-servers and --kafka-option right?")
             delay = backoff.next_delay() if left is None else min(backoff.next_delay(), left)
-            self.say(f"no Kafka broker at {servers} ({reason}); retrying in {seconds(delay)} s")
+            self.say(broker_retry_line(servers, reason, delay))
             if not self.pause(delay):
                 return None
 

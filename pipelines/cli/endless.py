@@ -14,7 +14,6 @@ import argparse
 import dataclasses
 from contextlib import ExitStack
 import json
-import logging
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
@@ -191,7 +190,6 @@ def run_endless_command(args, console, topics, connection, spec, joined=None) ->
     from picasso.pipelines.runs.endless import run_endless  # Beam and MLflow: for this command only
     from picasso.pipelines.runs.stream import configure_determinism
 
-    logging.getLogger("kafka").setLevel(logging.WARNING)  # it logs every connection at INFO
     config = endless_config(args, topics, connection, spec, joined)
     configure_determinism(args.deterministic)
     where = f"the parameter server at {args.ps}" if args.ps else "a parameter server in this process"

@@ -10,6 +10,11 @@ its own text: never a whole logger, nor a whole category of warnings.
 - The error Beam logs with its traceback before it raises it again out of a DoFn, when it
   is one the command then says in one line (cli/output.py: bad input): `--debug` keeps it.
 
+The Kafka clients' lines are the exception, kept quiet by their logger (kafka-python's,
+and librdkafka's under it): each is about a connection, a dozen a try and several a second
+while a broker is away, and picasso says one line a retry in their place. show_debug says
+so in every process of the command (connectors/kafka_client_logs.py).
+
 MLflow's "Add type hints to the `predict` method" is answered, not silenced: the served
 model's predict says what it takes (serving/pyfunc_model.py).
 """
@@ -19,6 +24,8 @@ from __future__ import annotations
 import logging
 import sys
 import traceback
+
+from picasso.connectors.kafka_client_logs import show_client_logs
 
 _debug = False
 
@@ -31,9 +38,11 @@ def silence() -> None:
 
 
 def show_debug(debug: bool) -> None:
-    """--debug: Beam's log of an error comes back, with its traceback."""
+    """--debug: Beam's log of an error comes back, with its traceback, and the Kafka
+    clients' warnings and errors."""
     global _debug
     _debug = debug
+    show_client_logs(debug)
 
 
 def print_traceback(err: BaseException) -> None:

@@ -30,7 +30,7 @@ from picasso.connectors.dead_letters.topic import DeadLettersNotWritten, DeadLet
 from picasso.connectors.kafka_codecs import CodecUnavailable
 from picasso.connectors.kafka_config import TopicNotFound
 from picasso.connectors.kafka_source import SourceStalled
-from picasso.connectors.kafka_wait import error_line, seconds, unreachable_reason
+from picasso.connectors.kafka_wait import broker_retry_line, error_line, seconds, unreachable_reason
 
 OUTSIDE, FATAL, REPEATED = "outside", "fatal", "repeated"
 REPEATS_BEFORE_STOPPING = 3
@@ -78,7 +78,7 @@ def retry_line(err: BaseException, bootstrap_servers: str, delay_s: float) -> st
     if classify(err) == OUTSIDE:
         reason = unreachable_reason(bootstrap_servers, timeout_s=2.0)
         if reason is not None:
-            return f"no Kafka broker at {bootstrap_servers} ({reason}); retrying in {seconds(delay_s)} s"
+            return broker_retry_line(bootstrap_servers, reason, delay_s)
     return f"cycle failed ({error_line(err)}); retrying in {seconds(delay_s)} s"
 
 

@@ -34,6 +34,7 @@ from prometheus_client.registry import Collector
 
 from picasso import storage
 from picasso.connectors.kafka_config import KafkaConnection
+from picasso.connectors.kafka_wait import BROKER_RETRIES
 from picasso.pipelines.runs.cycle_failures import FATAL, OUTSIDE, REPEATED
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.pipelines.transforms.process_counts import PROCESS_COUNTS, ProcessCounts, dead_letter_kinds
@@ -141,6 +142,13 @@ def _read_families(lag: dict[str, int], messages: int, events: int, letters: dic
     yield dead
 
 
+def _broker_retries(since: int) -> CounterMetricFamily:
+    """The retries said while no Kafka broker answered ('no Kafka broker at ...; retrying
+    in N s'), at start, by a cycle or by a running read, since the collector started."""
+    return _counter("picasso_kafka_broker_retries", "retries while no Kafka broker answered, one a line",
+                    BROKER_RETRIES.count - since)
+
+
 def _window_gauges(window: dict | None) -> Iterator[GaugeMetricFamily]:
     """The progressive (test-then-train) metrics of a model's window: each batch was scored
     before it was trained on."""
@@ -210,6 +218,7 @@ class StreamMetrics(Collector):
         self._dead_letters: dict[str, int] = {}
         self._join: dict | None = None
         self._window: dict | None = None
+        self._retries_from = BROKER_RETRIES.count
         registry.register(self)
 
     def watch(self, runner) -> None:
@@ -264,6 +273,7 @@ class StreamMetrics(Collector):
             yield _gauge("picasso_join_pending_impressions", "impressions the join holds, waiting for a label",
                          join["pending"])
             yield _gauge("picasso_join_pending_bytes", "bytes the join holds for them", join["pending_bytes"])
+        yield _broker_retries(self._retries_from)
         yield from _window_gauges(window)
         yield from self.versions.collect(self.clock())
 
@@ -336,6 +346,7 @@ class EndlessJobMetrics(Collector):
         self.connection, self.topics, self.positions = connection, list(topics), positions
         self.counts = counts
         self.started = counts.snapshot()
+        self._retries_from = BROKER_RETRIES.count
         self._lag: dict[str, int] = {}
         self._failing = False
         self._stop = threading.Event()
@@ -376,6 +387,7 @@ class EndlessJobMetrics(Collector):
         letters: dict[str, int] = {}
         _add_reason_kinds(letters, dead_letter_kinds(read))
         yield from _read_families(dict(self._lag), read.get("messages_in", 0), read.get("rows_in", 0), letters)
+        yield _broker_retries(self._retries_from)
 
 
 # -- produce ------------------------------------------------------------------------------------
