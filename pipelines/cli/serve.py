@@ -48,6 +48,9 @@ def add_serve_command(commands) -> None:
                         help="seconds between two looks at the alias in the registry (default %(default)s)")
     parser.add_argument("--max-rows", type=int, default=100_000,
                         help="rows per request at most; more is refused with 413 (default %(default)s)")
+    parser.add_argument("--scoring-threads", type=int, default=1,
+                        help="requests scored at once; more wait their turn (default %(default)s: scoring holds "
+                             "Python's GIL, so more threads contend rather than help, on a small machine)")
     parser.add_argument("--workdir", default=".", help="the work folder whose MLflow store (WORKDIR/mlflow.db) holds "
                         "the model, unless --mlflow-uri names another (default: .)")
     parser.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
@@ -74,8 +77,8 @@ def run_serve(args) -> int:
     from picasso.serving.server_metrics import ServeMetrics
     from picasso.serving.versions import VersionFailure, VersionLoader, describe
 
-    if args.max_rows < 1 or args.poll_s <= 0:
-        print("error: --max-rows must be at least 1 and --poll-s above 0", file=sys.stderr)
+    if args.max_rows < 1 or args.poll_s <= 0 or args.scoring_threads < 1:
+        print("error: --max-rows and --scoring-threads must be at least 1 and --poll-s above 0", file=sys.stderr)
         return 2
     try:
         ref = ModelRef.parse(args.model)
@@ -128,7 +131,8 @@ def run_serve(args) -> int:
             print(f"error: cannot listen on {args.host}:{args.port}: {err.strerror or err}", file=sys.stderr)
             return 2
         port = listening.getsockname()[1]
-        server = http_server(build_app(follower, metrics, args.max_rows), log_level="warning", access_log=False)
+        app = build_app(follower, metrics, args.max_rows, args.scoring_threads)
+        server = http_server(app, log_level="warning", access_log=False)
         follower.start()
         facts = describe(first)
         _say(f"picasso serve: {ref.uri} version {first.version or '(pinned)'} loaded in full "
