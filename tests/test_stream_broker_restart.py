@@ -24,7 +24,8 @@ TOPIC = "restart-events"
 MESSAGES = 600
 
 
-def _trained(workdir) -> int:
+def trained_messages(workdir) -> int:
+    """The messages the newest checkpoint holds, by its ledger (0: no checkpoint yet)."""
     path = latest_checkpoint(workdir / "checkpoints")
     if path is None:
         return 0
@@ -57,22 +58,22 @@ def test_stream_survives_the_broker_going_away_and_coming_back(restartable_broke
     broker.stop()  # down before the stream starts
     thread.start()
     _wait(lambda: runner.summary.failures >= 2, "failed cycles while the broker is down")
-    assert _trained(workdir) == 0
+    assert trained_messages(workdir) == 0
 
     broker.start()
     fill_topic(broker.bootstrap, TOPIC, values, partitions=2)
-    _wait(lambda: _trained(workdir) >= 100, "training once the broker is up")
+    _wait(lambda: trained_messages(workdir) >= 100, "training once the broker is up")
 
     failures = runner.summary.failures
     broker.stop()  # gone in mid-run
     _wait(lambda: runner.summary.failures >= failures + 2, "failed cycles after the broker went away")
-    trained_while_down = _trained(workdir)
+    trained_while_down = trained_messages(workdir)
     assert trained_while_down < MESSAGES
     load_checkpoint(latest_checkpoint(workdir / "checkpoints"))  # whole, and loadable
 
     broker.start()
     fill_topic(broker.bootstrap, TOPIC, values, partitions=2)  # the same messages at the same offsets
-    _wait(lambda: _trained(workdir) == MESSAGES, "training to catch up after the restart")
+    _wait(lambda: trained_messages(workdir) == MESSAGES, "training to catch up after the restart")
     runner.stop()
     thread.join(timeout=60)
     assert not thread.is_alive()
