@@ -208,6 +208,11 @@ def clean_temporaries(root: str | Path, before: str | None = None) -> None:
                 shutil.rmtree(leftover, ignore_errors=True)
 
 
+def checkpoint_metrics(path: str | Path) -> dict:
+    """A checkpoint's metrics.json alone, without loading its state."""
+    return json.loads(storage.read_text(storage.join(str(path), "metrics.json")))
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = str(path)
     if storage.is_url(path):
@@ -222,7 +227,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
                          map_location="cpu"),
         positions=json.loads(storage.read_text(storage.join(path, "positions.json"))),
         spec=load_spec(storage.join(path, "spec.yaml")),
-        metrics=json.loads(storage.read_text(storage.join(path, "metrics.json"))),
+        metrics=checkpoint_metrics(path),
         applied=applied,
     )
 

@@ -123,6 +123,12 @@ class EvalMetrics:
     samples: int
     mean_prediction: float
     mean_label: float
+    positives: int = 0  # rows whose label counts as a click (> 0.5): AUC needs both classes
+
+    @property
+    def evaluable(self) -> bool:
+        """Both classes were there: the AUC means something."""
+        return 0 < self.positives < self.samples
 
 
 @dataclass(frozen=True)
@@ -512,4 +518,5 @@ def evaluation_metrics(labels: np.ndarray, scores: np.ndarray) -> EvalMetrics:
         samples=int(labels.size),
         mean_prediction=float(scores.mean()) if scores.size else float("nan"),
         mean_label=float(labels.mean()) if labels.size else float("nan"),
+        positives=int((labels > 0.5).sum()),
     )

@@ -220,14 +220,18 @@ def test_a_dead_letter_share_above_the_limit_is_refused_and_a_higher_limit_lets_
     assert run_daily(config).status == "published"
 
 
-def test_a_constant_label_warns_and_a_holdout_with_no_auc_is_refused(tmp_path, mlflow_server):
+def test_a_constant_label_warns_and_a_holdout_of_one_class_is_not_evaluated(tmp_path, mlflow_server):
     root = tmp_path / "data"
     generate_days(criteo_spec(), root, DAYS[:2], rows=ROWS)
     _rewrite_labels(root, DAYS[0], lambda n: np.zeros(n))
-    # Scored on its own holdout slice, which has no click: its AUC is not a number.
-    held = run_daily(_config(root, tmp_path / "holdout", mlflow_server))
-    assert held.status == REFUSED and held.refused == "auc is not finite (nan)"
+    # Scored on its own holdout slice, which has no click: no AUC, so no version, but the
+    # day is not broken: it trains and is done (tests/test_tiny_partitions.py).
+    config = _config(root, tmp_path / "holdout", mlflow_server)
+    held = run_daily(config)
+    assert held.status == "not_evaluated" and held.refused is None and held.version is None
+    assert held.not_evaluated == f"not evaluated ({held.holdout_samples:,} held-out rows, one class)"
     assert held.warnings == [f"the label is constant (no clicks in {ROWS:,} rows)"]
+    assert _versions(config) == [] and run_daily(config).skipped
     # Scored on the next day, with clicks: published, with the warning on the version.
     config = _config(root, tmp_path / "next-day", mlflow_server, eval_date=DAYS[1])
     result = run_daily(config)

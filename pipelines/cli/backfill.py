@@ -98,7 +98,8 @@ def progress_line(p: RangeProgress) -> str:
     version = f"version {r.version}" if r.version else r.status
     left = "" if p.eta_s is None or p.done == p.total else f"; about {p.eta_s:.0f} s left"
     pace = f" at {p.rows_per_s:,.0f} rows/s" if p.rows_per_s else ""
-    return f"[{p.done}/{p.total}] {r.date}: {what}{pace}, AUC {number(r.auc)} on {r.scored_on}, {version}{left}"
+    score = r.not_evaluated if r.not_evaluated else f"AUC {number(r.auc)} on {r.scored_on}"
+    return f"[{p.done}/{p.total}] {r.date}: {what}{pace}, {score}, {version}{left}"
 
 
 def summary_table(results) -> Table:
@@ -109,5 +110,6 @@ def summary_table(results) -> Table:
     for r in results:
         note = "done before" if r.skipped else ("champion" if r.champion else "")
         own = r.samples + (r.holdout_samples if r.scored_on == "holdout" else 0)  # the partition's rows, not the next's
-        table.add_row(r.date, f"{own:,}", r.scored_on, f"{r.auc:.4f}", f"{r.logloss:.4f}", r.version or r.status, note)
+        auc, loss = ("-", "-") if r.not_evaluated else (f"{r.auc:.4f}", f"{r.logloss:.4f}")
+        table.add_row(r.date, f"{own:,}", r.scored_on, auc, loss, r.version or r.status, note)
     return table

@@ -131,7 +131,10 @@ def _one_partition(args, data: str, date: str, auc_ceiling: float | None = None)
     print_warnings(result)
     if result.refused:
         return CommandResult(output, stopped=refusal(result))
-    return CommandResult(output, pending=result.status != "published")
+    if result.not_evaluated:
+        console.print(f"{result.date}: trained and done, {result.not_evaluated}: no version made; the next "
+                      "version covers it", soft_wrap=True)
+    return CommandResult(output, pending=result.status not in ("published", "not_evaluated"))
 
 
 def refusal(result) -> str:

@@ -18,7 +18,9 @@ scored alike (a holdout score would stay in the record of a partition done).
 Partitions are done once, as daily runs are: a re-run of the range skips the partitions
 with a result and resumes at the first without. A partition that fails, or that the
 run-health gate refuses (pipelines/runs/run_health.py), stops the range there: the partitions before it keep their results, the last of them is published if it
-was only checkpointed, and RangeStopped says which partition failed and why.
+was only checkpointed, and RangeStopped says which partition failed and why. A partition
+too small to score (a day of one row, or of one class) is not refused: it trains, is
+done, makes no version and the range goes on; the next version covers it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from picasso import storage
 from picasso.connectors.day_files import list_day_files
 from picasso.connectors.partitions import MISSING_POLICIES, next_partition
 from picasso.pipelines.runs.daily import (
-    CHECKPOINTED, REFUSED, DailyConfig, DailyResult, publish_checkpointed, run_daily)
+    CHECKPOINTED, NOT_EVALUATED, REFUSED, DailyConfig, DailyResult, publish_checkpointed, run_daily)
 
 log = logging.getLogger(__name__)
 
@@ -150,9 +152,15 @@ def _has_files(root: str, partition: str) -> bool:
 
 
 def _publish_the_last(template: DailyConfig, results: list[DailyResult]) -> list[DailyResult]:
-    """The last partition done gets its version if it was only checkpointed (a range cut
-    short by a failure, or one whose last partition was done, unpublished, by a longer one)."""
-    if results and results[-1].status == CHECKPOINTED:
-        log.info("publishing %s, the last partition done", results[-1].date)
-        results = [*results[:-1], publish_checkpointed(replace(template, date=results[-1].date))]
+    """The last partition scored gets its version if it was only checkpointed (a range cut
+    short by a failure, or one whose last partition was done, unpublished, by a longer one).
+    Partitions after it too small to score have none to get: their training waits in the
+    checkpoint for the next version, which covers them."""
+    last = len(results) - 1
+    while last >= 0 and results[last].status == NOT_EVALUATED:
+        last -= 1
+    if last >= 0 and results[last].status == CHECKPOINTED:
+        log.info("publishing %s, the last partition scored", results[last].date)
+        results = [*results[:last], publish_checkpointed(replace(template, date=results[last].date)),
+                   *results[last + 1:]]
     return results

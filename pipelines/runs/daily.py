@@ -15,7 +15,13 @@ running it again trains nothing unless forced. The run-health gate (run_health.p
 before the publish: a partition that learned nothing (no sample trained, mostly dead
 letters, a loss that is not finite) is refused. Its record says so (status "refused",
 with the reason), which does not make it done, its checkpoint is discarded so that no
-later run warm-starts from it, and no version is made. If MLflow was unreachable, the result says
+later run warm-starts from it, and no version is made. A partition too small to score
+(its evaluation rows empty or of one class) is not refused: it trains and is done (status
+"not_evaluated", with why), and makes no version, since a version would claim a metric it
+does not have. Its checkpoint is where the next partition starts, and the next version
+says which partitions it covers (the tag picasso.partitions): its own and those before it
+that made none. The checkpoint itself records that list, and the records say which of
+them made a version, so a partition run alone (a daily schedule) finds it too. If MLflow was unreachable, the result says
 "pending" and the checkpoint waits in the publish outbox (WORKDIR/publish); any later run,
 the same date's included, publishes it first.
 
@@ -36,7 +42,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso import storage
-from picasso.checkpoint import latest_checkpoint
+from picasso.checkpoint import checkpoint_metrics, latest_checkpoint
 from picasso.connectors.beam_files import serve_urls_through_beam, use_beam_filesystems
 from picasso.connectors.day_files import ReadDayFiles, list_day_files
 from picasso.connectors.dead_letters.files import WriteDeadLettersToFiles
@@ -50,7 +56,7 @@ from picasso.serving.publishing.policy import PublishPolicy
 from picasso.serving.publishing.transform import PublishToMLflow
 from picasso.pipelines.runs.counters import picasso_counters
 from picasso.pipelines.runs.generate import planted_ceiling
-from picasso.pipelines.runs.run_health import HealthFacts, HealthLimits, HealthVerdict, check_health
+from picasso.pipelines.runs.run_health import EvaluationRows, HealthFacts, HealthLimits, HealthVerdict, check_health
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, HOLDOUT, TRAIN, DecodeRecords
 from picasso.pipelines.transforms.pack import PackFeatures
@@ -63,6 +69,10 @@ from picasso.trainer import EvalMetrics, TrainConfig
 log = logging.getLogger(__name__)
 CHECKPOINTED = "checkpointed"  # a partition trained and evaluated, whose version is still to come
 REFUSED = "refused"  # the run-health gate refused the partition: not done, nothing published
+NOT_EVALUATED = "not_evaluated"  # trained and done, but too small to score: no version
+UNVERSIONED = (CHECKPOINTED, NOT_EVALUATED)  # done, and no version holds the partition yet
+PARTITIONS = "picasso.partitions"  # the version's tag: the partitions it covers, comma-separated
+PARTITIONS_COVERED = "picasso.partitions_covered"  # and how many
 WARM_STARTS = ("latest", "champion", "none")
 
 
@@ -122,7 +132,7 @@ class DailyConfig:
 @dataclass(frozen=True)
 class DailyResult:
     date: str
-    # published | pending (MLflow was unreachable; the outbox holds it) | checkpointed | refused
+    # published | pending (MLflow was unreachable; the outbox holds it) | checkpointed | not_evaluated | refused
     status: str
     model_uri: str | None
     version: str | None
@@ -148,6 +158,8 @@ class DailyResult:
     error: str | None = None  # why a pending publish is pending
     auc_ceiling: float | None = None  # the planted model's own AUC, for generated data
     refused: str | None = None  # why the run-health gate refused the partition (status "refused")
+    not_evaluated: str | None = None  # why it has no score: "not evaluated (2 held-out rows, one class)"
+    covers: list[str] = field(default_factory=list)  # the partitions its checkpoint holds that no version had
     warnings: list[str] = field(default_factory=list)  # the gate's warnings (also the version's tag)
     counters: dict[str, int] = field(default_factory=dict)
 
@@ -180,6 +192,7 @@ def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_
         params={"date": config.date, "evaluation": config.evaluation, "warm_start": config.warm_start},
         run_name=f"daily-{config.date}",
         tags={"picasso.date": config.date, EVALUATION: config.evaluation,
+              PARTITIONS: ",".join(config.covers), PARTITIONS_COVERED: str(len(config.covers)),
               "picasso.train_samples": str(checkpoint.stats.samples), "picasso.eval_samples": str(metrics.samples),
               "picasso.total_samples": str(checkpoint.stats.samples + metrics.samples), **verdict.tags()},
     )
@@ -195,6 +208,7 @@ class _RunFacts:
     warm_start_from: str | None
     health: HealthLimits
     fields: tuple[str, ...]  # the spec's features, whose absence the gate checks
+    covers: tuple[str, ...]  # the partitions this one's checkpoint holds that no version had, itself last
 
 
 @dataclass(frozen=True)
@@ -212,7 +226,7 @@ def _judge(metrics: EvalMetrics, checkpoint: CheckpointRef, profile: RowProfile,
     health = HealthFacts(
         trained=checkpoint.stats.samples, rows_read=profile.rows + dead_letters, dead_letters=dead_letters,
         losses={"auc": metrics.auc, "logloss": metrics.logloss, "train_loss": checkpoint.stats.mean_loss},
-        profile=profile)
+        profile=profile, evaluation=EvaluationRows(metrics.samples, metrics.positives))
     verdict = check_health(health, facts.health, facts.fields)
     return _Judged(_publish_request(metrics, checkpoint, facts, verdict), verdict)
 
@@ -252,6 +266,8 @@ def _write_result(outcome: PublishOutcome, judged: _Judged, checkpoint: Checkpoi
         "evaluation": facts.evaluation,
         "warm_start_from": facts.warm_start_from,
         "warnings": list(judged.verdict.warnings),
+        "not_evaluated": judged.verdict.not_evaluated,
+        "covers": list(facts.covers),
         **judged.request.metrics,
     })
 
@@ -261,6 +277,11 @@ def _write_checkpointed(judged: _Judged, checkpoint: CheckpointRef, facts: _RunF
     so that publishing it later needs nothing but this file."""
     _write_result(PublishOutcome(CHECKPOINTED, checkpoint.path), judged, checkpoint, facts, path,
                   publish_request=judged.request.to_dict())
+
+
+def _write_not_evaluated(judged: _Judged, checkpoint: CheckpointRef, facts: _RunFacts, path: str) -> None:
+    """The record of a partition trained but too small to score: done, with no version."""
+    _write_result(PublishOutcome(NOT_EVALUATED, checkpoint.path), judged, checkpoint, facts, path)
 
 
 def _write_refused(judged: _Judged, checkpoint: CheckpointRef, facts: _RunFacts, path: str) -> None:
@@ -298,11 +319,12 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     )
     decoded[DEAD_LETTERS] | "WriteDeadLetters" >> WriteDeadLettersToFiles(
         storage.join(config.folders.dead_letters(config.date), "part"))
+    covers = _covers(config, warm_start_from)
     checkpoint = (
         decoded[TRAIN]
         | "PackTrain" >> PackFeatures(spec)
         | "PicassoTrain" >> PicassoTrain(TrainerHandler.for_run(spec, config.train, config.folders.checkpoints,
-                                                               start_from))
+                                                               start_from, lineage=covers))
     )
     metrics = (
         _evaluation_rows(pipeline, config, decoded)
@@ -318,7 +340,7 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     )
     dead_letters = decoded[DEAD_LETTERS] | "CountDeadLetters" >> beam.combiners.Count.Globally()
     facts = _RunFacts(config.date, config.evaluation, config.warm_start, warm_start_from, config.health,
-                      spec.feature_names)
+                      spec.feature_names, covers)
     at_checkpoint = {"checkpoint": beam.pvalue.AsSingleton(checkpoint), "facts": facts, "path": config.record_path}
     judged = metrics | "CheckHealth" >> beam.Map(
         lambda m, ckpt, rows, dead: _judge(m, ckpt, rows, dead, facts), ckpt=beam.pvalue.AsSingleton(checkpoint),
@@ -326,7 +348,10 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     (judged
      | "Refused" >> beam.Filter(lambda j: j.verdict.refused)
      | "WriteRefused" >> beam.Map(_write_refused, **at_checkpoint))
-    healthy = judged | "Healthy" >> beam.Filter(lambda j: not j.verdict.refused)
+    (judged
+     | "NotEvaluated" >> beam.Filter(lambda j: not j.verdict.refused and j.verdict.not_evaluated)
+     | "WriteNotEvaluated" >> beam.Map(_write_not_evaluated, **at_checkpoint))
+    healthy = judged | "Healthy" >> beam.Filter(lambda j: not j.verdict.refused and not j.verdict.not_evaluated)
     if not config.publish:
         healthy | "WriteResult" >> beam.Map(_write_checkpointed, **at_checkpoint)
         return
@@ -334,6 +359,21 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
                 | "PublishRequest" >> beam.Map(lambda j: j.request)
                 | "PublishToMLflow" >> PublishToMLflow(config.mlflow, config.folders.publish, config.policy))
     outcomes | "WriteResult" >> beam.Map(_write_result, judged=beam.pvalue.AsSingleton(healthy), **at_checkpoint)
+
+
+def _covers(config: DailyConfig, warm_start_from: str | None) -> tuple[str, ...]:
+    """The partitions a version of this one covers: itself, after those its warm start's
+    checkpoint holds that made no version (that checkpoint lists them, and their records
+    in this workdir say whether a version came of them)."""
+    before: list[str] = []
+    if warm_start_from is not None:
+        held = checkpoint_metrics(warm_start_from).get("partitions", [])
+        path = config.folders.daily_record(held[-1]) if held else None
+        if path and storage.exists(path):
+            record = json.loads(storage.read_text(path))
+            if record["status"] in UNVERSIONED and record["checkpoint"] == warm_start_from:
+                before = [p for p in held if p != config.date]
+    return (*before, config.date)
 
 
 def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
@@ -355,7 +395,7 @@ def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
 
 def _done_result(config: DailyConfig, record: dict) -> DailyResult:
     """The result of a date done before; a pending publish of it is retried first."""
-    if record["status"] not in (PUBLISHED, CHECKPOINTED):
+    if record["status"] not in (PUBLISHED, *UNVERSIONED):
         outbox = PublishOutbox(config.folders.publish)
         outbox.flush(config.mlflow, config.policy)
         published = outbox.published(record["checkpoint"])

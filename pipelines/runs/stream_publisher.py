@@ -7,7 +7,9 @@ outbox and goes out, in order, with the next one.
 Each version passes the run-health gate (run_health.py) first, on the window since the
 last version: its samples and progressive metrics, and the rows read and dead letters of
 the cycles this process ran in it. A refused window makes no version: the stream says why
-and trains on, and the next due publish judges the window grown since.
+and trains on, and the next due publish judges the window grown since. So does a window
+that cannot be scored (its batches all of one class): it is not refused, but a version
+of it would claim an AUC it does not have.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from picasso.serving.publishing import registry_tags
 from picasso.serving.publishing.contract import PUBLISHED, PublishRequest
 from picasso.serving.publishing.outbox import PublishOutbox
 from picasso.serving.publishing.policy import PublishPolicy
-from picasso.pipelines.runs.run_health import HealthFacts, HealthVerdict, check_health
+from picasso.pipelines.runs.run_health import EvaluationRows, HealthFacts, HealthVerdict, check_health
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ class StreamPublisher:
         self.last_publish = time.monotonic()
         self.last_window: dict[str, float] | None = None  # the metrics of the window the newest version took
         self.read = HealthFacts(0, 0, 0)  # what this process's cycles read since the last version
-        self.withheld: str | None = None  # why the gate refused the last due version, if it did
+        self.withheld: str | None = None  # why the last due version was not made: refused, or not evaluated
 
     def cycle_trained(self, read: HealthFacts | None = None) -> None:
         """A cycle's checkpoint exists that no version holds yet; `read`: what the cycle read."""
@@ -80,7 +82,8 @@ class StreamPublisher:
         window = model.window_metrics()
         facts = HealthFacts(trained=window["window_samples"], rows_read=self.read.rows_read,
                             dead_letters=self.read.dead_letters,
-                            losses={"auc": window["auc"], "logloss": window["logloss"]}, profile=self.read.profile)
+                            losses={"auc": window["auc"], "logloss": window["logloss"]}, profile=self.read.profile,
+                            evaluation=EvaluationRows(window["window_samples"], window["window_positives"], "scored"))
         return check_health(facts, self.config.health, self.config.spec.feature_names)
 
     @property
@@ -111,11 +114,11 @@ class StreamPublisher:
                 self.flush_pending()
                 return
             verdict = self.judge(model)
-            if verdict.refused:
-                self.withheld = verdict.reason
+            if verdict.refused or verdict.not_evaluated:
+                self.withheld = verdict.reason or verdict.not_evaluated
                 self.last_publish = time.monotonic()  # judged again at the next due publish, not every cycle
                 log.warning("no version made: %s (the stream trains on; the next due version is judged again)",
-                            verdict.reason)
+                            self.withheld)
                 return
             self.publish_version(model, verdict)
             self.unpublished, self.withheld, self.read = False, None, HealthFacts(0, 0, 0)

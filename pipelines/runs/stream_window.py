@@ -43,6 +43,7 @@ class ScoredWindow:
     def metrics(self) -> dict[str, float]:
         metrics = evaluation_metrics(*self.arrays())
         return {"auc": metrics.auc, "logloss": metrics.logloss, "window_samples": metrics.samples,
+                "window_positives": metrics.positives,
                 "mean_prediction": metrics.mean_prediction, "mean_label": metrics.mean_label}
 
     def to_bytes(self) -> bytes:

@@ -138,13 +138,16 @@ class TrainerHandler(TrainHandler):
     checkpoint_dir: str
     key: str  # one per pipeline run, so that runs sharing a process do not share a trainer
     start_from: str | None = "latest"
+    # The partitions the checkpoint holds that no version has yet (its metrics' "partitions"):
+    # how the next run knows what its version covers (pipelines/runs/daily.py, _covers).
+    lineage: tuple[str, ...] = ()
     # One model per run, whatever the runner and its number of workers: trainers in several
     # processes would each learn from part of the day, and only one could be saved.
     one_trainer: ClassVar[bool] = True
 
     @classmethod
     def for_run(cls, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path,
-                start_from: str | None = "latest") -> "TrainerHandler":
+                start_from: str | None = "latest", lineage: tuple[str, ...] = ()) -> "TrainerHandler":
         """The handler of one pipeline run: a key of its own, and its start pinned now, when
         the pipeline is built, so that every attempt at training (a retried bundle's too)
         starts from the same checkpoint, never from one an earlier attempt of this run wrote."""
@@ -152,7 +155,8 @@ class TrainerHandler(TrainHandler):
             raise ValueError("a TrainerHandler needs a spec, a train config and a checkpoint directory")
         if start_from == "latest":
             start_from = latest_checkpoint(checkpoint_dir)
-        return cls(spec, config, str(checkpoint_dir), key=uuid.uuid4().hex, start_from=start_from)
+        return cls(spec, config, str(checkpoint_dir), key=uuid.uuid4().hex, start_from=start_from,
+                   lineage=tuple(lineage))
 
     def load(self) -> Trainer:
         trainer = Trainer(self.spec, self.config)
@@ -192,6 +196,8 @@ class _CheckpointDoFn(beam.DoFn):
         # MLflow run, the per-step series as charts.
         metrics = {"train_loss": stats.mean_loss, **trainer.performance_metrics(),
                    "step_metrics": trainer.step_metrics_so_far()}
+        if self.handler.lineage:
+            metrics["partitions"] = list(self.handler.lineage)
         path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics=metrics)
         yield CheckpointRef(path=str(path), step=trainer.step, stats=stats)
 
