@@ -160,7 +160,9 @@ class _Columnar:
         list column's buffers."""
         table = self.decoder.decode_table(batch, "bench").table.combine_chunks()
         labels = torch.from_numpy(table.column("label").to_numpy())
-        dense = torch.from_numpy(np.stack([table.column(f.name).to_numpy() for f in self.spec.dense], axis=1))
+        # A spec may have no dense field (its signal all in the sparse ones): (N, 0), as picasso's batches.
+        dense = torch.from_numpy(np.stack([table.column(f.name).to_numpy() for f in self.spec.dense], axis=1)
+                                 if self.spec.dense else np.zeros((table.num_rows, 0), np.float32))
         fields = []
         for name in self.field_names:
             column = table.column(name).chunk(0)

@@ -28,8 +28,9 @@ from picasso.connectors.synthetic.events import EventStream, EventStreamConfig, 
 from picasso.trainer import TrainConfig, Trainer
 
 HIDDEN = (16, 8)
+LR_DENSE, LR_SPARSE = 0.01, 0.1  # Adam's on the dense part; row-wise Adagrad's (the default) on the embeddings
 # The same model and learning rates in every mode, as flags.
-MODEL_FLAGS = ["--hidden", ",".join(map(str, HIDDEN)), "--lr-dense", "0.01", "--lr-sparse", "0.1"]
+MODEL_FLAGS = ["--hidden", ",".join(map(str, HIDDEN)), "--lr-dense", str(LR_DENSE), "--lr-sparse", str(LR_SPARSE)]
 
 # Two planted streams of ROWS_PER_STREAM rows, interleaved BLOCK rows at a time: a sync or
 # GBA rank r reads stream STREAMS[r] in local batches of BLOCK rows, so that a global batch
@@ -118,6 +119,12 @@ def trained_model(spec: FeatureSpec, checkpoint) -> Trainer:
 def held_out_auc(spec: FeatureSpec, checkpoint) -> float:
     rows, _ = held_out_rows(spec)
     return trained_model(spec, checkpoint).evaluate(packed(spec, rows)).auc
+
+
+def held_out_predictions(spec: FeatureSpec, checkpoint) -> np.ndarray:
+    """The checkpoint's click probability of each held-out row, in their order."""
+    rows, _ = held_out_rows(spec)
+    return trained_model(spec, checkpoint).predict(packed(spec, rows, HELD_OUT_ROWS)[0])
 
 
 def untrained_rows(spec: FeatureSpec, checkpoint, rows: pa.Table) -> dict[str, str]:
