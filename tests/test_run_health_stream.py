@@ -109,3 +109,31 @@ def test_the_endless_jobs_server_withholds_a_version_of_a_window_that_diverged_a
     assert server.versions == ["1"] and server.publisher.withheld is None
     version = MlflowClient(mlflow_server).get_model_version(name, "1")
     assert MlflowClient(mlflow_server).get_run(version.run_id).data.metrics["window_samples"] == 400
+
+
+def test_the_endless_jobs_server_makes_no_version_of_a_window_of_one_class_and_is_not_refused(
+        mlflow_server, tmp_path):
+    """A window whose scored batches are all of one class has no AUC: not a model that went
+    wrong, only one too little seen to score. No version is made of it (it would claim an
+    AUC it does not have), the gate says it was not evaluated, not refused, and the next
+    due version, of both classes, is published with the window grown since."""
+    name = f"health-one-class-{uuid.uuid4().hex[:8]}"
+    config = EndlessServerConfig(TRAINER_SPEC, TRAINER_CONFIG, str(tmp_path), {"events": "json"},
+                                 mlflow=MLflowTarget(mlflow_server, experiment=name, model_name=name),
+                                 publish_every_s=1e-6)
+    server = EndlessServer(config, ServerAddress("127.0.0.1", free_port()))
+    computer = GradientComputer(build_model(TRAINER_CONFIG.model, TRAINER_SPEC, server.trainer.plan,
+                                            TRAINER_CONFIG.hidden))
+    worker = GBAWorker(PSClient(server.layout, "worker0/x", max_in_flight=0, call=in_process([server.shard])),
+                       computer, prequential=True)
+    batches = list(planted_batches(TRAINER_SPEC, 400, 100, stream=5))
+    worker.step(batches[0], WorkerStats())
+    snapshot = server.shard.snapshot()
+    one_class = replace(snapshot, window=Scored(torch.zeros_like(snapshot.window.labels), snapshot.window.scores))
+    server._checkpoint([one_class])
+    assert server.versions == []
+    assert server.publisher.withheld == "not evaluated (100 scored rows, one class)"
+    for batch in batches[1:]:
+        worker.step(batch, WorkerStats())
+    server._checkpoint([server.shard.snapshot()])
+    assert server.versions == ["1"] and server.publisher.withheld is None
