@@ -82,12 +82,9 @@ def test_a_field_no_event_has_is_a_warning_on_the_cycle_and_the_version(kafka_bo
     assert summary.versions == [version.version] and version.tags[HEALTH_WARNINGS] == warning
 
 
-def test_the_endless_jobs_server_withholds_a_version_of_a_window_that_diverged_and_publishes_the_next(
-        mlflow_server, tmp_path):
-    """The endless job's server judges each version it is due to make with the same gate: a
-    checkpoint whose window scored NaN (a model that diverged) makes no version and training
-    goes on; the next checkpoint, scored in earnest, is published."""
-    name = f"health-endless-{uuid.uuid4().hex[:8]}"
+def _endless_server(mlflow_server, tmp_path, name):
+    """An endless job's server due to publish at every checkpoint, a worker that pushes to
+    it in process, and the planted batches it trains."""
     config = EndlessServerConfig(TRAINER_SPEC, TRAINER_CONFIG, str(tmp_path), {"events": "json"},
                                  mlflow=MLflowTarget(mlflow_server, experiment=name, model_name=name),
                                  publish_every_s=1e-6)
@@ -97,6 +94,16 @@ def test_the_endless_jobs_server_withholds_a_version_of_a_window_that_diverged_a
     worker = GBAWorker(PSClient(server.layout, "worker0/x", max_in_flight=0, call=in_process([server.shard])),
                        computer, prequential=True)
     batches = list(planted_batches(TRAINER_SPEC, 400, 100, stream=5))
+    return server, worker, batches
+
+
+def test_the_endless_jobs_server_withholds_a_version_of_a_window_that_diverged_and_publishes_the_next(
+        mlflow_server, tmp_path):
+    """The endless job's server judges each version it is due to make with the same gate: a
+    checkpoint whose window scored NaN (a model that diverged) makes no version and training
+    goes on; the next checkpoint, scored in earnest, is published."""
+    name = f"health-endless-{uuid.uuid4().hex[:8]}"
+    server, worker, batches = _endless_server(mlflow_server, tmp_path, name)
     for batch in batches[:2]:
         worker.step(batch, WorkerStats())
     snapshot = server.shard.snapshot()
@@ -118,15 +125,7 @@ def test_the_endless_jobs_server_makes_no_version_of_a_window_of_one_class_and_i
     AUC it does not have), the gate says it was not evaluated, not refused, and the next
     due version, of both classes, is published with the window grown since."""
     name = f"health-one-class-{uuid.uuid4().hex[:8]}"
-    config = EndlessServerConfig(TRAINER_SPEC, TRAINER_CONFIG, str(tmp_path), {"events": "json"},
-                                 mlflow=MLflowTarget(mlflow_server, experiment=name, model_name=name),
-                                 publish_every_s=1e-6)
-    server = EndlessServer(config, ServerAddress("127.0.0.1", free_port()))
-    computer = GradientComputer(build_model(TRAINER_CONFIG.model, TRAINER_SPEC, server.trainer.plan,
-                                            TRAINER_CONFIG.hidden))
-    worker = GBAWorker(PSClient(server.layout, "worker0/x", max_in_flight=0, call=in_process([server.shard])),
-                       computer, prequential=True)
-    batches = list(planted_batches(TRAINER_SPEC, 400, 100, stream=5))
+    server, worker, batches = _endless_server(mlflow_server, tmp_path, name)
     worker.step(batches[0], WorkerStats())
     snapshot = server.shard.snapshot()
     one_class = replace(snapshot, window=Scored(torch.zeros_like(snapshot.window.labels), snapshot.window.scores))
