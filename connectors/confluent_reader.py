@@ -42,7 +42,7 @@ UNKNOWN = -1001  # librdkafka's OFFSET_INVALID: no offset known (yet)
 class ConfluentReader:
     def __init__(self, connection: KafkaConnection, **overrides):
         require_client(CONFLUENT)
-        apply_client_logs()  # in a Beam worker process too
+        apply_client_logs()  # in a Beam worker process too (kafka-python's clients: KafkaConnection.settings)
         import confluent_kafka
 
         self._kafka = confluent_kafka

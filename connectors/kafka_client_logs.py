@@ -8,8 +8,9 @@ retry of its own instead: connectors.kafka_wait before a command starts, a cycle
 
 The command says which, once (cli/noise.show_debug), in its own process and in its
 environment, which the processes it starts inherit (Beam's worker processes on this machine,
-whose logging Beam sets up afresh): each reader applies it again as it opens. A program
-that uses the readers without the command line keeps its logging as it is.
+whose logging Beam sets up afresh): every client applies it again as it is made
+(kafka_config.KafkaConnection.settings; the confluent reader). A program that uses the
+connectors without the command line keeps its logging as it is.
 """
 
 from __future__ import annotations

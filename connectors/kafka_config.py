@@ -19,6 +19,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
+from picasso.connectors.kafka_client_logs import apply_client_logs
 from picasso.connectors.kafka_clients import KAFKA_PYTHON, require_client
 
 _KINDS = {"consumer": KafkaConsumer, "producer": KafkaProducer, "admin": KafkaAdminClient}
@@ -42,6 +43,9 @@ class KafkaConnection:
 
     def settings(self, kind: str, **overrides) -> dict:
         """The settings a client of this kind accepts; overrides win over options."""
+        # Every kafka-python client picasso makes comes here, in whichever process (a Beam
+        # worker's too): the command's choice of the clients' own log lines holds there.
+        apply_client_logs()
         accepted = _KINDS[kind].DEFAULT_CONFIG
         merged = {**self.options, **overrides, "bootstrap_servers": self.bootstrap_servers}
         return {key: value for key, value in merged.items() if key in accepted}

@@ -5,14 +5,12 @@ from __future__ import annotations
 from kafka import TopicPartition
 
 from picasso.connectors.kafka_blocks import blocks_of, use_blocks
-from picasso.connectors.kafka_client_logs import apply_client_logs
 from picasso.connectors.kafka_clients import Polled
 from picasso.connectors.kafka_config import KafkaConnection, latest_offsets, topic_partitions
 
 
 class KafkaPythonReader:
     def __init__(self, connection: KafkaConnection, **overrides):
-        apply_client_logs()  # in a Beam worker process too
         self.consumer = connection.consumer(**overrides)
         self.blocks = use_blocks(self.consumer)
 
