@@ -47,9 +47,12 @@ def retry_lines(text: str, servers: str) -> list[str]:
     return [m.group(0) for m in found]
 
 
+PICASSO_LINE = re.compile(r"^[A-Z]+:picasso\.")  # picasso's own, which may name an error of the client's
+
+
 def client_lines(text: str) -> list[str]:
-    return [line for line in text.splitlines()
-            if any(mark in line for mark in CLIENT_MARKS) or LIBRDKAFKA_LINE.match(line)]
+    return [line for line in text.splitlines() if not PICASSO_LINE.match(line)
+            and (any(mark in line for mark in CLIENT_MARKS) or LIBRDKAFKA_LINE.match(line))]
 
 
 def retries_counted(metrics_port: int) -> float:
