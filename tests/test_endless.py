@@ -104,7 +104,7 @@ def _versions_logged(workdir: Path) -> list[dict]:
 def _assert_every_message_once(final: Path, producer: SteadyProducer, dead_letter_topic: str, why: str) -> None:
     """Every good message trained exactly once: the ledger holds each partition whole, once,
     and the samples are the good messages (one trained twice would count twice); every bad
-    one is on the dead-letter topic (de-duplicated by its source offset), and nothing else."""
+    one is on the dead-letter topic once (counted by its source position), and nothing else."""
     assert load_checkpoint(final).positions == producer.ends, why
     assert read_applied(final) == {source: [[0, end]] for source, end in producer.ends.items()}, why
     assert load_checkpoint(final).state["samples"] == len(producer.keys) - len(producer.bad), why

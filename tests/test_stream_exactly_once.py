@@ -14,7 +14,7 @@ far; the kill lands while it is frozen, so it lands exactly in the state seen:
   outbox entry is still pending (when the steps catch that moment within a few publishes;
   otherwise inside the next publish).
 Afterwards, from the broker's side and MLflow's: every bad message is on the dead-letter
-topic (at least once, with its source topic, partition and offset), the ledger's counts are
+topic (once by its source topic, partition and offset), the ledger's counts are
 the broker's, and MLflow holds one version per checkpoint, each recorded once.
 """
 
@@ -424,7 +424,7 @@ def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp
     summary = json.loads(log.read_text().strip().splitlines()[-1])
     assert summary["lag"] == 0 and summary["failures"] == 0 and summary["pending"] == 0, why
 
-    # From the broker's side: what was produced, and the dead letters (each at least once).
+    # From the broker's side: what was produced, and the dead letters (each once).
     produced = {(r.topic, r.partition, r.offset): r.value or b""
                 for topic in (events, batches) for r in _read_topic(kafka_bootstrap, topic)}
     bad_values = {values[i] for i in bad_indices}
@@ -441,11 +441,15 @@ def test_sigkilled_stream_ends_with_the_uninterrupted_model(kafka_bootstrap, tmp
 
 
 def _assert_dead_letters(bootstrap: str, topic: str, produced: dict, bad: set, why: str) -> set:
-    """Every bad message on the dead-letter topic at least once, as it was produced, and
-    nothing else there; returns their (topic, partition, offset) keys."""
+    """Every bad message on the dead-letter topic once, as it was produced (a letter's
+    identity is its source position), and nothing else there; returns their (topic,
+    partition, offset) keys."""
     letters = [MessageDeadLetter.from_record(r) for r in _read_topic(bootstrap, topic)]
-    keys = {_letter_key(letter) for letter in letters}
+    counted = Counter(_letter_key(letter) for letter in letters)
+    keys = set(counted)
     assert keys == bad, f"{topic}: {len(bad - keys)} bad messages missing, {len(keys - bad)} others there; {why}"
+    twice = sorted(key for key, times in counted.items() if times > 1)
+    assert not twice, f"{topic}: {len(twice)} of {len(bad)} bad messages lettered more than once, {twice[:5]}; {why}"
     for letter in letters:
         assert (letter.value or b"") == produced[_letter_key(letter)] and letter.records == 1 and letter.reason, \
             f"{letter}; {why}"

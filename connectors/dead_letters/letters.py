@@ -163,6 +163,21 @@ class MessageDeadLetter:
         )
 
 
+POSITION_HEADERS = ("picasso.topic", "picasso.partition", "picasso.offset")
+
+
+def letter_position(headers) -> tuple[str, int, int] | None:
+    """The (topic, partition, offset) a dead-letter record's headers name: its identity, by
+    which it is written once (lettered.py); None for a record that is not a letter (headers
+    missing, or not text and numbers), which a reader of the topic passes over."""
+    found = {name: value for name, value in headers or () if name in POSITION_HEADERS}
+    try:
+        topic, partition, offset = (found[name].decode() for name in POSITION_HEADERS)
+        return topic, int(partition), int(offset)
+    except (KeyError, AttributeError, UnicodeDecodeError, ValueError):
+        return None
+
+
 def _capped_utf8(text: str, limit: int) -> bytes:
     # Cut on a character boundary, so that the header always decodes again.
     return text.encode()[:limit].decode(errors="ignore").encode()

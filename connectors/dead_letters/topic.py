@@ -17,8 +17,14 @@ What is guaranteed:
   down to its first bytes with its size and SHA-256 (see oversize.py for the encoding).
   Such a letter never blocks the stream. Only a producer limit too small for even the cut
   letter (a few KiB) fails the bundle, with DeadLetterTooLarge.
-- A retried cycle may write a dead letter twice. The (topic, partition, offset) headers make
-  duplicates easy to drop.
+- Each letter is written once. Its identity is its message's position, the (topic,
+  partition, offset) of its headers: before its first send a producer reads back from the
+  topic which letters of what it reads are there already (lettered.py), and skips those,
+  so that a job resubmitted after a kill, or a cycle retried after a failure, does not
+  letter again what it reads again. It skips the letters it has had acknowledged itself,
+  and reads the topic back again after a send that failed, whose letter may be there or
+  not. A topic that cannot be read back fails the bundle as a letter not written would
+  (LettersUnreadable).
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import apache_beam as beam
 from kafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 
 from picasso.connectors.dead_letters import oversize
+from picasso.connectors.dead_letters.lettered import Lettered, LetterScope, LettersUnreadable, read_lettered
 from picasso.connectors.dead_letters.letters import MessageDeadLetter
 from picasso.connectors.dead_letters.policy import STOP, DeadLetterPolicy
 from picasso.connectors.kafka_config import KafkaConnection, source_name
@@ -44,7 +51,8 @@ CONFIRM_GRACE_S = 5.0
 
 
 class DeadLettersNotWritten(RuntimeError):
-    """Some dead letters of a bundle were not acknowledged by the broker."""
+    """Some dead letters of a bundle were not acknowledged by the broker, or the topic could
+    not be read back to learn which it holds."""
 
 
 class DeadLetterTooLarge(RuntimeError):
@@ -61,12 +69,22 @@ class _Send:
 class DeadLetterProducer:
     """Sends dead letters to the topic and confirms them: what the sink's DoFn does per
     bundle, and what a decode that must not let a chunk go on before its letters are
-    written does per poll (DecodeMessages with letters_to=)."""
+    written does per poll (DecodeMessages with letters_to=).
 
-    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy):
+    scope: what it will letter (each source partition from the offset it is read from), which
+    bounds what is read back from the topic; lettered: what the topic is known to hold of
+    that scope already (a stream whose last cycle succeeded knows it holds nothing at or
+    above the next cycle's starts); None: read it back before the first send."""
+
+    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy, scope: LetterScope = LetterScope(),
+                 lettered: Lettered | None = None):
         self.connection = connection
         self.policy = policy
+        self.scope = scope
+        self.lettered = lettered
         self.producer = None
+        self.skipped = 0  # letters the topic held already, not sent again
+        self.sent = 0  # letters sent, over the producer's life
 
     def open(self) -> None:
         delivery_timeout_ms = int(self.policy.delivery_timeout_s * 1000)
@@ -86,12 +104,24 @@ class DeadLetterProducer:
         self.sends: list[_Send] = []
 
     def send(self, letter: MessageDeadLetter) -> None:
+        if self._known().has(letter):
+            self.skipped += 1
+            return
         self.letters += 1
+        self.sent += 1
         too_large = self._over_limit(letter)
         if too_large:
             self._send_cut(letter, too_large)
         else:
             self._send(letter)
+
+    def _known(self) -> Lettered:
+        if self.lettered is None:
+            try:
+                self.lettered = read_lettered(self.connection, self.policy.topic, self.scope)
+            except LettersUnreadable as error:
+                raise DeadLettersNotWritten(str(error)) from error
+        return self.lettered
 
     def _over_limit(self, letter: MessageDeadLetter) -> str | None:
         """Why the letter is too large for the producer, or None if it fits."""
@@ -134,13 +164,19 @@ class DeadLetterProducer:
         # A letter the broker refuses as too large is sent again cut down, hence the rounds.
         while self.sends:
             sends, self.sends = self.sends, []
-            for send, error in self._confirm(sends):
+            failed = self._confirm(sends)
+            for send, error in failed:
                 if isinstance(error, MessageSizeTooLargeError) and not send.letter.is_cut:
                     self._send_cut(send.letter, f"refused by Kafka: {_describe(error)}")
                 else:
                     failures.append((send.letter, error))
+            unanswered = {id(send) for send, _ in failed}
+            self._known().add(send.letter for send in sends if id(send) not in unanswered)
         letters, self.letters = self.letters, 0
         if failures:
+            # A send that failed may have reached the topic all the same (an answer lost on
+            # its way back): what the topic holds is read back again before the next send.
+            self.lettered = None
             letter, error = failures[0]
             raise DeadLettersNotWritten(
                 f"{len(failures)} of {letters} dead letters were not written to '{self.policy.topic}'; "
@@ -173,8 +209,8 @@ class DeadLetterProducer:
 
 
 class _WriteDeadLettersDoFn(beam.DoFn):
-    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy):
-        self.letters = DeadLetterProducer(connection, policy)
+    def __init__(self, letters: DeadLetterProducer):
+        self.letters = letters
 
     def setup(self):
         self.letters.open()
@@ -201,12 +237,13 @@ def _describe(error: Exception) -> str:
 
 class WriteDeadLettersToKafka(beam.PTransform):
     """MessageDeadLetters in; each becomes one record of the policy's dead-letter topic,
-    acknowledged by the broker before its bundle finishes (see the module docstring)."""
+    acknowledged by the broker before its bundle finishes, and none that the topic holds
+    already (see the module docstring; scope and lettered as DeadLetterProducer's)."""
 
-    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy):
+    def __init__(self, connection: KafkaConnection, policy: DeadLetterPolicy, scope: LetterScope = LetterScope(),
+                 lettered: Lettered | None = None):
         super().__init__()
-        self.connection = connection
-        self.policy = policy
+        self.letters = DeadLetterProducer(connection, policy, scope, lettered)
 
     def expand(self, letters):
-        return letters | "Produce" >> beam.ParDo(_WriteDeadLettersDoFn(self.connection, self.policy))
+        return letters | "Produce" >> beam.ParDo(_WriteDeadLettersDoFn(self.letters))

@@ -1,7 +1,8 @@
 """`picasso stream --endless`: one Beam pipeline that a streaming runner keeps running.
 
     ReadFromKafka.unbounded (from the server's positions)
-      → DecodeMessages (each poll's dead letters written and acknowledged before its chunk goes on)
+      → DecodeMessages (each poll's dead letters written and acknowledged before its chunk goes
+        on, each letter once: one the topic holds already is not written again)
       → PackMessages → PicassoTrain(GBAHandler, unbounded) → the parameter server
 
 The model lives in the parameter server, not in the runner (DESIGN.md): the runner's
@@ -47,6 +48,7 @@ from kafka.errors import KafkaError
 
 from picasso.connectors.beam_kafka_io import BeamKafkaIO, BeamKafkaRead, ReadWithBeamKafka
 from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.dead_letters.lettered import LetterScope
 from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.dead_letters.topic import DeadLetterProducer
 from picasso.connectors.kafka_config import KafkaConnection, TopicNotFound, ensure_topic
@@ -143,7 +145,11 @@ def start_ranges(config: EndlessConfig, positions: dict[str, int], sleep=time.sl
 
 def build_pipeline(config: EndlessConfig, ps: PSAddress, ranges: list[PartitionRange]) -> beam.Pipeline:
     pipeline = beam.Pipeline(options=config.pipeline_options())
-    letters = DeadLetterProducer(config.connection, config.dead_letters)
+    # Each letter once: what a killed job lettered of what this one reads again is read back
+    # from the topic and skipped (connectors/dead_letters/lettered.py). A joined job letters
+    # an orphan label when its wait ends, out of its partition's order.
+    scope = LetterScope({r.source: r.start for r in ranges}, in_order=config.joined is None)
+    letters = DeadLetterProducer(config.connection, config.dead_letters, scope)
     messages = _read_messages(pipeline, config, ranges)
     if config.joined is not None:
         batches = _joined_batches(config, messages, letters)

@@ -38,6 +38,7 @@ from kafka.structs import OffsetAndMetadata
 from picasso.checkpoint import clean_temporaries
 from picasso.connectors.beam_files import use_beam_filesystems
 from picasso.connectors.decoding.contracts import DecodeOptions
+from picasso.connectors.dead_letters.lettered import Lettered, LetterScope
 from picasso.connectors.dead_letters.policy import DeadLetterPolicy
 from picasso.connectors.dead_letters.topic import WriteDeadLettersToKafka
 from picasso.connectors.kafka_config import KafkaConnection, ensure_topic
@@ -175,6 +176,9 @@ class StreamRunner:
         self.end_offsets: dict[str, int] = {}  # each partition's, as the last plan found them
         self.summary = StreamSummary()
         self.stopping = False
+        # Whether the dead-letter topic may hold letters of what the next cycle reads: at
+        # start (a killed process's), and after a failed cycle (_letter_sink).
+        self.letters_may_repeat = True
         self.publisher = StreamPublisher(config, self.summary.versions)
         checkpoints = config.folders.checkpoints
         self.load = (ModelLoader(config.spec, config.train, checkpoints) if config.joined is None else
@@ -208,11 +212,12 @@ class StreamRunner:
         pipeline = beam.Pipeline(options=config.pipeline_options())
         messages = pipeline | "ReadFromKafka" >> ReadFromKafka(
             config.connection, ranges, max_messages=config.batch_messages, stall_timeout_s=config.stall_timeout_s)
+        letters = self._letter_sink(ranges)
         if config.joined is None:
-            self._train_labelled(messages)
+            self._train_labelled(messages, letters)
         else:
             model.begin_cycle({r.source for r in ranges if r.stop > r.start})
-            self._join_and_train(messages)
+            self._join_and_train(messages, letters)
         result = pipeline.run()
         result.wait_until_finish()
         counters = picasso_counters(result)
@@ -251,25 +256,35 @@ class StreamRunner:
                            for r in ranges},
         )
 
-    def _train_labelled(self, messages) -> None:
+    def _letter_sink(self, ranges: list[PartitionRange]) -> WriteDeadLettersToKafka:
+        """The cycle's dead-letter topic, which writes each letter once. Every letter of a
+        cycle is at or above its starts, so after a cycle that checkpointed the topic holds
+        none of the next one's; after a failed cycle (or at start: a killed process's) it
+        may, and the sink reads them back before its first letter (connectors/dead_letters/lettered.py).
+        A joined stream letters an orphan label when its wait ends, out of its partition's order."""
+        scope = LetterScope({r.source: r.start for r in ranges}, in_order=self.config.joined is None)
+        known = None if self.letters_may_repeat else Lettered(scope)
+        return WriteDeadLettersToKafka(self.config.connection, self.config.dead_letters, scope, known)
+
+    def _train_labelled(self, messages, letters: WriteDeadLettersToKafka) -> None:
         """Events that carry their labels: decode → pack → train."""
         config = self.config
         decoded = messages | "DecodeMessages" >> DecodeMessages(config.spec, config.topics, config.decode)
-        decoded[DEAD_LETTERS] | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letters)
+        decoded[DEAD_LETTERS] | "DeadLetterTopic" >> letters
         (
             decoded.chunks
             | "PackMessages" >> PackMessages(config.spec)
             | "Train" >> PicassoTrain(handler=StreamHandler(self.load, self.key), shared=self.shared)
         )
 
-    def _join_and_train(self, messages) -> None:
+    def _join_and_train(self, messages, letters: WriteDeadLettersToKafka) -> None:
         """Impressions and labels: decode → join → pack → train (pipelines.join_cycle)."""
         config, joined = self.config, self.config.joined
         decoded = messages | "DecodeJoinEvents" >> DecodeJoinEvents(config.spec, joined, config.topics)
         samples = decoded.chunks | "JoinLabels" >> JoinInCycle(self.load, self.key, self.shared,
                                                                 joined.join.label_of(config.spec.label))
-        letters = (decoded[DEAD_LETTERS], samples[ORPHANS]) | "AllDeadLetters" >> beam.Flatten()
-        letters | "DeadLetterTopic" >> WriteDeadLettersToKafka(config.connection, config.dead_letters)
+        all_letters = (decoded[DEAD_LETTERS], samples[ORPHANS]) | "AllDeadLetters" >> beam.Flatten()
+        all_letters | "DeadLetterTopic" >> letters
         (
             samples.samples
             | "PackSamples" >> PackSamples(config.spec)
@@ -350,6 +365,7 @@ class StreamRunner:
                 report = self.run_cycle(model, ranges, lag)
             except Exception as err:  # noqa: BLE001 - any failure: drop the model, back off, retry
                 failures_in_row += 1
+                self.letters_may_repeat = True  # the failed cycle may have written letters the next one reads again
                 if self._gives_up(err, starts, tracker, failures_in_row):
                     break
                 delay = backoff.next_delay()
@@ -357,6 +373,7 @@ class StreamRunner:
                 self.sleep(delay)
                 continue
             failures_in_row = 0
+            self.letters_may_repeat = False
             tracker.reset()
             backoff.reset()
             summary.cycles += 1
