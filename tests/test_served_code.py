@@ -18,6 +18,7 @@ from import_graph import scan
 import picasso.serving.request_decoding
 import picasso.serving.weights
 from picasso.serving import old_names
+from picasso.serving.code_closure import SourceModule, picasso_imports
 from picasso.serving.model_code import SERVED_FROM, served_files, served_modules, stage_code
 
 # What a served model must never carry: training's outside systems, publishing, the server.
@@ -146,3 +147,13 @@ def _installed(file: str, graph) -> Path:
         if package in graph.modules and graph.modules[package].name == "__init__.py":
             return graph.modules[package].parent.joinpath(*parts[end:])
     raise AssertionError(file)
+
+
+def test_a_module_edited_after_it_was_read_is_read_again(tmp_path):
+    """Each publish reads the closure; a file's imports are read once per version of it,
+    so an edit (a new time or size) is seen and an unchanged file is not parsed again."""
+    module = SourceModule("picasso.edited", tmp_path / "edited.py")
+    module.file.write_text("import picasso.spec\n")
+    assert picasso_imports(module) == {"picasso.spec"}
+    module.file.write_text("from picasso import storage, spec_refs\n")
+    assert picasso_imports(module) == {"picasso.storage", "picasso.spec_refs"}
