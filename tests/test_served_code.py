@@ -18,7 +18,7 @@ from import_graph import scan
 import picasso.serving.request_decoding
 import picasso.serving.weights
 from picasso.serving import old_names
-from picasso.serving.code_closure import SourceModule, picasso_imports
+from picasso.serving.code_closure import SourceModule, _imports_of, picasso_imports
 from picasso.serving.model_code import SERVED_FROM, served_files, served_modules, stage_code
 
 # What a served model must never carry: training's outside systems, publishing, the server.
@@ -155,5 +155,8 @@ def test_a_module_edited_after_it_was_read_is_read_again(tmp_path):
     module = SourceModule("picasso.edited", tmp_path / "edited.py")
     module.file.write_text("import picasso.spec\n")
     assert picasso_imports(module) == {"picasso.spec"}
+    hits = _imports_of.cache_info().hits
+    assert picasso_imports(module) == {"picasso.spec"}
+    assert _imports_of.cache_info().hits == hits + 1  # unchanged: not parsed again
     module.file.write_text("from picasso import storage, spec_refs\n")
     assert picasso_imports(module) == {"picasso.storage", "picasso.spec_refs"}
