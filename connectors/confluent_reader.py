@@ -95,6 +95,13 @@ class ConfluentReader:
             answered.add(TopicPartition(message.topic(), message.partition()))
         return {tp: max(reported[tp], self._cached_high(tp)) for tp in partitions}
 
+    def offsets_for_times(self, partitions: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
+        asked = [self._kafka.TopicPartition(tp.topic, tp.partition, timestamp_ms) for tp in partitions]
+        found = self._ask(f"look up the offsets at {timestamp_ms} ms",
+                          lambda: self.consumer.offsets_for_times(asked, timeout=self.timeout_s))
+        # librdkafka's answer for a time past the last message is -1 (OFFSET_END).
+        return {TopicPartition(f.topic, f.partition): None if f.offset < 0 else f.offset for f in found}
+
     def assign(self, tp: TopicPartition, position: int) -> None:
         self.consumer.assign([self._kafka.TopicPartition(tp.topic, tp.partition, position)])
         self.next_position = {tp: position}

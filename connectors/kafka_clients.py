@@ -63,6 +63,11 @@ class PartitionReader(Protocol):
         """The offset after each partition's last message: the larger of the offset the
         broker reports and the high watermark of a fetch (Tansu under-reports the first)."""
 
+    def offsets_for_times(self, partitions: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
+        """What the broker says is each partition's first offset stamped at or after
+        timestamp_ms (None: no such message). Not every broker answers right (Tansu says
+        0): connectors.kafka_times checks the answer against the records."""
+
     def assign(self, tp: TopicPartition, position: int) -> None:
         """Read this partition alone, from this position on."""
 

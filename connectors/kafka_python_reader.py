@@ -23,6 +23,10 @@ class KafkaPythonReader:
     def latest_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         return latest_offsets(self.consumer, partitions)
 
+    def offsets_for_times(self, partitions: list[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
+        found = self.consumer.offsets_for_times({tp: timestamp_ms for tp in partitions})
+        return {tp: None if found.get(tp) is None else found[tp].offset for tp in partitions}
+
     def assign(self, tp: TopicPartition, position: int) -> None:
         self.consumer.assign([tp])
         self.consumer.seek(tp, position)

@@ -49,6 +49,17 @@ def next_partition(name: str) -> str:
     return partition_name(moment.date(), moment.hour)
 
 
+def partition_start_ms(name: str) -> int:
+    """A partition's first millisecond, epoch ms UTC."""
+    date, hour = parse_partition(name)
+    return int(dt.datetime.combine(date, dt.time(hour or 0), tzinfo=dt.timezone.utc).timestamp()) * 1000
+
+
+def partition_end_ms(name: str) -> int:
+    """Where a partition ends: the start of the next one (midnight or the next hour), epoch ms UTC."""
+    return partition_start_ms(next_partition(name))
+
+
 def partition_path(name: str) -> str:
     """The partition's folder, relative to the data root."""
     date, hour = parse_partition(name)
@@ -63,11 +74,9 @@ def partition_time_ms(path: str) -> int | None:
     if not match:
         return None
     try:
-        date, hour = parse_partition(match.group(1) + ("" if match.group(2) is None else f"T{match.group(2)}"))
+        return partition_start_ms(match.group(1) + ("" if match.group(2) is None else f"T{match.group(2)}"))
     except ValueError:
         return None
-    start = dt.datetime.combine(date, dt.time(hour or 0), tzinfo=dt.timezone.utc)
-    return int(start.timestamp()) * 1000
 
 
 def partition_range(text: str) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -457,3 +457,28 @@ def parse_spec(raw: Any) -> FeatureSpec:
         raise SpecError(problems)
     return FeatureSpec(label=label, dense=tuple(dense), sparse=tuple(sparse), name=str(raw.get("name", "spec")),
                        crosses=tuple(crosses))
+
+
+def spec_differences(saved: FeatureSpec, wanted: FeatureSpec, most: int = 4) -> str:
+    """What differs between a model's spec (saved) and this run's (wanted), in words, for a
+    refusal ("id feature C9: embedding_dim 16 in this run, 8 in the model; id features only
+    in the model: C27"): the name alone says nothing when both are called `criteo`."""
+    found = []
+    if saved.label != wanted.label:
+        found.append(f"label {wanted.label!r} in this run, {saved.label!r} in the model")
+    for kind, here, there in (("dense field", wanted.dense, saved.dense),
+                              ("id feature", wanted.id_features, saved.id_features)):
+        mine, theirs = {f.name: f for f in here}, {f.name: f for f in there}
+        if only := [name for name in theirs if name not in mine]:
+            found.append(f"{kind}s only in the model: {', '.join(only[:most])}{' ...' if len(only) > most else ''}")
+        if only := [name for name in mine if name not in theirs]:
+            found.append(f"{kind}s only in this run: {', '.join(only[:most])}{' ...' if len(only) > most else ''}")
+        for name in (n for n in mine if n in theirs and mine[n] != theirs[n]):
+            a, b = asdict(mine[name]), asdict(theirs[name])
+            changed = [f"{key} {a[key]!r} in this run, {b[key]!r} in the model" for key in a if a[key] != b.get(key)]
+            found.append(f"{kind} {name}: {'; '.join(changed)}")
+    if not found and [f.name for f in saved.id_features] != [f.name for f in wanted.id_features]:
+        found.append("the id features are in another order")
+    if not found:
+        found.append(f"spec name {wanted.name!r} in this run, {saved.name!r} in the model")
+    return "; ".join(found[:most]) + (f"; and {len(found) - most} more" if len(found) > most else "")

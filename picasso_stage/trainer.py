@@ -40,7 +40,7 @@ from picasso.metrics import auc, logloss
 from picasso.models import build_model
 from picasso.models.common import check_precision
 from picasso.packing import PackingPlan
-from picasso.spec import FeatureSpec
+from picasso.spec import FeatureSpec, spec_differences
 
 log = logging.getLogger(__name__)
 
@@ -450,7 +450,8 @@ class Trainer:
     def restore(self, path: str | Path) -> None:
         checkpoint = load_checkpoint(path)
         if checkpoint.spec != self.spec:
-            raise ValueError(f"checkpoint {path} was trained on another spec ({checkpoint.spec.name})")
+            raise ValueError(f"checkpoint {path} was trained on another spec than this run's "
+                             f"({spec_differences(checkpoint.spec, self.spec)})")
         state = checkpoint.state
         self._check_architecture(path, state.get("config", {}))
         self.model.load_state_dict(state["model"])  # copies into the tables (the big tier, with a cache)

@@ -75,6 +75,9 @@ def check_endless_args(args: argparse.Namespace) -> None:
     if given:
         raise ValueError(f"{', '.join(given)}: only for a stream in cycles; an endless job runs until it is stopped "
                          "(SIGTERM or SIGINT)")
+    if args.warm_start is not None or args.start_at != "earliest":
+        raise ValueError("--warm-start, --start-at: only for a stream in cycles so far; an endless job starts from "
+                         "its workdir's newest checkpoint, or from scratch at each partition's earliest offset")
     if args.impressions or args.labels:
         check_joined_endless(args)
     if str(args.cache_capacity).lower() not in ("off", "10%"):  # 10%: the cycle stream's default

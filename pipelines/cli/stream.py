@@ -114,6 +114,18 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     _kafka_args(stream)
     _kafka_client_arg(stream)
     stream.add_argument("--group-id", default="picasso-stream", help="consumer group the positions are committed to")
+    start = stream.add_argument_group(
+        "start", "how a stream whose --workdir has no checkpoint yet begins; once it has one, it goes on from there "
+                 "and these are not looked at again")
+    start.add_argument("--warm-start", default=None, metavar="champion|latest|models:/NAME/N|PATH",
+                       help="the model to start from: the champion or newest version of --model-name in --mlflow-uri "
+                            "(a backfill's), a registered version (models:/NAME/N or models:/NAME@ALIAS), or a "
+                            "checkpoint or folder of checkpoints; restored from its checkpoint, optimizer state too "
+                            "(default: a new model)")
+    start.add_argument("--start-at", default="earliest", metavar="earliest|latest|committed|TIMESTAMP|after-model",
+                       help="each partition's first offset: its earliest (the default), its end now, --group-id's "
+                            "committed offset, the first message stamped at or after TIMESTAMP (ISO 8601, UTC unless "
+                            "it says; or epoch ms), or the first after the --warm-start model's newest event")
     add_dead_letter_args(stream)
     stream.add_argument("--batch-messages", type=int, default=1000, help="messages per training batch")
     stream.add_argument("--max-cycle-messages", type=int, default=None, help="per partition and cycle")
@@ -252,7 +264,8 @@ def stream_config(args):
 
     workdir = storage.make_folder(args.workdir)
     target = None
-    if args.publish_every > 0:
+    start = stream_start(args)  # its flags checked before any store is made
+    if args.publish_every > 0 or (start and start.registry):
         target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
     topics, joined = _stream_topics(args)
     return StreamConfig(
@@ -283,7 +296,19 @@ def stream_config(args):
         max_failures=args.max_failures,
         publish_policy=publish_policy(args),
         health=health_limits(args),
+        start=start,
+        warm_start_target=target if start and start.registry else None,
     )
+
+
+def stream_start(args):
+    """--warm-start and --start-at as a StreamStart; None for a stream from scratch at the
+    earliest offsets (as before either existed)."""
+    from picasso.pipelines.runs.stream_start import StreamStart
+
+    if args.warm_start is None and args.start_at == "earliest":
+        return None
+    return StreamStart(args.warm_start, args.start_at)
 
 
 def run_stream_command(args, console: Console) -> dict:

@@ -92,6 +92,7 @@ class ServedModel:
         self.newest_event_ms = newest_event_ms
         self.window = ScoredWindow()  # the newest checkpoint's (what its version reports)
         self.keeps_window = True
+        self.only_started = False  # an endless job makes no start checkpoint (stream_start.py)
 
     def checkpointed(self, path: str, snapshot: ShardSnapshot, window: ScoredWindow) -> None:
         self.checkpoint = path

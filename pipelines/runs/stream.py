@@ -51,6 +51,7 @@ from picasso.pipelines.runs.joined_stream_state import JoinedModelLoader, Joined
 from picasso.pipelines.runs.run_health import HealthFacts, HealthLimits, check_health
 from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.pipelines.runs.stream_publisher import StreamPublisher
+from picasso.pipelines.runs.stream_start import StreamStart, begin_stream
 from picasso.pipelines.runs.stream_state import ModelLoader, StreamModel
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.pipelines.transforms.decode import DEAD_LETTERS, DecodeMessages
@@ -112,6 +113,12 @@ class StreamConfig:
     # None: every event carries its label. batch_messages is then samples per batch.
     joined: JoinedTopics | None = None
     health: HealthLimits = HealthLimits()  # the run-health gate on each cycle and before each version
+    # --warm-start and --start-at: how the stream begins when its workdir has no checkpoint
+    # yet (stream_start.py); None: from scratch, at each partition's earliest offset.
+    start: StreamStart | None = None
+    # Where --warm-start finds champion, latest and models:/ (an MLflowTarget): the stream's
+    # own target, given even when the stream does not publish; None: mlflow.
+    warm_start_target: object | None = None
 
     def __post_init__(self):
         if self.train.loss_batch_size is None:  # each sample weighs one over the configured batch
@@ -341,6 +348,7 @@ class StreamRunner:
         # The workdir may be a URL: its filesystem is set up from the options before the first read.
         use_beam_filesystems(options, workdir=config.workdir)
         clean_temporaries(config.folders.checkpoints)
+        begin_stream(config)  # once: a stream with a checkpoint goes on from it
         backoff = Backoff(config.backoff_s, config.backoff_max_s)
         started = time.monotonic()
         failures_in_row = 0

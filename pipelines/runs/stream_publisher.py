@@ -95,11 +95,12 @@ class StreamPublisher:
         (stream_window.py). If the checkpoint was queued as a version already (a process
         died after that publish, before its next checkpoint), the version holds the window
         and the next one starts afresh. If not, the checkpoint is one no version holds
-        yet, and the next publish makes one even if nothing more is trained. A stream that
-        never publishes keeps no window at all."""
+        yet, and the next publish makes one even if nothing more is trained; but not the
+        checkpoint a stream's start made, which holds only the model it started from. A
+        stream that never publishes keeps no window at all."""
         if not self.publishes:
             model.drop_window()
-        elif model.checkpoint is not None:
+        elif model.checkpoint is not None and not model.only_started:
             if PublishOutbox(self.config.folders.publish).holds(str(model.checkpoint)):
                 model.reset_window()
             else:

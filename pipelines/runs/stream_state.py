@@ -44,6 +44,9 @@ class PartitionLedger:
 class StreamLedger:
     partitions: dict[str, PartitionLedger] = field(default_factory=dict)
     cycles: int = 0
+    # How a stream started with --warm-start or --start-at began (stream_start.start_record):
+    # the model it took and the offsets it read from first; None for one that did not.
+    start: dict | None = None
 
     def check(self, span: MessageSpan, position: int | None) -> None:
         """Raise unless span starts where the partition stands (its checkpointed position,
@@ -72,11 +75,13 @@ class StreamLedger:
         return max(stamps) if stamps else None
 
     def to_dict(self) -> dict:
-        return {"cycles": self.cycles, "partitions": {k: asdict(v) for k, v in sorted(self.partitions.items())}}
+        return {"cycles": self.cycles, "partitions": {k: asdict(v) for k, v in sorted(self.partitions.items())},
+                **({"start": self.start} if self.start else {})}
 
     @classmethod
     def from_dict(cls, data: dict) -> "StreamLedger":
-        return cls({k: PartitionLedger(**v) for k, v in data.get("partitions", {}).items()}, data.get("cycles", 0))
+        return cls({k: PartitionLedger(**v) for k, v in data.get("partitions", {}).items()}, data.get("cycles", 0),
+                   data.get("start"))
 
 
 class StreamModel:
@@ -93,6 +98,12 @@ class StreamModel:
         self.checkpoint = checkpoint
         self.window = window or ScoredWindow()
         self.keeps_window = True  # False: nothing will publish the window (StreamPublisher.adopt)
+
+    @property
+    def only_started(self) -> bool:
+        """The checkpoint is the one a stream's start made (stream_start.begin_stream): the
+        warm-start model, whose version exists already, with nothing trained since."""
+        return self.ledger.cycles == 0 and self.ledger.start is not None
 
     def end_cycle(self) -> None:
         """A cycle of this model succeeded (before its checkpoint)."""
