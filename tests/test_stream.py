@@ -4,6 +4,7 @@ consumer-group offsets, dead-letter topic, published versions."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,17 @@ def test_stream_publishes_versions_tagged_with_their_checkpoint(streamed, mlflow
     assert records[-1]["newest_event_ms"] > 0
     # picasso serve's freshness is read from this tag (serving/server_metrics.py)
     assert int(last.tags["picasso.newest_event_ms"]) == records[-1]["newest_event_ms"]
+    # One lineage: the first version descends from nothing, each later one from the one before,
+    # and each says the offsets it trained since; together they cover each partition once.
+    line = [client.get_model_version(config.mlflow.model_name, v).tags for v in summary.versions]
+    assert [t["picasso.parent_version"] for t in line] == ["none", *summary.versions[:-1]]
+    ends = {}
+    for tags in line:
+        for source, start, stop in re.findall(r"(\S+) \[(\d+), (\d+)\)", tags["picasso.origin"]):
+            start, stop = int(start), int(stop)
+            assert start == ends.get(source, 0), (source, tags["picasso.origin"])
+            ends[source] = stop
+    assert ends == json.loads(last.tags["picasso.positions"])
 
 
 def test_stream_sends_bad_messages_to_the_dead_letter_topic(streamed):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from mlflow.tracking import MlflowClient
 from kafka_broker import create_topic
 from learning_helpers import write_day
 from helpers import refusal_in_process
@@ -26,6 +27,7 @@ from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_readers import open_reader
 from picasso.connectors.kafka_times import offsets_at_time
 from picasso.connectors.synthetic.planted import PlantedModel
+from picasso.pipelines.cli import main as cli
 from picasso.pipelines.runs.daily import DailyConfig, run_daily
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.connectors.partitions import partition_end_ms
@@ -202,9 +204,11 @@ def backfill(tmp_path_factory, mlflow_server):
 
 
 def _stream_config(bootstrap: str, topic: str, workdir: Path, start: StreamStart | None, target=None, **more):
-    return StreamConfig(connection=KafkaConnection(bootstrap), topics={topic: "json"}, workdir=str(workdir),
-                        spec=SPEC, mlflow=None, train=TRAIN, dead_letters=DeadLetterPolicy(topic=f"{topic}.dead"),
-                        batch_messages=100, until_caught_up=True, start=start, warm_start_target=target, **more)
+    """A stream until caught up; it publishes only when `more` gives it an mlflow target."""
+    return StreamConfig(**{"connection": KafkaConnection(bootstrap), "topics": {topic: "json"}, "workdir": str(workdir),
+                           "spec": SPEC, "mlflow": None, "train": TRAIN,
+                           "dead_letters": DeadLetterPolicy(topic=f"{topic}.dead"), "batch_messages": 100,
+                           "until_caught_up": True, "start": start, "warm_start_target": target, **more})
 
 
 def _ledger(workdir: Path) -> dict:
@@ -328,3 +332,56 @@ def test_picasso_stream_warm_starts_from_a_registered_version_after_its_newest_e
     made = _ledger(tmp_path / "w")["start"]
     assert made["warm_start"]["model_uri"] == version
     assert made["positions"] == _first_offsets_after(kafka_bootstrap, topic, partition_end_ms(DAYS[1]) - 1)
+
+
+# -- and back: a daily run from the stream's model -------------------------------------------
+
+
+def _daily(root: Path, workdir: Path, target, date: str, **more):
+    return run_daily(DailyConfig(data_root=str(root), date=date, workdir=str(workdir), spec=SPEC, mlflow=target,
+                                 runner="FnApiRunner", batch_size=100, policy=EVERY_VERSION, **{"train": TRAIN, **more}))
+
+
+def test_a_daily_run_warm_started_from_the_streams_champion_trains_on_it(kafka_bootstrap, mlflow_server, tmp_path,
+                                                                         capsys):
+    name = f"roundtrip-{uuid.uuid4().hex[:6]}"
+    target = MLflowTarget(mlflow_server, experiment=name, model_name=name)
+    root = tmp_path / "days"
+    write_day(root, DAYS[0], _day_rows(0))
+    assert _daily(root, tmp_path / "daily", target, DAYS[0]).version == "1"
+    topic = f"roundtrip-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, PARTITIONS)
+    _produce_days(kafka_bootstrap, topic, DAYS[:2])
+    stream = run_stream(_stream_config(kafka_bootstrap, topic, tmp_path / "stream", StreamStart("champion", "after-model"),
+                                       target, publish_every_s=3600.0, mlflow=target))  # its version as it stops
+    assert stream.messages == ROWS_PER_DAY and stream.versions == ["2"]
+    streamed = MlflowClient(mlflow_server).get_model_version_by_alias(name, "champion")
+    assert streamed.version == "2"  # scored progressively, not on a holdout: the newer is promoted
+
+    write_day(root, DAYS[2], _day_rows(2))
+    result = _daily(root, tmp_path / "daily", target, DAYS[2], warm_start="champion")
+    assert result.status == "published" and result.version == "3"
+    assert result.warm_start_from == streamed.tags["picasso.checkpoint_path"]
+    from_stream = load_checkpoint(streamed.tags["picasso.checkpoint_path"])
+    trained = load_checkpoint(result.checkpoint)
+    assert trained.state["samples"] == from_stream.state["samples"] + result.samples
+    assert trained.state["step"] > from_stream.state["step"]
+
+    # One lineage: each version names its parent and what it trained since.
+    client = MlflowClient(mlflow_server)
+    line = {v: client.get_model_version(name, v).tags for v in ("1", "2", "3")}
+    assert [line[v]["picasso.parent_version"] for v in ("1", "2", "3")] == ["none", "1", "2"]
+    assert line["1"]["picasso.origin"] == "partition 2026-11-01"
+    assert line["2"]["picasso.origin"] == f"stream {topic}/0 [150, 300), {topic}/1 [150, 300)"
+    assert line["3"]["picasso.origin"] == "partition 2026-11-03"
+    capsys.readouterr()
+    assert cli.main(["versions", "--mlflow-uri", mlflow_server, "--model-name", name, "--json"]) == 0
+    chain = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["chain"]
+    assert [(link["version"], link["parent"], link["aliases"]) for link in chain] == [
+        ("3", "2", ["candidate", "champion"]), ("2", "1", []), ("1", "none", [])]
+    assert chain[1]["origin"] == line["2"]["picasso.origin"] and chain[1]["evaluation"] == "progressive"
+
+    write_day(root, DAYS[3], _day_rows(3))
+    with pytest.raises(ValueError, match=r"--hidden 16,8 \(this run: 32\)"):
+        _daily(root, tmp_path / "daily", target, DAYS[3], warm_start="champion",
+               train=TrainConfig(hidden=(32,), device="cpu"))

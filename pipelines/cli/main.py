@@ -29,6 +29,7 @@ from picasso.pipelines.cli.process_exit import run_command
 from picasso.pipelines.cli.publish import add_publish_commands
 from picasso.pipelines.cli.serve import add_serve_command
 from picasso.pipelines.cli.stream import add_produce_parser, add_stream_parser
+from picasso.pipelines.cli.versions import add_versions_command
 
 
 DEBUG_HELP = "on an error, its traceback and the library logs that come with it, not only one line"
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     commands = parser.add_subparsers(dest="command", required=True)
     reporting = [add_generate_command(commands), add_daily_command(commands), add_demo_command(commands),
-                 add_plan_command(commands), *add_publish_commands(commands)]
+                 add_plan_command(commands), *add_publish_commands(commands), add_versions_command(commands)]
     for command in reporting:
         command.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     add_stream_parser(commands)  # with their own --json

@@ -88,7 +88,7 @@ def _promote_command(args) -> CommandResult:
 def run_promote(args) -> dict:
     from picasso.serving.publishing.registry import client_for, version_by_alias  # MLflow: see run_apply_delta
 
-    target = _existing_store(args)
+    target = existing_store(args)
     client = client_for(target)
     version = client.get_model_version(target.model_name, args.version)  # raises for no such version
     before = version_by_alias(client, target.model_name, args.alias)
@@ -107,7 +107,7 @@ def run_apply_delta(args) -> dict:
     if args.version:
         if args.base or args.delta:
             raise ValueError("give either --version (fetched from MLflow) or --base and --delta (local files)")
-        target = _existing_store(args)
+        target = existing_store(args)
         out.parent.mkdir(parents=True, exist_ok=True)
         client = MlflowClient(target.tracking_uri, target.tracking_uri)
         try:
@@ -130,8 +130,8 @@ def run_apply_delta(args) -> dict:
 _STORE_CHOICE = "--workdir (its WORKDIR/mlflow.db) or --mlflow-uri chooses the store"
 
 
-def _existing_store(args) -> MLflowTarget:
-    """The MLflow store apply-delta reads a version from."""
+def existing_store(args) -> MLflowTarget:
+    """The MLflow store that apply-delta, promote and versions read versions from."""
     check_existing_store(args.workdir, args.mlflow_uri)
     return MLflowTarget.for_workdir(args.workdir, args.mlflow_uri, args.experiment, args.model_name)
 

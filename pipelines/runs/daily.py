@@ -48,7 +48,8 @@ from picasso.connectors.day_files import ReadDayFiles, list_day_files
 from picasso.connectors.dead_letters.files import WriteDeadLettersToFiles
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.partitions import parse_partition
-from picasso.serving.publishing.registry_tags import EVALUATION
+from picasso.serving.publishing.registry_tags import EVALUATION, ORIGIN, PARENT_CHECKPOINT
+from picasso.pipelines.runs.lineage import partitions_origin
 from picasso.serving.publishing.champion import champion_checkpoint
 from picasso.serving.publishing.contract import PUBLISHED, MLflowTarget, PublishOutcome, PublishRequest
 from picasso.serving.publishing.outbox import PublishOutbox
@@ -193,6 +194,7 @@ def _publish_request(metrics: EvalMetrics, checkpoint: CheckpointRef, config: "_
         run_name=f"daily-{config.date}",
         tags={"picasso.date": config.date, EVALUATION: config.evaluation,
               PARTITIONS: ",".join(config.covers), PARTITIONS_COVERED: str(len(config.covers)),
+              PARENT_CHECKPOINT: config.parent_checkpoint, ORIGIN: partitions_origin(config.covers),
               "picasso.train_samples": str(checkpoint.stats.samples), "picasso.eval_samples": str(metrics.samples),
               "picasso.total_samples": str(checkpoint.stats.samples + metrics.samples), **verdict.tags()},
     )
@@ -209,6 +211,7 @@ class _RunFacts:
     health: HealthLimits
     fields: tuple[str, ...]  # the spec's features, whose absence the gate checks
     covers: tuple[str, ...]  # the partitions this one's checkpoint holds that no version had, itself last
+    parent_checkpoint: str = ""  # the checkpoint of the version it descends from (_lineage)
 
 
 @dataclass(frozen=True)
@@ -319,12 +322,13 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     )
     decoded[DEAD_LETTERS] | "WriteDeadLetters" >> WriteDeadLettersToFiles(
         storage.join(config.folders.dead_letters(config.date), "part"))
-    covers = _covers(config, warm_start_from)
+    lineage = _lineage(config, warm_start_from)
     checkpoint = (
         decoded[TRAIN]
         | "PackTrain" >> PackFeatures(spec)
         | "PicassoTrain" >> PicassoTrain(TrainerHandler.for_run(spec, config.train, config.folders.checkpoints,
-                                                               start_from, lineage=covers))
+                                                               start_from, lineage=lineage.covers,
+                                                               parent_checkpoint=lineage.parent_checkpoint))
     )
     metrics = (
         _evaluation_rows(pipeline, config, decoded)
@@ -340,7 +344,7 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     )
     dead_letters = decoded[DEAD_LETTERS] | "CountDeadLetters" >> beam.combiners.Count.Globally()
     facts = _RunFacts(config.date, config.evaluation, config.warm_start, warm_start_from, config.health,
-                      spec.feature_names, covers)
+                      spec.feature_names, lineage.covers, lineage.parent_checkpoint)
     at_checkpoint = {"checkpoint": beam.pvalue.AsSingleton(checkpoint), "facts": facts, "path": config.record_path}
     judged = metrics | "CheckHealth" >> beam.Map(
         lambda m, ckpt, rows, dead: _judge(m, ckpt, rows, dead, facts), ckpt=beam.pvalue.AsSingleton(checkpoint),
@@ -361,19 +365,30 @@ def build_daily(pipeline: beam.Pipeline, config: DailyConfig, start_from: str | 
     outcomes | "WriteResult" >> beam.Map(_write_result, judged=beam.pvalue.AsSingleton(healthy), **at_checkpoint)
 
 
-def _covers(config: DailyConfig, warm_start_from: str | None) -> tuple[str, ...]:
-    """The partitions a version of this one covers: itself, after those its warm start's
-    checkpoint holds that made no version (that checkpoint lists them, and their records
-    in this workdir say whether a version came of them)."""
-    before: list[str] = []
-    if warm_start_from is not None:
-        held = checkpoint_metrics(warm_start_from).get("partitions", [])
-        path = config.folders.daily_record(held[-1]) if held else None
-        if path and storage.exists(path):
-            record = json.loads(storage.read_text(path))
-            if record["status"] in UNVERSIONED and record["checkpoint"] == warm_start_from:
-                before = [p for p in held if p != config.date]
-    return (*before, config.date)
+@dataclass(frozen=True)
+class _Lineage:
+    """What a version of this partition descends from and covers."""
+
+    covers: tuple[str, ...]  # the partitions it covers that no version had, itself last
+    parent_checkpoint: str  # the checkpoint of the version it descends from; "" from scratch
+
+
+def _lineage(config: DailyConfig, warm_start_from: str | None) -> _Lineage:
+    """A version of this partition covers itself, after those its warm start's checkpoint
+    holds that made no version (that checkpoint lists them, and their records in this
+    workdir say whether a version came of them); it descends from the warm start's
+    version, or, where that checkpoint made none, from the version it descends from."""
+    if warm_start_from is None:
+        return _Lineage((config.date,), "")
+    metrics = checkpoint_metrics(warm_start_from)
+    held = metrics.get("partitions", [])
+    path = config.folders.daily_record(held[-1]) if held else None
+    if path and storage.exists(path):
+        record = json.loads(storage.read_text(path))
+        if record["status"] in UNVERSIONED and record["checkpoint"] == warm_start_from:
+            return _Lineage((*[p for p in held if p != config.date], config.date),
+                            metrics.get("parent_checkpoint", ""))
+    return _Lineage((config.date,), warm_start_from)
 
 
 def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:

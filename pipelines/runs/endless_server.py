@@ -119,6 +119,9 @@ class ServedModel:
         self.keeps_window = False
         self.reset_window()
 
+    def versioned(self) -> None:
+        """A version of the newest checkpoint is queued (the endless job's versions carry no lineage yet)."""
+
 
 class EndlessServer:
     """One shard serving an endless job, checkpointing and publishing (module docstring)."""

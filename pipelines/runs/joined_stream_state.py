@@ -139,7 +139,7 @@ class JoinedStreamModel(StreamModel):
 
     def __init__(self, base: StreamModel, topics: JoinedTopics, decoders: JoinDecoders, join: JoinState,
                  ready: SampleBuffer, newest: dict[str, int], join_window: JoinWindow | None = None):
-        super().__init__(base.trainer, base.ledger, base.checkpoint, base.window)
+        super().__init__(base.trainer, base.ledger, base.checkpoint, base.window, base.lineage)
         self.topics = topics
         self.decoders = decoders
         self.join = join

@@ -103,6 +103,7 @@ class StreamPublisher:
         elif model.checkpoint is not None and not model.only_started:
             if PublishOutbox(self.config.folders.publish).holds(str(model.checkpoint)):
                 model.reset_window()
+                model.versioned()
             else:
                 self.unpublished = True
 
@@ -156,6 +157,7 @@ class StreamPublisher:
         outbox = PublishOutbox(config.folders.publish)
         outbox.add(request)
         model.reset_window()  # now that a version holds it, as adopt would find after a restart
+        model.versioned()
         outcomes = self._flush(outbox, newest={request.checkpoint_path: {**version.facts,
                                                                           "samples": model.trainer.samples}})
         mine = next(o for o in outcomes if o.checkpoint_path == request.checkpoint_path)

@@ -249,8 +249,11 @@ def begin_stream(config) -> str | None:
         trainer.restore(model.checkpoint)  # refuses another spec or model, naming what differs
     positions = start_positions(config.connection, config.topics, start.start_at, model, config.group_id)
     trainer.positions = positions  # a daily model's file positions are not the stream's
+    # The first version descends from the warm-start model, and holds what came after the start.
     ledger = StreamLedger(start=start_record(start, model, positions))
-    path = trainer.save_checkpoint(root, metrics={"ledger": ledger.to_dict(), "samples": trainer.samples})
+    lineage = {"checkpoint": model.checkpoint if model else "", "positions": positions}
+    path = trainer.save_checkpoint(root, metrics={"ledger": ledger.to_dict(), "samples": trainer.samples,
+                                                  "lineage": lineage})
     log.info("stream started%s at %s: %s", f" from {model.model_uri or model.checkpoint}" if model else "",
              start.start_at, ", ".join(f"{source} @ {offset}" for source, offset in sorted(positions.items())))
     return path

@@ -17,6 +17,8 @@ from pathlib import Path
 from picasso import storage
 from picasso.batch import PackedBatch
 from picasso.checkpoint import prune_checkpoints, read_checkpoint_file
+from picasso.serving.publishing import registry_tags as tags
+from picasso.pipelines.runs.lineage import stream_origin
 from picasso.pipelines.runs.stream_publisher import VersionInfo
 from picasso.pipelines.runs.stream_window import SCORED_FILE, ScoredWindow
 from picasso.pipelines.transforms.message_spans import MessageSpan, PackedMessages
@@ -92,11 +94,16 @@ class StreamModel:
     metrics of the next model version.
     """
 
-    def __init__(self, trainer: Trainer, ledger: StreamLedger, checkpoint: str | None, window: ScoredWindow | None = None):
+    def __init__(self, trainer: Trainer, ledger: StreamLedger, checkpoint: str | None, window: ScoredWindow | None = None,
+                 lineage: dict | None = None):
         self.trainer = trainer
         self.ledger = ledger
         self.checkpoint = checkpoint
         self.window = window or ScoredWindow()
+        # The newest version of this stream's line, queued: its checkpoint and positions,
+        # which the next version descends from and counts its offsets since (lineage.py);
+        # None before any. Kept in the checkpoint's metrics beside the ledger.
+        self.lineage = lineage
         self.keeps_window = True  # False: nothing will publish the window (StreamPublisher.adopt)
 
     @property
@@ -114,9 +121,18 @@ class StreamModel:
         return {}, {}, {}
 
     def version_info(self) -> VersionInfo:
-        """What the version made of the last checkpoint says of this model."""
+        """What the version made of the last checkpoint says of this model: with its
+        lineage, the version before it in this stream's line and the offsets since."""
+        before = self.lineage or {}
+        since = before.get("positions") or {s: p.start for s, p in self.ledger.partitions.items()}
         return VersionInfo("stream", f"stream-cycle-{self.ledger.cycles}",
-                           {"newest_event_ms": self.ledger.newest_timestamp_ms, "cycle": self.ledger.cycles})
+                           {"newest_event_ms": self.ledger.newest_timestamp_ms, "cycle": self.ledger.cycles},
+                           {tags.PARENT_CHECKPOINT: before.get("checkpoint") or "",
+                            tags.ORIGIN: stream_origin(since, self.trainer.positions)})
+
+    def versioned(self) -> None:
+        """A version of the last checkpoint is queued: the next one descends from it."""
+        self.lineage = {"checkpoint": self.checkpoint, "positions": dict(self.trainer.positions)}
 
     def reset_window(self) -> None:
         """A version now holds the window (its publish is queued): the next starts afresh."""
@@ -139,7 +155,7 @@ class StreamModel:
         metrics = json.loads(storage.read_text(storage.join(path, "metrics.json"))) if path else {}
         ledger = StreamLedger.from_dict(metrics.get("ledger", {}))
         window = read_checkpoint_file(path, SCORED_FILE) if path else None
-        return cls(trainer, ledger, path, ScoredWindow.from_bytes(window) if window else None)
+        return cls(trainer, ledger, path, ScoredWindow.from_bytes(window) if window else None, metrics.get("lineage"))
 
     def train(self, packed: PackedMessages) -> StepResult:
         span, batch = packed.span, packed.batch
@@ -167,7 +183,8 @@ class StreamModel:
 
         Every save is a new checkpoint, a cycle whose every message was refused (positions
         moved, no step) included."""
-        metrics = {"ledger": self.ledger.to_dict(), "samples": self.trainer.samples}
+        metrics = {"ledger": self.ledger.to_dict(), "samples": self.trainer.samples,
+                   **({"lineage": self.lineage} if self.lineage else {})}
         self.checkpoint = self.trainer.save_checkpoint(root, metrics=metrics, extra=self.extra_files())
         prune_checkpoints(root, keep)
         return self.checkpoint

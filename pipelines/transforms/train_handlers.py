@@ -141,13 +141,17 @@ class TrainerHandler(TrainHandler):
     # The partitions the checkpoint holds that no version has yet (its metrics' "partitions"):
     # how the next run knows what its version covers (pipelines/runs/daily.py, _covers).
     lineage: tuple[str, ...] = ()
+    # The checkpoint of the version this run's model descends from ("" from scratch): the
+    # next run's version may descend from it too, when this one makes none (daily._lineage).
+    parent_checkpoint: str = ""
     # One model per run, whatever the runner and its number of workers: trainers in several
     # processes would each learn from part of the day, and only one could be saved.
     one_trainer: ClassVar[bool] = True
 
     @classmethod
     def for_run(cls, spec: FeatureSpec, config: TrainConfig, checkpoint_dir: str | Path,
-                start_from: str | None = "latest", lineage: tuple[str, ...] = ()) -> "TrainerHandler":
+                start_from: str | None = "latest", lineage: tuple[str, ...] = (),
+                parent_checkpoint: str = "") -> "TrainerHandler":
         """The handler of one pipeline run: a key of its own, and its start pinned now, when
         the pipeline is built, so that every attempt at training (a retried bundle's too)
         starts from the same checkpoint, never from one an earlier attempt of this run wrote."""
@@ -156,7 +160,7 @@ class TrainerHandler(TrainHandler):
         if start_from == "latest":
             start_from = latest_checkpoint(checkpoint_dir)
         return cls(spec, config, str(checkpoint_dir), key=uuid.uuid4().hex, start_from=start_from,
-                   lineage=tuple(lineage))
+                   lineage=tuple(lineage), parent_checkpoint=parent_checkpoint)
 
     def load(self) -> Trainer:
         trainer = Trainer(self.spec, self.config)
@@ -198,6 +202,7 @@ class _CheckpointDoFn(beam.DoFn):
                    "step_metrics": trainer.step_metrics_so_far()}
         if self.handler.lineage:
             metrics["partitions"] = list(self.handler.lineage)
+            metrics["parent_checkpoint"] = self.handler.parent_checkpoint
         path = trainer.save_checkpoint(self.handler.checkpoint_dir, metrics=metrics)
         yield CheckpointRef(path=str(path), step=trainer.step, stats=stats)
 

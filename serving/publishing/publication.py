@@ -89,6 +89,24 @@ class _Publication:
             version_tags["picasso.positions"] = positions
         return version_tags
 
+    def lineage_tags(self, client: MlflowClient) -> dict[str, str]:
+        """The version the request's parent checkpoint was published as: its number (NAME/N
+        when it is another model's), "none" for a model from scratch, "unknown" when that
+        checkpoint made no version anyone can find."""
+        if tags.PARENT_CHECKPOINT not in self.request.tags:
+            return {}
+        parent = self.request.tags[tags.PARENT_CHECKPOINT]
+        if not parent:
+            return {tags.PARENT_VERSION: "none"}
+        path = parent if storage.is_url(parent) else str(Path(parent).resolve())
+        found = client.search_model_versions(f"tags.`{tags.CHECKPOINT_PATH}` = '{quote(path)}'")
+        mine = [v for v in found if v.name == self.target.model_name]
+        if mine:
+            number = str(min(int(v.version) for v in mine))
+        else:
+            number = min((f"{v.name}/{v.version}" for v in found), default="unknown")
+        return {tags.PARENT_CHECKPOINT: path, tags.PARENT_VERSION: number}
+
     def params(self) -> dict[str, str]:
         config = self.checkpoint.state["config"]
         params = {**{k: v for k, v in config.items()}, "spec": self.checkpoint.spec.name,
@@ -202,6 +220,7 @@ class _Publication:
         version = client.create_model_version(
             self.target.model_name, source=f"models:/{model_id}", run_id=run.info.run_id, model_id=model_id,
             tags={**self.version_tags(run_tags[tags.WEIGHTS_SHA], None if base == "none" else base),
+                  **self.lineage_tags(client),
                   **{k: run_tags[k] for k in (tags.FULL_BYTES, tags.DELTA_BYTES) if k in run_tags}})
         client.set_tag(run.info.run_id, tags.VERSION, str(version.version))
         self.on_stage("registered")

@@ -16,3 +16,9 @@ NEWEST_EVENT_MS = "picasso.newest_event_ms"
 DELTA_BASE = "picasso.delta_base"  # the version the run's delta/ artifact applies to, or "none"
 PROMOTION = "picasso.promotion"  # promoted | not_promoted; set last: the version is complete
 PROMOTION_REASON = "picasso.promotion_reason"
+# Lineage: the checkpoint of the version this one's model was trained on from (given by the
+# run; "" for a model from scratch), that version's number (found by publishing), and
+# what it trained since: its partitions, or a stream's offsets.
+PARENT_CHECKPOINT = "picasso.parent_checkpoint"
+PARENT_VERSION = "picasso.parent_version"  # a number, "none" (from scratch) or "unknown"
+ORIGIN = "picasso.origin"
