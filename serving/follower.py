@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from mlflow.tracking import MlflowClient
 
-from picasso.serving.publishing.registry import ALIAS_ABSENT, version_by_alias
+from picasso.serving.publishing.registry import NO_SUCH_VERSION, version_by_alias
 from picasso.serving.versions import REGISTRY, LoadedVersion, VersionFailure, VersionLoader, describe, is_unreachable
 
 log = logging.getLogger("picasso.serve")
@@ -168,7 +168,7 @@ class Follower:
         try:
             if self.ref.follows:
                 found = version_by_alias(self.client, self.ref.name, self.ref.alias,
-                                         absent=ALIAS_ABSENT + ("NOT_FOUND",))
+                                         absent=NO_SUCH_VERSION)
             else:
                 found = None if self.served is not None else self.client.get_model_version(self.ref.name,
                                                                                             self.ref.version)

@@ -47,7 +47,7 @@ from picasso.connectors.partitions import partition_end_ms
 from picasso.serving.publishing import registry_tags as tags
 from picasso.serving.publishing.mlflow_env import http_settings
 from picasso.serving.publishing.policy import CHAMPION, PublishPolicy
-from picasso.serving.publishing.registry import ALIAS_ABSENT, client_for, latest_version, version_by_alias
+from picasso.serving.publishing.registry import NO_SUCH_VERSION, client_for, latest_version, version_by_alias
 from picasso.pipelines.runs.stream_state import StreamLedger
 from picasso.trainer import Trainer
 
@@ -56,7 +56,6 @@ log = logging.getLogger(__name__)
 WARM_STARTS = ("champion", "latest")  # or models:/NAME/N, models:/NAME@ALIAS, a path
 START_ATS = ("earliest", "latest", "committed", "after-model")  # or a TIMESTAMP
 AFTER_MODEL = "after-model"
-NOT_THERE = ("RESOURCE_DOES_NOT_EXIST", "NOT_FOUND")  # MLflow's codes for no such model or version
 # The tag of the partition a daily version trained last (pipelines.runs.daily).
 DAILY_DATE = "picasso.date"
 
@@ -122,7 +121,7 @@ def _version(source: str, target):
     client = client_for(target)
     name, found = target.model_name, None
     if source == "champion":
-        found = version_by_alias(client, name, CHAMPION, ALIAS_ABSENT + NOT_THERE)
+        found = version_by_alias(client, name, CHAMPION, NO_SUCH_VERSION)
     elif source == "latest":
         found = latest_version(client, name)
     else:
@@ -131,13 +130,13 @@ def _version(source: str, target):
             try:
                 found = client.get_model_version(name, which)
             except MlflowException as err:
-                if err.error_code not in NOT_THERE:
+                if err.error_code not in NO_SUCH_VERSION:
                     raise
         else:
             name, sep, alias = source.removeprefix("models:/").partition("@")
             if not sep:
                 raise ValueError(f"--warm-start {source}: expected models:/NAME/VERSION or models:/NAME@ALIAS")
-            found = version_by_alias(client, name, alias, ALIAS_ABSENT + NOT_THERE)
+            found = version_by_alias(client, name, alias, NO_SUCH_VERSION)
     if found is None:
         raise ValueError(f"--warm-start {source}: {name} has no such version in {target.tracking_uri}")
     return found
@@ -151,12 +150,13 @@ def _from_version(source: str, version) -> StartModel:
             f"--warm-start {source}: {uri} was published from checkpoint {path!r}, which is not here; a registered "
             "version carries the serving weights only, not the optimizer state a stream trains on with: give "
             "the checkpoint's path instead (--warm-start PATH), where it is reachable")
-    newest, how = _checkpoint_newest(path)
     if version.tags.get(tags.NEWEST_EVENT_MS):
         newest, how = int(version.tags[tags.NEWEST_EVENT_MS]), f"{uri}'s tag {tags.NEWEST_EVENT_MS}"
     elif version.tags.get(DAILY_DATE):
         date = version.tags[DAILY_DATE]
         newest, how = partition_end_ms(date), f"the end of {uri}'s partition {date} (UTC)"
+    else:
+        newest, how = _checkpoint_newest(path)
     return StartModel(path, source, str(version.version), uri, newest, how)
 
 
@@ -175,9 +175,9 @@ def _checkpoint_newest(path: str) -> tuple[int | None, str]:
     metrics = checkpoint_metrics(path)
     if metrics.get("newest_event_ms") is not None:
         return int(metrics["newest_event_ms"]), f"checkpoint {path}'s newest_event_ms"
-    stamps = [p.get("newest_timestamp_ms") for p in metrics.get("ledger", {}).get("partitions", {}).values()]
-    if any(s is not None for s in stamps):
-        return max(s for s in stamps if s is not None), f"checkpoint {path}'s ledger"
+    newest = StreamLedger.from_dict(metrics.get("ledger", {})).newest_timestamp_ms
+    if newest is not None:
+        return newest, f"checkpoint {path}'s ledger"
     if metrics.get("partitions"):
         date = metrics["partitions"][-1]
         return partition_end_ms(date), f"the end of checkpoint {path}'s partition {date} (UTC)"

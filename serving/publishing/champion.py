@@ -9,7 +9,7 @@ from picasso.serving.publishing import registry_tags as tags
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.serving.publishing.mlflow_env import http_settings
 from picasso.serving.publishing.policy import CHAMPION, PublishPolicy
-from picasso.serving.publishing.registry import ALIAS_ABSENT, client_for, version_by_alias
+from picasso.serving.publishing.registry import NO_SUCH_VERSION, client_for, version_by_alias
 from picasso.connectors.retry import with_retries
 
 
@@ -21,7 +21,7 @@ class ChampionCheckpoint:
 
 def _lookup(target: MLflowTarget):
     # None for no champion yet, and for no such model (NOT_FOUND) either.
-    return version_by_alias(client_for(target), target.model_name, CHAMPION, ALIAS_ABSENT + ("NOT_FOUND",))
+    return version_by_alias(client_for(target), target.model_name, CHAMPION, NO_SUCH_VERSION)
 
 
 def champion_checkpoint(target: MLflowTarget, policy: PublishPolicy = PublishPolicy()) -> ChampionCheckpoint | None:

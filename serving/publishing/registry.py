@@ -13,6 +13,8 @@ from picasso.serving.publishing.contract import MLflowTarget
 
 # The error codes of get_model_version_by_alias for an alias that points nowhere.
 ALIAS_ABSENT = ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE")
+# ... and those of a version or a model that is not there at all.
+NO_SUCH_VERSION = ALIAS_ABSENT + ("NOT_FOUND",)
 
 
 def client_for(target: MLflowTarget) -> MlflowClient:

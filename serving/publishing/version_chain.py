@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from mlflow.tracking import MlflowClient
 
 from picasso.serving.publishing import registry_tags as tags
-from picasso.serving.publishing.registry import version_by_alias
+from picasso.serving.publishing.registry import NO_SUCH_VERSION, version_by_alias
 
 MAX_LINKS = 1000  # a chain longer than this is cut (and says so)
 
@@ -31,7 +31,7 @@ def version_chain(client: MlflowClient, model_name: str, start: str = "champion"
     """The chain from `start` (a version number or an alias) back to its first version;
     raises ValueError when start is neither."""
     version = client.get_model_version(model_name, start) if start.isdigit() else \
-        version_by_alias(client, model_name, start, ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE", "NOT_FOUND"))
+        version_by_alias(client, model_name, start, NO_SUCH_VERSION)
     if version is None:
         raise ValueError(f"{model_name} has no version under the alias {start!r}")
     links, seen = [], set()
