@@ -385,3 +385,26 @@ def test_a_daily_run_warm_started_from_the_streams_champion_trains_on_it(kafka_b
     with pytest.raises(ValueError, match=r"--hidden 16,8 \(this run: 32\)"):
         _daily(root, tmp_path / "daily", target, DAYS[3], warm_start="champion",
                train=TrainConfig(hidden=(32,), device="cpu"))
+
+
+def test_a_version_registered_by_hand_or_a_path_without_a_checkpoint_is_refused_with_the_reason(
+        kafka_bootstrap, backfill, mlflow_server, tmp_path):
+    target, _ = backfill
+    client = MlflowClient(mlflow_server)
+    hand = f"by-hand-{uuid.uuid4().hex[:6]}"
+    client.create_registered_model(hand)
+    made = client.get_model_version(target.model_name, "1")
+    # From the run's artifacts, as a person registers one: no picasso tags, no checkpoint to train on from.
+    client.create_model_version(hand, source=f"runs:/{made.run_id}/model", run_id=made.run_id)
+    client.set_registered_model_alias(hand, "champion", "1")
+    topic = f"hand-{uuid.uuid4().hex[:8]}"
+    create_topic(kafka_bootstrap, topic, 1)
+    config = _stream_config(kafka_bootstrap, topic, tmp_path, StreamStart("champion"),
+                            MLflowTarget(mlflow_server, experiment=hand, model_name=hand))
+    with pytest.raises(FileNotFoundError, match="carries the serving weights only"):
+        run_stream(config)
+    with pytest.raises(FileNotFoundError, match="no checkpoint there"):
+        run_stream(replace(config, start=StreamStart(str(tmp_path / "nothing"))))
+    with pytest.raises(ValueError, match="has no such version"):
+        run_stream(replace(config, start=StreamStart("models:/no-such-model@champion")))
+    assert latest_checkpoint(tmp_path / "checkpoints") is None
