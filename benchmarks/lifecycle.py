@@ -157,7 +157,7 @@ def main() -> None:
         p.add_argument("--backfill-days", type=int, default=3),
         p.add_argument("--rows-per-day", type=int, default=20_000),
         p.add_argument("--bootstrap", default=None, help="a Kafka broker (default: a Tansu broker started here)")),
-        smoke={"seeds": 1, "backfill_days": 2, "rows_per_day": 1_000})
+        smoke={"seeds": 1, "backfill_days": 1, "rows_per_day": 500})
     handoffs = []
     with kafka_broker(args.bootstrap) as bootstrap:
         for seed in range(args.seeds):
