@@ -115,7 +115,7 @@ def joined_freshness(args) -> None:
                         + [(t, labs, v) for t, v in zip(stream.labels.column("event_time_ms").to_pylist(),
                                                         encode_json(stream.labels))], key=lambda e: e[0])
         workdir = Path(tmp)
-        target = _local_target(workdir)
+        target = local_target(workdir)
         config = StreamConfig(connection=connection, topics={imps: "json", labs: "json"}, workdir=str(workdir),
                               spec=spec, mlflow=target, train=TrainConfig(device="cpu"),
                               publish_every_s=args.publish_every, idle_sleep_s=0.2, max_seconds=args.seconds,
@@ -219,7 +219,8 @@ def versus_daily(spec, trained: pa.Table, stream_checkpoint: str, workdir: Path,
             "stream_auc_vs_daily": scores["stream"]["auc"] - scores["daily"]["auc"]}
 
 
-def _local_target(workdir: Path) -> MLflowTarget:
+def local_target(workdir: Path) -> MLflowTarget:
+    """An MLflow store of its own in workdir (SQLite)."""
     target = MLflowTarget(f"sqlite:///{workdir / 'mlflow.db'}", artifact_location=(workdir / "art").as_uri())
     MlflowClient(target.tracking_uri).search_experiments()  # create the store before the clock starts
     return target
@@ -262,7 +263,7 @@ def main() -> None:
         topic = f"freshness-{int(time.time())}"
         ensure_topic(connection, topic, 1)
         workdir = Path(tmp)
-        target = _local_target(workdir)
+        target = local_target(workdir)
         config = StreamConfig(connection=connection, topics={topic: "json"}, workdir=str(workdir), spec=spec,
                               mlflow=target, train=TrainConfig(device="cpu"), publish_every_s=args.publish_every,
                               idle_sleep_s=0.2, max_seconds=args.seconds)

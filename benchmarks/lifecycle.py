@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kafka import KafkaConsumer, TopicPartition
 
-from benchmarks.freshness import _local_target
+from benchmarks.freshness import local_target
 from benchmarks.harness import parse_args, report
 from benchmarks.kafka_bench import kafka_broker
 from benchmarks.movielens import evaluate_days
@@ -119,7 +119,7 @@ def handoff(seed: int, args, bootstrap: str, workdir: Path) -> Handoff:
     days = dates_from(FIRST_DAY, args.backfill_days + 2)
     backfilled, streamed, held_out = days[:-2], days[-2], days[-1]
     tables = {date: planted.sample(args.rows_per_day, stream=i)[0] for i, date in enumerate(days)}
-    data, target = workdir / "days", _local_target(workdir)
+    data, target = workdir / "days", local_target(workdir)
     for date in (*backfilled, held_out):
         write_part(tables[date], Path(partition_dir(data, date)) / "part-00000.parquet")
     train = TrainConfig(device="cpu", seed=seed)
