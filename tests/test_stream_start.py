@@ -353,8 +353,6 @@ def test_a_warm_start_of_another_spec_or_model_is_refused_naming_what_differs(ka
 @pytest.mark.parametrize("flags, says", [
     (["--start-at", "after-model"], "--start-at after-model needs --warm-start"),
     (["--start-at", "tomorrow"], "--start-at 'tomorrow': expected one of earliest, latest, committed, after-model"),
-    (["--endless", "--warm-start", "champion"], "--warm-start, --start-at: only for a stream in cycles so far"),
-    (["--endless", "--start-at", "latest"], "--warm-start, --start-at: only for a stream in cycles so far"),
 ])
 def test_the_command_refuses_a_start_it_cannot_make_in_one_line(flags, says, tmp_path, capsys):
     status, stderr = refusal_in_process(stream_command(write_spec(tmp_path), "127.0.0.1:1", "events", tmp_path / "w",

@@ -3,9 +3,11 @@
     picasso stream --endless --topic events --workdir ./stream           # a server of its own
     picasso stream --endless --topic events --ps ps-host:29500 ...       # a running `picasso ps --endless`
 
-The rest of `picasso stream`'s flags (the topics, the spec, the model, publishing) mean
-what they mean for the cycle stream; those that only bound a cycle stream are refused by
-name (pipelines/runs/endless.py says why the job has no cycles).
+The rest of `picasso stream`'s flags (the topics, the spec, the model, publishing, and the
+start: --warm-start, --start-at) mean what they mean for the cycle stream; those that only
+bound a cycle stream are refused by name (pipelines/runs/endless.py says why the job has no
+cycles). The start is made by the parameter server, where the workdir has no checkpoint
+yet: with --ps, give --warm-start and --start-at to `picasso ps --endless` instead.
 """
 
 from __future__ import annotations
@@ -75,9 +77,9 @@ def check_endless_args(args: argparse.Namespace) -> None:
     if given:
         raise ValueError(f"{', '.join(given)}: only for a stream in cycles; an endless job runs until it is stopped "
                          "(SIGTERM or SIGINT)")
-    if args.warm_start is not None or args.start_at != "earliest":
-        raise ValueError("--warm-start, --start-at: only for a stream in cycles so far; an endless job starts from "
-                         "its workdir's newest checkpoint, or from scratch at each partition's earliest offset")
+    if args.ps and (args.warm_start is not None or args.start_at != "earliest"):
+        raise ValueError("--warm-start, --start-at with --ps: the parameter server makes the start; give them to "
+                         "`picasso ps --endless` (with its --topic and --bootstrap-servers)")
     if args.impressions or args.labels:
         check_joined_endless(args)
     if str(args.cache_capacity).lower() not in ("off", "10%"):  # 10%: the cycle stream's default
@@ -136,6 +138,20 @@ def add_ps_endless_args(ps: argparse.ArgumentParser) -> None:
                        help="seconds of wall clock between checkpoints (default 30)")
     group.add_argument("--keep-checkpoints", type=int, default=3)
     group.add_argument("--publish-every", type=float, default=300.0, help="seconds between model versions; 0: never")
+    from picasso.pipelines.cli.stream import _kafka_args, _kafka_client_arg  # it imports this module
+
+    group.add_argument("--topic", action="append", default=[], metavar="TOPIC[:FORMAT]",
+                       help="a topic the job reads (repeatable): its versions name it, and a --start-at other than "
+                            "earliest finds its start offsets there")
+    _kafka_args(group)
+    _kafka_client_arg(group)
+    group.add_argument("--group-id", default="picasso-stream", help="--start-at committed: the consumer group")
+    group.add_argument("--warm-start", default=None, metavar="champion|latest|models:/NAME/N|PATH",
+                       help="where WORKDIR has no checkpoint yet: the model to start from, as `picasso stream "
+                            "--warm-start` (default: a new model)")
+    group.add_argument("--start-at", default="earliest", metavar="earliest|latest|committed|TIMESTAMP|after-model",
+                       help="where WORKDIR has no checkpoint yet: each partition's first offset, as `picasso stream "
+                            "--start-at` (default: earliest)")
     add_target_args(group)
     add_publish_args(group)
     add_health_args(group)
@@ -145,12 +161,14 @@ def endless_server_config(args, spec, topics: dict[str, str]):
     """The EndlessServerConfig the flags describe: `picasso stream --endless` (a server in its
     own process) and `picasso ps --endless` alike."""
     from picasso.pipelines.runs.endless_server import EndlessServerConfig  # MLflow: for this command only
+    from picasso.pipelines.cli.stream import kafka_connection, stream_start  # it imports this module
 
     if args.checkpoint_every_s <= 0 or args.lease < 10:
         raise ValueError("--checkpoint-every-s must be positive and --lease at least 10 s")
+    start = stream_start(args)  # its flags checked before any store is made
     workdir = storage.make_folder(args.workdir)
     target = None
-    if args.publish_every > 0:
+    if args.publish_every > 0 or (start and start.registry):  # a registered warm start is looked up there
         target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
     return EndlessServerConfig(
         spec=spec, train=TrainConfig(**model_settings(args), device="cpu", seed=getattr(args, "seed", 0)),
@@ -158,7 +176,8 @@ def endless_server_config(args, spec, topics: dict[str, str]):
                                                           args.row_gradient),
         lease_s=args.lease, checkpoint_every_s=args.checkpoint_every_s, keep_checkpoints=args.keep_checkpoints,
         mlflow=target, publish_every_s=args.publish_every, publish_policy=publish_policy(args),
-        health=health_limits(args))
+        health=health_limits(args), start=start, connection=kafka_connection(args) if topics else None,
+        group_id=args.group_id, warm_start_target=target if start and start.registry else None)
 
 
 def endless_config(args, topics: dict[str, str], connection, spec, joined=None):
@@ -228,8 +247,10 @@ def run_ps_endless(args, address) -> int:
         raise SystemExit(f"error: {', '.join(refused)}: not with --endless (one shard, checkpoints on wall-clock "
                          "time, no sample budget)")
     try:
-        server = EndlessServer(endless_server_config(args, load_spec(args.spec), {}), address)
-    except (SpecError, ValueError) as err:
+        from picasso.pipelines.cli.stream import _topic_formats  # it imports this module
+
+        server = EndlessServer(endless_server_config(args, load_spec(args.spec), _topic_formats(args.topic)), address)
+    except (SpecError, ValueError, FileNotFoundError) as err:  # a start it cannot make too
         raise SystemExit(f"error: {err}") from None
     from picasso.pipelines.runs.run_metrics import EndlessServerMetrics, serving_metrics
 

@@ -247,7 +247,10 @@ def begin_stream(config) -> str | None:
     trainer = Trainer(config.spec, config.train)
     if model is not None:
         trainer.restore(model.checkpoint)  # refuses another spec or model, naming what differs
-    positions = start_positions(config.connection, config.topics, start.start_at, model, config.group_id)
+    # No topics (an endless job's server on its own, whose job reads them): from the earliest
+    # offsets, which the job's reads start at for a source with no position.
+    positions = start_positions(config.connection, config.topics, start.start_at, model, config.group_id) \
+        if config.topics or start.start_at != "earliest" else {}
     trainer.positions = positions  # a daily model's file positions are not the stream's
     # The first version descends from the warm-start model, and holds what came after the start.
     ledger = StreamLedger(start=start_record(start, model, positions))
