@@ -24,6 +24,8 @@ from picasso.distributed.gba import GBAConfig
 from picasso.distributed.staleness import parse_decay
 from picasso.distributed.transport import Security
 from picasso.pipelines.cli.dead_letter_args import dead_letter_policy
+from picasso.pipelines.cli.kafka_args import (add_kafka_args, add_kafka_client_arg, kafka_connection, stream_start,
+                                              topic_formats)
 from picasso.pipelines.cli.health_args import add_health_args, health_limits
 from picasso.pipelines.cli.publish import add_publish_args, add_target_args, publish_policy
 from picasso.pipelines.cli.train_args import add_row_gradient_arg, model_settings
@@ -138,13 +140,11 @@ def add_ps_endless_args(ps: argparse.ArgumentParser) -> None:
                        help="seconds of wall clock between checkpoints (default 30)")
     group.add_argument("--keep-checkpoints", type=int, default=3)
     group.add_argument("--publish-every", type=float, default=300.0, help="seconds between model versions; 0: never")
-    from picasso.pipelines.cli.stream import _kafka_args, _kafka_client_arg  # it imports this module
-
     group.add_argument("--topic", action="append", default=[], metavar="TOPIC[:FORMAT]",
                        help="a topic the job reads (repeatable): its versions name it, and a --start-at other than "
                             "earliest finds its start offsets there")
-    _kafka_args(group)
-    _kafka_client_arg(group)
+    add_kafka_args(group)
+    add_kafka_client_arg(group)
     group.add_argument("--group-id", default="picasso-stream", help="--start-at committed: the consumer group")
     group.add_argument("--warm-start", default=None, metavar="champion|latest|models:/NAME/N|PATH",
                        help="where WORKDIR has no checkpoint yet: the model to start from, as `picasso stream "
@@ -161,7 +161,6 @@ def endless_server_config(args, spec, topics: dict[str, str]):
     """The EndlessServerConfig the flags describe: `picasso stream --endless` (a server in its
     own process) and `picasso ps --endless` alike."""
     from picasso.pipelines.runs.endless_server import EndlessServerConfig  # MLflow: for this command only
-    from picasso.pipelines.cli.stream import kafka_connection, stream_start  # it imports this module
 
     if args.checkpoint_every_s <= 0 or args.lease < 10:
         raise ValueError("--checkpoint-every-s must be positive and --lease at least 10 s")
@@ -247,9 +246,7 @@ def run_ps_endless(args, address) -> int:
         raise SystemExit(f"error: {', '.join(refused)}: not with --endless (one shard, checkpoints on wall-clock "
                          "time, no sample budget)")
     try:
-        from picasso.pipelines.cli.stream import _topic_formats  # it imports this module
-
-        server = EndlessServer(endless_server_config(args, load_spec(args.spec), _topic_formats(args.topic)), address)
+        server = EndlessServer(endless_server_config(args, load_spec(args.spec), topic_formats(args.topic)), address)
     except (SpecError, ValueError, FileNotFoundError) as err:  # a start it cannot make too
         raise SystemExit(f"error: {err}") from None
     from picasso.pipelines.runs.run_metrics import EndlessServerMetrics, serving_metrics

@@ -7,14 +7,11 @@ import logging
 import os
 from dataclasses import asdict
 
-import yaml
 from rich.console import Console
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
-from picasso.connectors.decoding.message_formats import FORMATS
 from picasso.connectors.join_events import JOIN_FORMATS
-from picasso.connectors.kafka_clients import CLIENTS, KAFKA_PYTHON
 from picasso.connectors.kafka_config import KafkaConnection
 from picasso.connectors.kafka_wait import BrokerWait, BrokerWaiter, check_topics
 from picasso.serving.publishing.contract import MLflowTarget
@@ -28,6 +25,8 @@ from picasso.pipelines.cli.metrics_args import add_metrics_arg
 from picasso.pipelines.cli.output import CommandResult, console, reported, summary
 from picasso.pipelines.cli.produce_progress import PERIOD_S, ProduceProgress
 from picasso.pipelines.cli.progress import Progress
+from picasso.pipelines.cli.kafka_args import (add_kafka_args, add_kafka_client_arg, kafka_connection, stream_start,
+                                              topic_formats)
 from picasso.pipelines.cli.health_args import add_health_args, health_limits
 from picasso.pipelines.cli.publish import add_publish_args, publish_policy
 from picasso.pipelines.cli.spec_arg import add_spec_arg
@@ -39,21 +38,6 @@ from picasso.pipelines.runs.stop_signals import stopped_by_signals
 from picasso.sample_join.join_rules import LATE_LABEL_POLICIES
 from picasso.spec_refs import load_join_spec, load_spec
 from picasso.trainer import TrainConfig
-
-def _kafka_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bootstrap-servers", default=os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092"),
-                        help="Kafka brokers, host:port[,host:port] (default: $KAFKA_BOOTSTRAP_SERVERS)")
-    parser.add_argument("--kafka-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="any kafka-python client setting, e.g. security_protocol=SASL_SSL, "
-                             "sasl_mechanism=PLAIN, ssl_cafile=/path; repeatable")
-
-
-def _kafka_client_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kafka-client", choices=CLIENTS, default=KAFKA_PYTHON,
-                        help="the client that reads the topics: kafka-python (the default), or confluent "
-                             "(librdkafka: the install extra 'confluent'); --kafka-option keeps "
-                             "kafka-python's names with either")
-
 
 def quiet_kafka_client(args) -> None:
     """kafka-python logs each failed connection as ERROR and WARNING lines, a dozen a try,
@@ -67,27 +51,6 @@ def say(text: str) -> None:
     """One plain line on stderr, flushed: a log file reads as the terminal does."""
     console.print(text, markup=False, highlight=False, soft_wrap=True)
     console.file.flush()
-
-
-def kafka_connection(args):
-    options = {}
-    for item in args.kafka_option:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"--kafka-option {item!r}: expected KEY=VALUE")
-        options[key.strip()] = yaml.safe_load(value)  # numbers and booleans as such
-    return KafkaConnection(args.bootstrap_servers, options, client=getattr(args, "kafka_client", KAFKA_PYTHON))
-
-
-def _topic_formats(items: list[str]) -> dict[str, str]:
-    topics = {}
-    for item in items:
-        topic, _, fmt = item.partition(":")
-        fmt = fmt or "json"
-        if fmt not in FORMATS:
-            raise ValueError(f"--topic {item!r}: format must be one of {', '.join(FORMATS)}")
-        topics[topic] = fmt
-    return topics
 
 
 def add_stream_parser(commands) -> argparse.ArgumentParser:
@@ -111,8 +74,8 @@ def add_stream_parser(commands) -> argparse.ArgumentParser:
     joined.add_argument("--allowed-lateness", type=duration_arg, metavar="DURATION",
                         help="how far the watermark trails the partitions' newest event time")
     stream.add_argument("--workdir", required=True, help="checkpoints and the published-version log go here")
-    _kafka_args(stream)
-    _kafka_client_arg(stream)
+    add_kafka_args(stream)
+    add_kafka_client_arg(stream)
     stream.add_argument("--group-id", default="picasso-stream", help="consumer group the positions are committed to")
     start = stream.add_argument_group(
         "start", "how a stream whose --workdir has no checkpoint yet begins; once it has one, it goes on from there "
@@ -192,7 +155,7 @@ def add_produce_parser(commands) -> argparse.ArgumentParser:
     joined.add_argument("--speedup", type=float, default=None, metavar="S",
                         help="event time runs S times faster than the wall clock (3600: an hour a second); "
                              "0: as fast as possible (default)")
-    _kafka_args(produce)
+    add_kafka_args(produce)
     produce.add_argument("--broker-timeout-s", type=_seconds_arg(0), default=60.0, metavar="SECONDS",
                          help="how long to wait for a Kafka broker to answer, one line a retry, before exiting with "
                               "status 2 (default 60)")
@@ -241,10 +204,10 @@ def _stream_topics(args):
                                           ("--allowed-lateness", args.allowed_lateness)) if value is not None]
         if given:
             raise ValueError(f"{', '.join(given)}: only for a joined stream (--impressions and --labels)")
-        return _topic_formats(args.topic), None
+        return topic_formats(args.topic), None
     if not (args.impressions and args.labels) or args.topic:
         raise ValueError("a joined stream takes --impressions and --labels, and no --topic")
-    topics = _topic_formats([args.impressions, args.labels])
+    topics = topic_formats([args.impressions, args.labels])
     if len(topics) < 2:
         raise ValueError(f"--impressions and --labels must be two topics, not both {args.impressions!r}")
     join = load_join_spec(args.spec).replace(
@@ -299,16 +262,6 @@ def stream_config(args):
         start=start,
         warm_start_target=target if start and start.registry else None,
     )
-
-
-def stream_start(args):
-    """--warm-start and --start-at as a StreamStart; None for a stream from scratch at the
-    earliest offsets (as before either existed)."""
-    from picasso.pipelines.runs.stream_start import StreamStart
-
-    if args.warm_start is None and args.start_at == "earliest":
-        return None
-    return StreamStart(args.warm_start, args.start_at)
 
 
 def run_stream_command(args, console: Console) -> dict:
