@@ -34,7 +34,7 @@ from kafka import KafkaConsumer, TopicPartition
 from benchmarks.freshness import local_target
 from benchmarks.harness import parse_args, report
 from benchmarks.kafka_bench import kafka_broker
-from benchmarks.movielens import evaluate_days
+from benchmarks.movielens import evaluate_days, restored
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import checkpoint_metrics, latest_checkpoint
 from picasso.connectors.day_files import partition_dir, write_part
@@ -46,7 +46,7 @@ from picasso.pipelines.runs.daily import DailyConfig, run_daily
 from picasso.pipelines.runs.generate import dates_from
 from picasso.pipelines.runs.stream import StreamConfig, run_stream
 from picasso.pipelines.runs.stream_start import StreamStart
-from picasso.trainer import TrainConfig, Trainer
+from picasso.trainer import TrainConfig
 
 FIRST_DAY = "2026-11-01"
 PARTITIONS = 2
@@ -108,9 +108,7 @@ def duplicates_and_gap(counts: dict[str, tuple[int, int]], ledger: dict) -> tupl
 
 
 def held_out_auc(spec, checkpoint: str, data: Path, date: str) -> float:
-    trainer = Trainer(spec, TrainConfig(device="cpu"))
-    trainer.restore(checkpoint)
-    return evaluate_days(trainer, data, [date]).auc
+    return evaluate_days(restored(spec, checkpoint), data, [date]).auc
 
 
 def handoff(seed: int, args, bootstrap: str, workdir: Path) -> Handoff:

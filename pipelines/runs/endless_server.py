@@ -106,14 +106,15 @@ class ServedModel:
     window since the last version, and what a version of it says."""
 
     def __init__(self, server: "EndlessServer", checkpoint: str | None, step: int, samples: int,
-                 newest_event_ms: int | None, positions: dict[str, int] | None = None, metrics: dict | None = None):
+                 newest_event_ms: int | None, positions: dict[str, int] | None = None, metrics: dict | None = None,
+                 applied: dict[str, list[list[int]]] | None = None):
         metrics = metrics or {}
         self.server = server
         self.checkpoint = checkpoint
         self.trainer = _Counts(step, samples)
         self.newest_event_ms = newest_event_ms
         self.positions = dict(positions or {})  # the newest checkpoint's
-        self.began = _began(read_applied(checkpoint) if checkpoint else None, self.positions)
+        self.began = _began(applied, self.positions)
         self.window = ScoredWindow()  # the newest checkpoint's (what its version reports)
         self.keeps_window = True
         # The newest version of this job's line, queued: its checkpoint and positions (as a
@@ -196,12 +197,12 @@ class EndlessServer:
         labels, scores = window.arrays()
         metrics = checkpoint_metrics(resumed) if resumed else {}
         newest = metrics.get("newest_event_ms")
-        self.shard, self.layout = build_shard(self.trainer, 0, 1, config.gba,
-                                              applied=read_applied(resumed) if resumed else None,
+        applied = read_applied(resumed) if resumed else None
+        self.shard, self.layout = build_shard(self.trainer, 0, 1, config.gba, applied=applied,
                                               window=Scored(torch.tensor(labels), torch.tensor(scores)),
                                               newest_event_ms=newest)
         self.model = ServedModel(self, resumed, self.trainer.step, self.trainer.samples, newest,
-                                 self.trainer.positions, metrics)
+                                 self.trainer.positions, metrics, applied)
         self.model.window = window
         self.publisher = StreamPublisher(config, self.versions)
         self.publisher.adopt(self.model)
