@@ -19,6 +19,7 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.table import Table
 
+from picasso.precision import cpu_bf16_units, cpu_info
 
 def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None] | None = None,
                smoke: dict[str, object] | None = None) -> argparse.Namespace:
@@ -79,19 +80,9 @@ def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> fl
 def cpu_description() -> str:
     """The CPU's model name, the cores this process may use, and the bf16 units some
     figures depend on (read at run time: it changes from one machine to the next)."""
-    name, flags = "unknown CPU", set()
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name == "unknown CPU":
-                    name = value.strip()
-                elif key.strip() == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:  # not Linux
-        pass
+    name = cpu_info().get("model name", "unknown CPU")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    units = [unit for unit in ("avx512_bf16", "amx_bf16") if unit in flags]
+    units = cpu_bf16_units()
     return f"{name}, {cores} cores" + (f" ({', '.join(units)})" if units else "")
 
 

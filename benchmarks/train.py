@@ -28,8 +28,9 @@ batches, decoding included:
   rest: crosses_step@F, its samples/s over picasso's without them (1/1.15 = 0.87: a step
   at most 15% longer).
 
-The comparison runs in one precision (--precision, default fp32, picasso's default): the
-rivals' dense part then runs under the same autocast as picasso's. picasso also runs in the
+The comparison runs in one precision (--precision, default fp32, so that the figures compare
+across machines; picasso's own default, auto, takes bf16 where the CPU has it): the rivals'
+dense part then runs under the same autocast as picasso's. picasso also runs in the
 other precision, for bf16_vs_fp32@F.
 
 Every contender gets the same warm-up (its first 5 batches, untimed) and the same
@@ -66,6 +67,7 @@ from picasso.models.common import dense_autocast
 from picasso.models.dlrm import DLRMDensePart
 from picasso.models.wide_deep import WideDeepDensePart
 from picasso.packing import PackingPlan
+from picasso.precision import DENSE_PRECISIONS
 from picasso.spec import FeatureSpec, parse_spec
 from picasso.connectors.synthetic.planted import PlantedModel
 from picasso.trainer import TrainConfig, Trainer
@@ -212,7 +214,7 @@ def main() -> None:
                             help="training rows for DLRM at 400 fields (its 80k-pair interaction is slow)")
         parser.add_argument("--models", default=",".join(MODELS), help="comma-separated: wide_deep, dlrm")
         parser.add_argument("--fields", default="39,400", help="39, 400 or both")
-        parser.add_argument("--precision", choices=("fp32", "bf16"), default=TrainConfig().precision,
+        parser.add_argument("--precision", choices=DENSE_PRECISIONS, default="fp32",
                             help="the dense part's precision for every contender (picasso also runs the other)")
         parser.add_argument("--rivals", default=",".join(RIVALS),
                             help="comma-separated: naive, plain, torchrec; \"\": none")

@@ -38,8 +38,8 @@ from picasso.interleave import StepPipeline, worth_interleaving
 from picasso.kernels import SparseOptimizer
 from picasso.metrics import auc, logloss
 from picasso.models import build_model
-from picasso.models.common import check_precision
 from picasso.packing import PackingPlan
+from picasso.precision import check_precision, choose_precision, say_precision
 from picasso.spec import FeatureSpec, spec_differences
 
 log = logging.getLogger(__name__)
@@ -87,8 +87,10 @@ class TrainConfig:
     embedding_l2: float = 0.0
     dropout: float = 0.0  # the probability of zeroing each hidden activation of the MLPs while training
     # The dense part's arithmetic: fp32, or bf16 (autocast; weights and optimizer state stay
-    # fp32; see models.common.PRECISIONS). The embeddings are fp32 either way.
-    precision: str = "fp32"
+    # fp32). The embeddings are fp32 either way. auto: bf16 where the device runs it
+    # natively, else fp32 (picasso.precision), decided when the config is made, so that the
+    # config, its checkpoints and its versions name the precision the model trained in.
+    precision: str = "auto"
 
     def __post_init__(self):
         size = self.loss_batch_size
@@ -100,7 +102,14 @@ class TrainConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.dropout >= 1:
             raise ValueError(f"dropout must be below 1, got {self.dropout!r}")
+        if self.precision == "auto":
+            object.__setattr__(self, "precision", choose_precision("auto", self.model, *self._device_bf16()))
         check_precision(self.precision)
+
+    def _device_bf16(self) -> tuple[str, bool]:
+        """The device type these settings train on, and whether it is a GPU with bf16."""
+        device = resolve_device(self.device)
+        return device.type, device.type == "cuda" and torch.cuda.is_bf16_supported()
 
     def build_model(self, spec: FeatureSpec, plan: PackingPlan):
         """The model these settings describe, untrained: the Trainer's, a sync rank's or a
@@ -188,6 +197,7 @@ class Trainer:
         self.plan = PackingPlan.from_spec(spec)
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
+        say_precision(config.precision, config.model, *config._device_bf16())
         self.model = config.build_model(spec, self.plan)
         sparse = config.sparse_optimizer_settings()
         for module in self.model.modules():

@@ -29,8 +29,8 @@ from picasso.batch import pack
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.models import build_model
-from picasso.models.common import check_precision
 from picasso.packing import PackingPlan
+from picasso.precision import DENSE_PRECISIONS, check_precision
 from picasso.serving.request_decoding import BadRows, decode_request, on_bad_row_problem
 from picasso.serving.weights import is_training_only
 from picasso.spec_refs import load_spec
@@ -50,7 +50,7 @@ def model_config(train_config: dict) -> dict:
     its architecture, and the precision it trained and was evaluated in (checked here, so
     that no version is logged that could not load)."""
     precision = train_config.get("precision", UNRECORDED_PRECISION)
-    check_precision(precision)
+    check_precision(precision, DENSE_PRECISIONS)
     return {"model": train_config["model"], "hidden": list(train_config["hidden"]), "precision": precision}
 
 

@@ -55,7 +55,7 @@ class RowwiseAdagrad(torch.optim.Optimizer):
 def plain_torch(spec: FeatureSpec, rows: pa.Table, batch: int = BATCH) -> PlainRival:
     """PlainRival trained once over `rows`, in order, `batch` rows a step."""
     template = Trainer(spec, TrainConfig(hidden=HIDDEN, device="cpu")).model  # the modes' initial weights
-    rival = PlainRival(spec, template)
+    rival = PlainRival(spec, template, template.precision)  # auto's, as the modes train in
     sparse = [weight for bags in rival.model.parts for weight in bags.parameters()]
     rival.optimizers = [RowwiseAdagrad(sparse, lr=LR_SPARSE), torch.optim.Adam(rival.dense_part.parameters(),
                                                                                 lr=LR_DENSE)]

@@ -4,6 +4,7 @@ place the model trains."""
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from dataclasses import replace
@@ -24,6 +25,8 @@ from picasso.pipelines.cli.main import build_parser
 from picasso.pipelines.cli.stream import stream_config
 from picasso.serving.pyfunc_model import model_config
 from picasso.trainer import TrainConfig, Trainer
+from picasso import precision
+from picasso.precision import native_bf16
 
 from picasso.connectors.synthetic.planted import PlantedModel
 
@@ -73,11 +76,44 @@ def test_bf16_learns_what_fp32_learns_and_fp32_stays_exact():
         trainer = Trainer(SPEC, config)
         trainer.train(batches)
         scores[name] = trainer.predict(held_out[0])
-    assert np.array_equal(scores["default"], scores["fp32"])  # fp32 is the default: no autocast anywhere
+    # auto, the default: bf16 where this CPU has it natively, else fp32 with no autocast anywhere
+    assert np.array_equal(scores["default"], scores["bf16" if native_bf16("cpu") else "fp32"])
     assert not np.array_equal(scores["bf16"], scores["fp32"])  # bf16 does round
     assert auc(labels, scores["fp32"]) > 0.62
     assert abs(auc(labels, scores["bf16"]) - auc(labels, scores["fp32"])) < 0.01
     assert np.abs(scores["bf16"] - scores["fp32"]).mean() < 0.02
+
+
+@pytest.mark.parametrize("flags, expected", [("fpu avx512f avx512_bf16 sse", "bf16"), ("fpu amx_bf16 amx_tile", "bf16"),
+                                             ("fpu avx2 avx512f", "fp32"), ("", "fp32")])
+def test_auto_takes_bf16_only_where_the_cpu_has_it_and_says_so(monkeypatch, caplog, flags, expected):
+    monkeypatch.setattr(precision, "cpu_info", lambda: {"model name": "a CPU", "flags": flags})
+    config = TrainConfig(hidden=(8,), device="cpu")
+    assert config.precision == expected  # decided once, so checkpoints name what trained
+    assert replace(config, precision="fp32").precision == "fp32"  # asked for, always taken
+    assert replace(config, precision="bf16").precision == "bf16"
+    caplog.set_level(logging.INFO, logger="picasso.precision")
+    precision._said.clear()
+    Trainer(SPEC, replace(CONFIG, precision=config.precision))
+    said = [r.getMessage() for r in caplog.records if r.name == "picasso.precision"]
+    assert said and said[0].startswith(f"dense part in {expected} (")
+    assert ("avx512_bf16" in said[0] or "amx_bf16" in said[0])
+
+
+def test_auto_keeps_fp32_where_the_device_or_the_model_says_so(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_info", lambda: {"flags": "avx512_bf16"})
+    assert precision.choose_precision("auto", "wide_deep", "cuda", cuda_bf16=False) == "fp32"
+    assert precision.choose_precision("auto", "wide_deep", "cuda", cuda_bf16=True) == "bf16"
+    assert precision.choose_precision("auto", "wide_deep", "mps") == "fp32"
+    monkeypatch.setattr(precision, "FP32_MODELS", frozenset({"dlrm"}))
+    assert precision.choose_precision("auto", "dlrm", "cpu") == "fp32"
+    assert precision.choose_precision("bf16", "dlrm", "cpu") == "bf16"  # the flag still wins
+    assert precision.choose_precision("auto", "wide_deep", "cpu") == "bf16"
+
+
+def test_a_model_is_built_in_a_concrete_precision_only():
+    with pytest.raises(ValueError, match="precision must be one of \\('fp32', 'bf16'\\)"):
+        build_model("wide_deep", SPEC, PackingPlan.from_spec(SPEC), (8,), precision="auto")
 
 
 def test_every_mode_builds_its_model_in_the_configured_precision():
@@ -132,6 +168,10 @@ def test_the_precision_flag_reaches_daily_stream_and_every_shard(tmp_path):
                               "--workers", "2", "--precision", "bf16"])
     shard_args = _distributed_args(distributed_cli._shard_argv(args, 1))
     assert TrainConfig(**distributed_cli.model_settings(shard_args)).precision == "bf16"
+    args = build_parser().parse_args(["daily", "--data", str(tmp_path), "--date", "2026-11-01", "--workdir",
+                                      str(tmp_path / "w")])
+    assert args.precision == "auto"  # the default, decided on the machine that trains
+    assert daily_config(args, args.data, args.date).train.precision == ("bf16" if native_bf16("cpu") else "fp32")
 
 
 def test_a_bad_precision_flag_is_refused_by_name(tmp_path):

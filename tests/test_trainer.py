@@ -39,7 +39,8 @@ SPEC = parse_spec(
 # Bit-exact equivalence is a CPU property (GPU scatter-adds may reorder); pin the CPU
 # where the trainer lets one choose a device.
 _ON_CPU = {"device": "cpu"} if "device" in {f.name for f in fields(TrainConfig)} else {}
-CONFIG = TrainConfig(hidden=(32, 16), lr_dense=1e-2, lr_sparse=0.1, log_every=0, **_ON_CPU)
+# fp32, not auto: the unit tests hold paths to each other exactly, on every machine alike.
+CONFIG = TrainConfig(hidden=(32, 16), lr_dense=1e-2, lr_sparse=0.1, log_every=0, precision="fp32", **_ON_CPU)
 
 
 def assert_state_equal(a, b, where: str = "state") -> None:

@@ -14,6 +14,7 @@ from picasso.sample_join.delayed_feedback import importance_weights
 from picasso.dynamic_rows import RowResets, reset_new_rows
 from picasso.embedding import PackedEmbedding, lookup_together, share_bags
 from picasso.packing import PackingPlan
+from picasso.precision import DENSE_PRECISIONS, check_precision
 
 
 class PackedModel(nn.Module):
@@ -41,7 +42,7 @@ class PackedModel(nn.Module):
     # same arithmetic in more calls (the path the shared one is tested against).
     share_lookups: bool = True
     dense_part: nn.Module
-    precision: str = "fp32"  # the dense part's arithmetic (PRECISIONS); set by models.build_model
+    precision: str = "fp32"  # the dense part's arithmetic (precision.DENSE_PRECISIONS); set by models.build_model
 
     def embeddings(self) -> list[PackedEmbedding]:
         """The PackedEmbedding modules, in the order their outputs enter `pooled`."""
@@ -104,20 +105,9 @@ class PackedModel(nn.Module):
         return float(losses.detach().sum())
 
 
-# fp32, or bf16: the dense part (MLPs, interactions) under torch.autocast, whose matrix
-# products then run in bfloat16 (AVX-512 BF16 and AMX on CPUs that have them, tensor cores on
-# GPUs) while its weights, their gradients and Adam's state stay fp32, as do the embedding
-# tables and their fused updates.
-PRECISIONS = ("fp32", "bf16")
-
-
-def check_precision(precision: str) -> None:
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-
-
 def dense_autocast(precision: str, device: torch.device):
-    check_precision(precision)
+    """Where the dense part runs: under bf16 autocast, or as it is (picasso.precision)."""
+    check_precision(precision, DENSE_PRECISIONS)
     return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16" else nullcontext()
 
 

@@ -9,7 +9,7 @@ import math
 
 from picasso.distributed.aggregation import ROW_GRADIENTS
 from picasso.models import MODELS
-from picasso.models.common import PRECISIONS
+from picasso.precision import PRECISIONS
 from picasso.spec import SPARSE_OPTIMIZERS
 from picasso.trainer import TrainConfig
 
@@ -53,9 +53,11 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                        help="the sparse optimizer's, on embedding rows")
     group.add_argument("--sparse-optimizer", choices=SPARSE_OPTIMIZERS, default=defaults.sparse_optimizer,
                        help="default optimizer of the embedding tables (fields may name their own)")
-    group.add_argument("--precision", choices=PRECISIONS, default=defaults.precision,
+    group.add_argument("--precision", choices=PRECISIONS, default="auto",
                        help="the dense part's arithmetic: bf16 runs the MLPs and interactions under autocast, "
-                            "with fp32 weights and optimizer state (the embeddings stay fp32)")
+                            "with fp32 weights and optimizer state (the embeddings stay fp32); auto (the "
+                            "default): bf16 where the CPU (avx512_bf16, AMX) or GPU has it natively, else fp32; "
+                            "the log says which it took")
     regularisation = parser.add_argument_group("regularisation (all off by default)")
     regularisation.add_argument("--weight-decay", type=_non_negative, default=defaults.weight_decay,
                                 help="L2 on the dense weights (Adam's weight decay)")
