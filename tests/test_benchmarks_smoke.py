@@ -133,3 +133,15 @@ def test_scaling_names_its_goal_figures_after_its_sizes(smoke_runs: dict[str, Fu
     assert done.returncode == 0, done.stderr[-5000:]
     metrics = json.loads(done.stdout.strip().splitlines()[-1])["metrics"]
     assert {"step_growth_20k_to_60k", "memory_over_state_60k", "plots"} <= set(metrics)
+
+
+def test_cli_names_the_issue_figures(smoke_runs: dict[str, Future]):
+    """benchmarks.cli (the commands as a user runs them) reports the issue's ratios, fixed
+    costs and start-up times by their names; its smoke run is the one above, so this costs
+    nothing more. Only the names are checked, never a value."""
+    done = smoke_runs["cli"].result() if "cli" in smoke_runs else _smoke("cli")
+    assert done.returncode == 0, done.stderr[-5000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"daily_vs_trainer", "stream_vs_daily", "stream_arrow_vs_daily", "endless_vs_daily"} <= set(result["ratios"])
+    assert {"daily_fixed_cost_s", "cycle_fixed_cost_s", "endless_fixed_cost_s", "version_s",
+            "daily_one_row_s"} <= set(result["metrics"])
