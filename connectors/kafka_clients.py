@@ -24,11 +24,12 @@ a connection names.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from kafka import TopicPartition
+if TYPE_CHECKING:  # annotations alone: the command line takes CLIENTS without loading kafka-python
+    from kafka import TopicPartition
 
-from picasso.connectors.kafka_record_batches import RecordBlock
+    from picasso.connectors.kafka_record_batches import RecordBlock
 
 KAFKA_PYTHON, CONFLUENT = "kafka-python", "confluent"
 CLIENTS = (KAFKA_PYTHON, CONFLUENT)

@@ -18,6 +18,7 @@ import yaml
 from picasso.durations import parse_duration_ms
 from picasso.kernels.hashing import hash_seed_problem
 from picasso.sample_join.join_spec import parse_join
+from picasso.train_choices import SPARSE_OPTIMIZERS
 
 POOLING_MODES = ("sum", "mean")
 # Which parts of a model an id feature feeds: the deep part (an embedding of embedding_dim
@@ -25,7 +26,6 @@ POOLING_MODES = ("sum", "mean")
 # Wide&Deep's linear model, DeepFM's first order), or both. Fields feed both; a cross
 # feeds the wide part unless it says otherwise.
 PARTS = ("wide", "deep", "both")
-SPARSE_OPTIMIZERS = ("sgd", "adagrad", "adagrad_elementwise", "adam")
 DENSE_TRANSFORMS = ("identity", "log1p")
 
 

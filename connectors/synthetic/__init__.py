@@ -5,7 +5,8 @@ data set of useful size can be had offline.
   known AUC ceiling);
 - churn.py: a planted model whose items are born and fade (what dynamic tables are for);
 - events.py: the planted rows as an impression stream and a delayed click stream (what
-  the sample join pairs up);
+  the sample join pairs up), timed as event_config.py's EventStreamConfig says (its own
+  module, numpy- and torch-free, for the command line);
 - planted_batches.py: planted rows decoded and packed as the pipelines would, each batch
   with its position (what the distributed commands and their tests train on).
 

@@ -35,47 +35,18 @@ import pyarrow as pa
 
 from picasso.kernels.hashing import splitmix64_array
 from picasso.sample_join.join_rules import DELAY_COLUMN
+from picasso.connectors.synthetic.event_config import EventStreamConfig  # re-exported: the settings, numpy-free
 from picasso.connectors.synthetic.planted import PlantedModel
 
 REQUEST_ID = "request_id"
 EVENT_TIME = "event_time_ms"
 PROBABILITY = "probability"  # truth: the planted model's click probability
 DUPLICATED = "duplicated"  # truth: whether the impression's click was sent twice
-DELAY_DISTRIBUTIONS = ("exponential", "fixed", "uniform")
 # The trees of an events root, each a root of date=YYYY-MM-DD partitions: `picasso generate
 # --events` writes them and `picasso produce` replays the first two.
 IMPRESSIONS, LABELS, TRUTH = "impressions", "labels", "truth"
 DUPLICATE_GAP_MS = (1_000, 5_000)  # a duplicate click comes this long after the first, at most
 _MAX_ROWS = 2**32  # request ids are unique for up to this many impressions per stream
-
-
-@dataclass(frozen=True)
-class EventStreamConfig:
-    """How the planted rows become timed events."""
-
-    start_ms: int = 0  # event time of the stream's start, epoch milliseconds
-    impressions_per_s: float = 100.0  # of event time
-    # exponential: memoryless, most clicks soon and a long tail (the realistic one);
-    # fixed: every click exactly the mean after its impression; uniform: 0 to twice the mean.
-    label_delay: str = "exponential"
-    label_delay_mean_ms: int = 5 * 60_000
-    duplicate_fraction: float = 0.02  # of clicks, sent twice
-
-    def __post_init__(self):
-        problems = []
-        if not isinstance(self.start_ms, int) or self.start_ms < 0:
-            problems.append(f"start_ms must be whole epoch milliseconds >= 0, got {self.start_ms!r}")
-        if not self.impressions_per_s > 0 or not math.isfinite(self.impressions_per_s):
-            problems.append(f"the impression rate must be a positive number per second, got {self.impressions_per_s!r}")
-        if self.label_delay not in DELAY_DISTRIBUTIONS:
-            problems.append(f"label_delay must be one of {', '.join(DELAY_DISTRIBUTIONS)}, got {self.label_delay!r}")
-        if not isinstance(self.label_delay_mean_ms, int) or self.label_delay_mean_ms <= 0:
-            problems.append(f"the mean label delay must be a positive whole number of ms, "
-                            f"got {self.label_delay_mean_ms!r}")
-        if not 0 <= self.duplicate_fraction <= 1:
-            problems.append(f"the duplicate fraction must lie in [0, 1], got {self.duplicate_fraction!r}")
-        if problems:
-            raise ValueError("; ".join(problems))
 
 
 @dataclass(frozen=True)

@@ -32,9 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-# How a row's summed gradient is divided (the module docstring): by the global batch's
-# size (one big batch: sync's meaning), or by the sizes of the batches that touched it.
-ROW_GRADIENTS = ("global-mean", "touched-mean")
+from picasso.train_choices import ROW_GRADIENTS  # how a row's summed gradient is divided
 
 
 def check_batch_size(batch_size: object, whose: str) -> int:

@@ -4,7 +4,8 @@
   (the policy itself is its docstring);
 - join_rules.py: the policy's rules and contract types, pure functions over numpy arrays
   that both hosts of the join share (JoinState, and Beam's keyed state:
-  pipelines/transforms/join_labels.py);
+  pipelines/transforms/join_labels.py); its JoinPolicy and LATE_LABEL_POLICIES live in
+  join_policy.py, free of numpy and torch, for the command line;
 - join_spec.py: the spec's `join:` section (keys, event time, wait, late labels);
 - held_features.py and feature_arrays.py: the feature records a join holds until its
   samples leave, as numpy arrays by record slot;

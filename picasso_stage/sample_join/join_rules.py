@@ -29,8 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from picasso.kernels.hashing import hash_to_buckets, splitmix64_array
+from picasso.sample_join.join_policy import JoinPolicy  # the contract, torch-free: its own module
 
-LATE_LABEL_POLICIES = ("drop", "correct")
 CORRECTION_COLUMN = "join_correction"  # int8: 1 on the extra positive `correct` emits
 DELAY_COLUMN = "label_delay_ms"  # int64: label time - impression time; -1 without a label
 KEY_COLUMN = "join_key"  # uint64: the impression's key (join_keys), to tell samples apart
@@ -42,39 +42,6 @@ POSITIVE = 2  # emitted as a positive
 NEGATIVE = 3  # emitted as a negative: a label with value 1 is late
 SETTLED = 4  # a late label came (dropped or corrected): every further label is a duplicate
 FORGOTTEN = 5  # past its horizon; its slot awaits compaction
-
-
-@dataclass(frozen=True)
-class JoinPolicy:
-    wait_ms: int  # W
-    late_labels: str = "drop"  # or "correct"
-    horizon_ms: int | None = None  # remembered past W for late labels; None: W again
-    orphan_grace_ms: int = 60_000  # how long a label waits for its impression, past its time
-
-    def __post_init__(self):
-        problems = []
-        if not isinstance(self.wait_ms, int) or self.wait_ms < 0:
-            problems.append(f"the label wait must be a whole number of ms >= 0, got {self.wait_ms!r}")
-        if self.late_labels not in LATE_LABEL_POLICIES:
-            problems.append(f"late labels must be one of {', '.join(LATE_LABEL_POLICIES)}, got {self.late_labels!r}")
-        if self.horizon_ms is not None and (not isinstance(self.horizon_ms, int) or self.horizon_ms < 0):
-            problems.append(f"the late-label horizon must be a whole number of ms >= 0, got {self.horizon_ms!r}")
-        if not isinstance(self.orphan_grace_ms, int) or self.orphan_grace_ms < 0:
-            problems.append(f"the orphan grace must be a whole number of ms >= 0, got {self.orphan_grace_ms!r}")
-        if problems:
-            raise ValueError("invalid join policy: " + "; ".join(problems))
-
-    @property
-    def keep_ms(self) -> int:
-        """How long past its time an impression is remembered: a label later than this
-        after its impression never joins it (beyond_horizon)."""
-        return self.wait_ms + (self.wait_ms if self.horizon_ms is None else self.horizon_ms)
-
-    @property
-    def recall_ms(self) -> int:
-        """How late after its impression an orphan label is still told that its impression
-        came and was forgotten (recalled): the forgotten keys are kept one keep_ms more."""
-        return 2 * self.keep_ms
 
 
 def _event_ids(ids, n: int, what: str) -> np.ndarray:

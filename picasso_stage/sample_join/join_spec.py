@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from picasso.durations import parse_duration_ms
-from picasso.sample_join.join_rules import LATE_LABEL_POLICIES, JoinPolicy
+from picasso.sample_join.join_policy import LATE_LABEL_POLICIES, JoinPolicy
 
 _DURATIONS = {"wait": "wait_ms", "horizon": "horizon_ms", "orphan_grace": "orphan_grace_ms",
               "allowed_lateness": "allowed_lateness_ms", "max_future": "max_future_ms",

@@ -20,7 +20,7 @@ from picasso.spec import SPARSE_OPTIMIZERS
 from picasso.spec_refs import load_spec
 from picasso.connectors.synthetic.planted import SyntheticConfig
 from picasso.connectors.synthetic.churn import ChurnConfig
-from picasso.connectors.synthetic.events import DELAY_DISTRIBUTIONS, EventStreamConfig
+from picasso.connectors.synthetic.event_config import DELAY_DISTRIBUTIONS, EventStreamConfig
 
 DEMO_DATE = "2026-11-01"
 _EVENT_FLAGS = {"impression_rate": "--impression-rate", "label_delay": "--label-delay",

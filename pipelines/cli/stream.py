@@ -35,7 +35,7 @@ from picasso.pipelines.runs.joined_stream_state import JoinedTopics
 from picasso.pipelines.runs.produce import (EventReplayConfig, ProduceConfig, produce, produce_total, replay_events,
                                             replay_total)
 from picasso.pipelines.runs.stop_signals import stopped_by_signals
-from picasso.sample_join.join_rules import LATE_LABEL_POLICIES
+from picasso.sample_join.join_policy import LATE_LABEL_POLICIES
 from picasso.spec_refs import load_join_spec, load_spec
 from picasso.trainer import TrainConfig
 

@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from picasso.pipelines.transforms.row_profile import RowProfile
+if TYPE_CHECKING:  # an annotation alone: the command line takes HealthLimits' defaults without pyarrow
+    from picasso.pipelines.transforms.row_profile import RowProfile
 
 HEALTH_WARNINGS = "picasso.health_warnings"  # the version's tag that carries the warnings
 EVALUATION_LOSSES = ("auc", "logloss")  # measured on the evaluation rows; the others on training
