@@ -7,18 +7,9 @@ reads and picasso's state alike, with no second set of packages (s3fs, gcsfs) or
 What Beam's API does not fit stays local on purpose: memory-mapped big-tier files
 (`--big-tier-dir` is the worker's scratch disk) and the kernel build cache.
 
-Every process that runs picasso's work serves its URLs this way, by an explicit call where
-that work starts (importing picasso registers nothing):
-- the driver of a pipeline: use_beam_filesystems, with the run's pipeline options
-  (pipelines/runs/daily.py, pipelines/runs/stream.py);
-- the `picasso` command, whatever it runs (pipelines/cli/main.py: main), and the parameter
-  server's own processes (pipelines/cli/distributed.py: main): serve_urls_through_beam;
-- a Beam worker, which imports only the modules of the DoFns it runs: each step that reads
-  or writes a picasso URL calls serve_urls_through_beam before it does (a DoFn's setup, or
-  the function a Map calls): ReadDayFiles (connectors/day_files.py), PicassoTrain's engines
-  (pipelines/transforms/train_handlers.py: TrainHandler.acquire), EvaluateCheckpoint
-  (pipelines/transforms/train.py), PublishToMLflow (serving/publishing/transform.py) and
-  the daily run's record (pipelines/runs/daily.py).
+Where each process registers them, at no cost until a URL is touched:
+connectors/beam_urls.py (serve_urls_through_beam); use_beam_filesystems, below, is the
+driver's, set up by its pipeline options.
 """
 
 from __future__ import annotations
@@ -76,15 +67,6 @@ class BeamFiles:
 
 # Runners whose workers share the driver's machine, and so its disk.
 LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner", "PrismRunner")
-
-
-def serve_urls_through_beam() -> None:
-    """Serve picasso's URLs through Beam's filesystems in this process, unless a backend
-    serves them already (the driver's, set up by use_beam_filesystems, or a test's). Cheap,
-    and the same however often it is called: call it before any work that may read or write
-    a URL (where it is called: this module's docstring)."""
-    if not storage.serves_urls():
-        storage.register_remote(BeamFiles)
 
 
 def use_beam_filesystems(options: PipelineOptions, **state_paths: str) -> None:

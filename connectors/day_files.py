@@ -20,7 +20,7 @@ import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
 from picasso import storage
-from picasso.connectors.beam_files import serve_urls_through_beam
+from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.connectors.partitions import partition_path
 
 FORMATS = {"parquet": ".parquet", "jsonl": ".jsonl", "tsv": ".tsv"}

@@ -27,6 +27,9 @@ cross_ids_reference.py):
 - `cross_ids`: the feature crosses' bags, from decoded columns of their fields' keys.
 And one for packing, on the host (see group_ids.py, pack_groups_reference.py):
 - `pack_group`: a packing group's ids and bag starts from its fields' columns (Arrow arrays).
+And one for both, on the host, C++ only (see fused_batch.py; its definition is the
+decoder's reference path followed by picasso.batch.pack, connectors.decoding.packed_decode):
+- `decode_pack`: a raw Arrow record batch decoded, checked and packed in one call.
 And the sample join's index of its records (csrc/key_index.cpp), which picasso.key_index
 reaches through host_backend(); without the C++ backend it is a dict, its definition.
 
@@ -93,10 +96,18 @@ def fused_update(weight, slots, ids, offsets, grad, num_fields, optimizer, step,
     )
 
 
-def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None):
+def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None, into=None):
+    """into: per table, None or a (samples, fields, dim) view to hold its pooled bags, such
+    as some columns of a model's flat input; the C++ kernels write there in place, the
+    other backends copy there."""
     backend = backend_for(weights[0].device)
+    if into is not None and getattr(backend, "WRITES_INTO", False):
+        return backend.lookup_many(weights, ids, offsets, num_fields, mean_pooled, max_len, into)
     many = getattr(backend, "lookup_many", None) or lookup_each(backend.lookup)
-    return many(weights, ids, offsets, num_fields, mean_pooled, max_len)
+    outs = many(weights, ids, offsets, num_fields, mean_pooled, max_len)
+    if into is None:
+        return outs
+    return [out if view is None else view.copy_(out) for out, view in zip(outs, into, strict=True)]
 
 
 def fused_update_many(weights, slots, ids, offsets, grads, num_fields, optimizers, steps, mean_pooled=None,
@@ -159,6 +170,14 @@ def pack_group(columns, id_offsets, num_rows):
     return _host_op("pack_group")(columns, id_offsets, num_rows)
 
 
+def decode_pack(plan, batch):
+    """A raw Arrow record batch decoded, checked and packed in one call (see fused_batch.py);
+    None where the C++ backend is not built here or the op declines the batch: the caller
+    then takes the reference path, which is the definition."""
+    backend = host_backend()
+    return backend.decode_pack(plan, batch) if backend is not None else None
+
+
 def map_to_slots(ids, slot_of_row, capacity):
     return _host_op("map_to_slots")(ids, slot_of_row, capacity)
 
@@ -218,6 +237,6 @@ def id_map_reset_rows(weight, slots, targets, keys, scale):
 
 
 __all__ = ["BACKENDS", "OPTIMIZERS", "SparseOptimizer", "backend_for", "copy_rows", "cross_ids", "decode_ids",
-           "fused_update", "fused_update_many", "host_backend", "id_map_admit", "id_map_expire", "id_map_find",
-           "id_map_initial_rows", "id_map_rebuild", "id_map_reset_rows", "id_map_resolve", "load_backend", "lookup",
-           "lookup_many", "map_to_slots", "pack_group", "positions_in", "row_gradients", "sketch_add"]
+           "decode_pack", "fused_update", "fused_update_many", "host_backend", "id_map_admit", "id_map_expire",
+           "id_map_find", "id_map_initial_rows", "id_map_rebuild", "id_map_reset_rows", "id_map_resolve", "load_backend",
+           "lookup", "lookup_many", "map_to_slots", "pack_group", "positions_in", "row_gradients", "sketch_add"]

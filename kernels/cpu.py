@@ -39,13 +39,14 @@ from torch.utils import cpp_extension
 from picasso.kernels.build_lock import build_lock
 from picasso.kernels.cross_ids_cpu import crosser
 from picasso.kernels.decode_ids_cpu import decoder
+from picasso.kernels.decode_pack_cpu import fused_packer
 from picasso.kernels.pack_groups_cpu import packer
 from picasso.kernels.reference import SparseOptimizer, row_gradients_by_sgd_step
 
 _SOURCES = Path(__file__).with_name("csrc")
 _UNIT = "picasso_kernels.cpp"  # includes the others
 _SOURCE_FILES = (_UNIT, "packed_embedding.cpp", "hot_cache.cpp", "id_map.cpp", "key_index.cpp", "decode_ids.cpp",
-                 "pack_groups.cpp", "cross_ids.cpp", "hashing.h")
+                 "pack_groups.cpp", "cross_ids.cpp", "decode_pack.cpp", "hashing.h")
 _NO_FLAGS = torch.zeros(0, dtype=torch.bool)
 _NO_LIMITS = torch.zeros(0, dtype=torch.int64)
 _NO_SCRATCH = torch.zeros(0, dtype=torch.int32)
@@ -169,6 +170,8 @@ def _load_prebuilt(name: str, cache: Path):
 
 _kernels = _build("picasso_kernels")
 _ops, _cache_ops, _id_map_ops = _kernels.packed_embedding, _kernels.hot_cache, _kernels.id_map
+# lookup_many writes into views given to it (kernels.lookup_many's `into`), at any sample stride.
+WRITES_INTO = True
 # The sample join's index of its records, int64 keys to int64 values: picasso.key_index.
 key_index = _kernels.key_index
 # A batch's id columns decoded in one call: decode_ids_cpu.py, over csrc/decode_ids.cpp.
@@ -177,6 +180,9 @@ decode_ids = decoder(_kernels.decode_ids.decode)
 pack_group = packer(_kernels.pack_groups.pack)
 # A batch's feature crosses in one call: cross_ids_cpu.py, over csrc/cross_ids.cpp.
 cross_ids = crosser(_kernels.cross_ids.cross)
+# A raw Arrow batch decoded, checked and packed in one call: decode_pack_cpu.py, over
+# csrc/decode_pack.cpp.
+decode_pack = fused_packer(_kernels.decode_pack.decode_pack, _kernels.decode_pack.Plan)
 # One int32 per table row, all -1 between calls: the de-duplication scratch of fused_update
 # (when no field_rows are given) and of the cache ops, kept so that no call pays for filling
 # it. One buffer, as long as the largest table yet, whose first `rows` entries serve any
@@ -243,7 +249,7 @@ def _output_buffers(shapes: list[tuple[int, ...]]) -> list[torch.Tensor | None]:
 def _keep_outputs(outs: list[torch.Tensor]) -> None:
     """Keep the outputs as the most recently used buffers of their shapes."""
     outputs = _kept_outputs()
-    if any(shape[0] != outs[0].shape[0] for shape in outputs):
+    if outs and any(shape[0] != outs[0].shape[0] for shape in outputs):
         outputs.clear()
     for out in outs:
         shape = tuple(out.shape)
@@ -253,12 +259,25 @@ def _keep_outputs(outs: list[torch.Tensor]) -> None:
         outputs[shape] = [*others[-(_KEPT_PER_SHAPE - 1):], out.detach()]
 
 
-def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None):
+def lookup_many(weights, ids, offsets, num_fields, mean_pooled=None, max_len=None, into=None):
     shapes = [(offsets.numel() // num_fields, num_fields, weight.shape[1]) for weight in weights]
+    buffers = _output_buffers(shapes)
+    if into is not None:  # the caller's views (a model's flat input), written in place
+        buffers = [given if given is not None else kept for given, kept in zip(into, buffers, strict=True)]
     outs = _ops.lookup_many(list(weights), ids.contiguous(), offsets.contiguous(), num_fields, _flags(mean_pooled),
-                            _limits(max_len), _output_buffers(shapes))
-    _keep_outputs(outs)
+                            _limits(max_len), buffers)
+    _keep_outputs([out for i, out in enumerate(outs) if into is None or into[i] is None])
     return outs
+
+
+def _bag_rows(grad: torch.Tensor) -> torch.Tensor:
+    """The gradient as the update kernel reads it: float32 (samples, fields, dim) with each
+    sample's bags side by side, at any sample stride (a view of the flat input's gradient
+    is read in place); anything else is copied into that layout."""
+    if grad.dtype == torch.float32 and grad.dim() == 3 and grad.stride(2) == 1 and grad.stride(1) == grad.size(2) \
+            and grad.stride(0) >= grad.size(1) * grad.size(2):
+        return grad
+    return grad.contiguous().float()
 
 
 def lookup(weight, ids, offsets, num_fields, mean_pooled=None, max_len=None):
@@ -273,7 +292,7 @@ def fused_update_many(weights, slots, ids, offsets, grads, num_fields, optimizer
         scratch, bounds = _NO_SCRATCH, field_rows.to(torch.int64).contiguous()
     _ops.fused_update_many(
         list(weights), [list(s) for s in slots], ids.contiguous(), offsets.contiguous(),
-        [grad.contiguous().float() for grad in grads], num_fields, [o.name for o in optimizers],
+        [_bag_rows(grad) for grad in grads], num_fields, [o.name for o in optimizers],
         [[o.lr, o.eps, o.beta1, o.beta2, o.weight_decay] for o in optimizers], [int(step) for step in steps],
         _flags(mean_pooled), _limits(max_len), bounds, scratch, disjoint_fields,
     )

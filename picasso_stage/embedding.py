@@ -23,7 +23,7 @@ from torch import nn
 from picasso import huge_pages, kernels
 from picasso.kernels import SparseOptimizer
 from picasso.packing import PackedGroup, PackingPlan
-from picasso.stepped_lookup import GroupBags, SteppedTable, pooled_tables
+from picasso.stepped_lookup import GroupBags, GroupLookup, SteppedTable, pooled_into_flat, pooled_tables
 
 
 class _RowGradientLookup(torch.autograd.Function):
@@ -181,16 +181,36 @@ def share_bags(embeddings: Sequence[PackedEmbedding]) -> bool:
                                        for e in embeddings)
 
 
+class FlatPooled(list):
+    """What lookup_together gives with a flat input: the pooled outputs as ever, with
+    `flat`, the dense part's input (N, dense values + the first embedding's widths), which
+    holds the dense values and then the first embedding's groups. Those groups' outputs are
+    views of it, and the lookup wrote them there: models.common.flat_input takes it as it is."""
+
+    def __init__(self, pooled: list[torch.Tensor], flat: torch.Tensor):
+        super().__init__(pooled)
+        self.flat = flat
+
+
 def lookup_together(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.Tensor],
-                    offsets: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+                    offsets: dict[str, torch.Tensor], flat_dense: torch.Tensor | None = None) -> list[torch.Tensor]:
     """What each embedding's forward gives, one embedding after the other (see share_bags
     for when it applies), with one kernel call per group for all the embeddings that have
     it (a cross may feed one part of a model alone: packing); a group that a hot-row cache
     holds in fast tiers (one per embedding, each with its own rows) takes each embedding's
-    own lookup."""
+    own lookup.
+
+    flat_dense: the batch's dense values, for a model whose dense part starts from the
+    dense values and the first embedding's groups side by side (models.common.flat_input):
+    the lookup then writes those groups into that input and returns a FlatPooled. Not with
+    a hot-row cache's fast tiers, whose lookups are each embedding's own."""
     training = [e.start_step() for e in embeddings][0]
+    groups = embeddings[0].plan.root.groups
+    fast = any(e.fast_tiers.get(g.name) is not None for e in embeddings for g in groups)
+    if flat_dense is not None and not fast:
+        return _lookup_into_flat(embeddings, ids, offsets, flat_dense, training)
     pooled: list[dict[str, torch.Tensor]] = [{} for _ in embeddings]
-    for group in embeddings[0].plan.root.groups:
+    for group in groups:
         having = [i for i, e in enumerate(embeddings) if e.has_group(group.name)]
         group_ids, group_offsets = ids[group.name], offsets[group.name]
         if any(embeddings[i].fast_tiers.get(group.name) is not None for i in having):
@@ -201,3 +221,26 @@ def lookup_together(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.
         for i, out in zip(having, outs):
             pooled[i][group.name] = out
     return [pooled[i][g.name] for i, e in enumerate(embeddings) for g in e.plan.groups]
+
+
+def _lookup_into_flat(embeddings: Sequence[PackedEmbedding], ids: dict[str, torch.Tensor],
+                      offsets: dict[str, torch.Tensor], dense: torch.Tensor, training: bool) -> FlatPooled:
+    first = embeddings[0]
+    columns, width = {}, dense.shape[1]  # where each of the first embedding's groups starts
+    for group in first.plan.groups:
+        columns[group.name] = width
+        width += group.num_fields * first.group_dims[group.name]
+    lookups, order = [], []  # order: (embedding, group) of each output pooled_into_flat returns
+    for group in first.plan.root.groups:
+        having = [i for i, e in enumerate(embeddings) if e.has_group(group.name)]
+        bags = embeddings[having[0]].group_bags(group, ids[group.name], offsets[group.name])
+        lookups.append(GroupLookup(bags, tuple(embeddings[i].stepped_table(group) for i in having),
+                                   tuple(columns[group.name] if i == 0 else None for i in having)))
+        order += [(i, group.name) for i in having if i != 0]
+    flat, own = pooled_into_flat(dense, lookups, width, training)
+    pooled: list[dict[str, torch.Tensor]] = [{} for _ in embeddings]
+    pooled[0] = {g.name: flat[:, columns[g.name]:columns[g.name] + g.num_fields * first.group_dims[g.name]]
+                 .unflatten(1, (g.num_fields, first.group_dims[g.name])) for g in first.plan.groups}
+    for (i, name), out in zip(order, own, strict=True):
+        pooled[i][name] = out
+    return FlatPooled([pooled[i][g.name] for i, e in enumerate(embeddings) for g in e.plan.groups], flat)

@@ -6,10 +6,10 @@ keeps state calls these functions with either, and never `pathlib` or `open` dir
 
 picasso never imports Beam, so URLs are served by a backend the host registers
 (register_remote): where picasso's commands and pipelines start, Beam's
-`apache_beam.io.filesystems` (connectors/beam_files.py: serve_urls_through_beam, which says
-where it is called), whose settings come from the same pipeline options the user passes
-(`--s3_endpoint_url`, GCS credentials, ...) on the driver and on every worker. Local paths
-are served here.
+`apache_beam.io.filesystems` (connectors/beam_files.py, registered by
+connectors/beam_urls.py's serve_urls_through_beam, which says where it is called), whose
+settings come from the same pipeline options the user passes (`--s3_endpoint_url`, GCS
+credentials, ...) on the driver and on every worker. Local paths are served here.
 
 What one write guarantees, on either kind:
 - `write_bytes` is all or nothing: a reader sees the old object or the whole new one. An
@@ -84,7 +84,7 @@ def _backend(url: str) -> RemoteFiles:
     if _remote is None:
         if _make_remote is None:
             raise RuntimeError(f"{url}: no filesystem serves URLs in this process (call "
-                               "picasso.connectors.beam_files.serve_urls_through_beam for Beam's, or "
+                               "picasso.connectors.beam_urls.serve_urls_through_beam for Beam's, or "
                                "picasso.storage.register_remote)")
         _remote = _make_remote()
     return _remote

@@ -7,5 +7,5 @@ where that process starts, explicitly.
   (cli/__init__.py), which every entry of the command imports before anything else.
 - picasso's URLs (picasso.storage) are served through Beam's filesystems by the command
   (cli/main.py), the pipelines' drivers and, on Beam's workers, each step that reads or
-  writes one: connectors/beam_files.py lists where.
+  writes one: connectors/beam_urls.py lists where.
 """

@@ -128,6 +128,36 @@ def test_a_backend_without_many_table_ops_runs_its_own_table_by_table(monkeypatc
     assert calls == ["lookup", "lookup", "fused_update", "fused_update"]
 
 
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_pooled_bags_land_in_and_step_from_columns_of_a_flat_input(monkeypatch, backend):
+    """A lookup into some columns of a dense part's flat input (samples, width) writes them
+    in place (the C++ kernels; another backend copies them there) and nothing else; the
+    update reads its gradient from such columns in place; both exactly as contiguous ones."""
+    monkeypatch.setattr(kernels, "backend_for", lambda device: load_backend(backend))
+    g, ids, offsets, mean_pooled = random_bags(2)
+    max_len = torch.randint(1, 4, (FIELDS,), generator=g)
+    weights = [torch.randn(ROWS, 8, generator=g), torch.randn(ROWS, 1, generator=g)]
+    flat = torch.full((SAMPLES, 3 + FIELDS * 8 + 5), 7.0)
+    columns = flat[:, 3:3 + FIELDS * 8].unflatten(1, (FIELDS, 8))
+    outs = kernels.lookup_many(weights, ids, offsets, FIELDS, mean_pooled, max_len, into=[columns, None])
+    alone = kernels.lookup_many(weights, ids, offsets, FIELDS, mean_pooled, max_len)
+    assert outs[0].data_ptr() == columns.data_ptr() and outs[0].stride() == columns.stride()
+    assert torch.equal(columns, alone[0]) and torch.equal(outs[1], alone[1])
+    assert (flat[:, :3] == 7.0).all() and (flat[:, 3 + FIELDS * 8:] == 7.0).all()
+
+    specs = [SparseOptimizer("adagrad", lr=0.1), SparseOptimizer("adam", lr=0.03)]
+    slots = [[torch.rand(shape, generator=g) for shape in spec.slot_shapes(ROWS, w.shape[1])]
+             for spec, w in zip(specs, weights)]
+    flat_grad = torch.randn(SAMPLES, 3 + FIELDS * 8 + 5, generator=g)
+    grads = [flat_grad[:, 3:3 + FIELDS * 8].unflatten(1, (FIELDS, 8)), torch.randn(SAMPLES, FIELDS, 1, generator=g)]
+    strided_w, strided_s = [w.clone() for w in weights], [[s.clone() for s in t] for t in slots]
+    kernels.fused_update_many(strided_w, strided_s, ids, offsets, grads, FIELDS, specs, [1, 1], mean_pooled, max_len)
+    kernels.fused_update_many(weights, slots, ids, offsets, [grad.contiguous() for grad in grads], FIELDS, specs,
+                              [1, 1], mean_pooled, max_len)
+    for got, want in zip([*strided_w, *sum(strided_s, [])], [*weights, *sum(slots, [])], strict=True):
+        assert torch.equal(got, want)
+
+
 def test_lookups_in_two_threads_never_write_into_one_buffer():
     """Two models scoring side by side (a server's threads, an evaluation beside another)
     each get their own rows: the lookup releases the GIL, and the buffers it recycles are

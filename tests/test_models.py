@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from picasso.builtin_specs import builtin_spec
+from picasso.embedding import FlatPooled
 from picasso.models import MODELS, build_model
 from picasso.models.common import CommonDim, PackedModel
 from picasso.models.deepfm import fm_interaction
@@ -79,7 +80,8 @@ def test_forward_is_finite_and_gradients_reach_every_parameter(name, spec_name):
 
     # The same, in the two parts the trainer may run separately (and compile the second).
     pooled = model.lookup(batch)
-    for p in pooled:
+    flat = pooled.flat if isinstance(pooled, FlatPooled) else None  # Wide&Deep's, DCN-v2's
+    for p in pooled if flat is None else [flat, *pooled]:
         p.retain_grad()
     split_logits = model.dense_part(batch.dense, pooled)
     torch.testing.assert_close(split_logits, logits, rtol=0, atol=0)
@@ -93,7 +95,13 @@ def test_forward_is_finite_and_gradients_reach_every_parameter(name, spec_name):
     nn.functional.binary_cross_entropy_with_logits(split_logits, batch.label).backward()
     no_grad = [n for n, p in model.named_parameters() if grad_size(p) == 0.0]
     assert no_grad == [], f"no gradient reached {no_grad}"
-    assert all(grad_size(p) > 0 for p in pooled), "a group's embeddings got no gradient"
+    assert all(grad_size(p) > 0 for p in pooled if p._base is None or p._base is not flat), \
+        "a group's embeddings got no gradient"
+    # The groups the lookup wrote into the flat input: their columns of its gradient.
+    in_flat = [p for p in pooled if flat is not None and p._base is flat]
+    assert (flat is not None) == (name in ("wide_deep", "dcn_v2")) and (flat is None or in_flat)
+    assert all(flat.grad.as_strided(p.shape, p.stride(), p.storage_offset()).abs().sum() > 0 for p in in_flat), \
+        "a group's embeddings got no gradient"
     after = tables(model)
     unchanged = [key for key in before if torch.equal(before[key], after[key])]
     assert unchanged == [], f"tables the backward pass did not step: {unchanged}"

@@ -55,6 +55,21 @@ def test_wide_deep_trains_the_same_with_shared_lookups(optimizer):
     assert all(t.abs().sum() > 0 for t in model.wide_embedding.tables.values())  # from zero
 
 
+@pytest.mark.parametrize("model", ["wide_deep", "dcn_v2"])
+def test_a_lookup_into_the_flat_input_trains_as_the_concatenated_input_does(model):
+    """Wide&Deep's and DCN-v2's lookups write the deep groups into the dense part's flat
+    input and step from its gradient in place: the same training as concatenating them,
+    and the same scores."""
+    config = replace(CONFIG, model=model, sparse_optimizer="adam")
+    flat = trained(config, share=True)
+    concatenated = Trainer(SPEC, config)
+    concatenated.model.flat_lookup = False
+    for batch in batches():
+        concatenated.train_step(batch)
+    assert_same_state(flat, concatenated)
+    assert (flat.predict(batches()[0]) == concatenated.predict(batches()[0])).all()
+
+
 def test_deepfm_trains_the_same_with_shared_lookups():
     config = replace(CONFIG, model="deepfm", sparse_optimizer="adam")
     assert_same_state(trained(config, share=True), trained(config, share=False))

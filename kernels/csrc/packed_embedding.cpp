@@ -75,6 +75,25 @@ void with_bags(const torch::Tensor& offsets, int64_t num_ids, int64_t num_fields
     body(BagView<int64_t>{offsets.data_ptr<int64_t>(), offsets.size(0), num_ids, num_fields, mean, limit});
 }
 
+// Pooled bags as (samples, fields, dim) with any sample stride: bag b (sample b / F, field
+// b % F) at base + sample * stride + field * dim. A contiguous tensor has stride F * dim; a
+// view of some columns of a model's flat input (samples, width) has the input's width, so a
+// lookup writes straight into the dense part's input and its backward reads that input's
+// gradient in place (no concatenation, no copy of each group's slice).
+template <typename T>
+struct BagRows {
+  T* base;
+  int64_t dim, num_fields, sample_stride;
+  inline T* at(int64_t b) const { return base + (b / num_fields) * sample_stride + (b % num_fields) * dim; }
+};
+
+// Whether `t` is laid out as BagRows reads it: float32 (samples, fields, dim), each bag's
+// row dense and the fields of a sample side by side.
+bool bag_rows_layout(const torch::Tensor& t, const std::vector<int64_t>& shape) {
+  return t.sizes() == shape && t.scalar_type() == torch::kFloat32 && t.stride(2) == 1 && t.stride(1) == shape[2] &&
+         t.stride(0) >= shape[1] * shape[2];
+}
+
 void check_inputs(const torch::Tensor& weight, const torch::Tensor& ids, const torch::Tensor& offsets,
                   int64_t num_fields) {
   TORCH_CHECK(weight.dim() == 2 && weight.scalar_type() == torch::kFloat32 && weight.is_contiguous(),
@@ -92,11 +111,11 @@ namespace {
 
 // Pool bags [begin, end) of one table into out.
 template <typename DimT, typename BagsT>
-void pool_bags(DimT dim_t, const BagsT& bags, const int64_t* id, const float* w, float* o, int64_t begin,
-               int64_t end) {
+void pool_bags(DimT dim_t, const BagsT& bags, const int64_t* id, const float* w, const BagRows<float>& o,
+               int64_t begin, int64_t end) {
   const int64_t dim = dim_t.value(), num_ids = bags.num_ids;
   for (int64_t b = begin; b < end; ++b) {
-    float* row_out = o + b * dim;
+    float* row_out = o.at(b);
     for (int64_t d = 0; d < dim; ++d) row_out[d] = 0.0f;
     const int64_t start = bags.start(b), stop = bags.stop(b);
     for (int64_t k = start; k < stop; ++k) {
@@ -127,8 +146,9 @@ std::vector<torch::Tensor> lookup_many(std::vector<torch::Tensor> weights, torch
     check_inputs(weights[t], ids, offsets, num_fields);
     const std::vector<int64_t> shape{num_bags / num_fields, num_fields, weights[t].size(1)};
     if (!into.empty() && into[t].has_value()) {
-      TORCH_CHECK(into[t]->sizes() == shape && into[t]->is_contiguous() && into[t]->scalar_type() == torch::kFloat32,
-                  "the output buffer must be a contiguous float32 (samples, fields, dim) tensor");
+      TORCH_CHECK(bag_rows_layout(*into[t], shape),
+                  "the output buffer must be a float32 (samples, fields, dim) tensor, contiguous but for its "
+                  "sample stride");
       outs.push_back(*into[t]);
     } else {
       outs.push_back(torch::empty(shape, weights[t].options()));
@@ -139,7 +159,9 @@ std::vector<torch::Tensor> lookup_many(std::vector<torch::Tensor> weights, torch
     at::parallel_for(0, num_bags, kGrainBags, [&](int64_t begin, int64_t end) {
       for (size_t t = 0; t < weights.size(); ++t)
         with_dim(weights[t].size(1), [&](auto dim_t) {
-          pool_bags(dim_t, bags, id, weights[t].data_ptr<float>(), outs[t].data_ptr<float>(), begin, end);
+          pool_bags(dim_t, bags, id, weights[t].data_ptr<float>(),
+                    BagRows<float>{outs[t].data_ptr<float>(), weights[t].size(1), num_fields, outs[t].stride(0)},
+                    begin, end);
         });
     });
   });
@@ -195,7 +217,7 @@ namespace {
 // One table of a fused update: its rows, the gradient of its pooled output, its optimizer.
 struct Table {
   float* w;
-  const float* g;
+  BagRows<const float> g;  // the pooled bags' gradient
   int64_t dim;
   Step s;
 };
@@ -238,7 +260,7 @@ struct Occurrences {
 // -1 initialised scratch map, or null when another unit owns the row; the caller puts the
 // entries of occ.rows back to -1.
 template <typename DimT, typename BagsT, typename ForEachBag, typename SlotOf>
-void gather_and_sum(DimT dim_t, const float* g, const BagsT& bags, const int64_t* id, ForEachBag for_each_bag,
+void gather_and_sum(DimT dim_t, const BagRows<const float>& g, const BagsT& bags, const int64_t* id, ForEachBag for_each_bag,
                     SlotOf slot_of, bool keep, Occurrences& occ, std::vector<float>& sums) {
   const int64_t dim = dim_t.value();
   occ.rows.clear();
@@ -249,7 +271,7 @@ void gather_and_sum(DimT dim_t, const float* g, const BagsT& bags, const int64_t
   for_each_bag([&](int64_t b) {
     const int64_t start = bags.start(b), stop = bags.stop(b);
     const float scale = bags.scale(b, stop - start);
-    const float* gb = g + b * dim;
+    const float* gb = g.at(b);
     for (int64_t k = start; k < stop; ++k) {
       int32_t* at = slot_of(id[k]);
       if (!at) continue;
@@ -271,12 +293,12 @@ void gather_and_sum(DimT dim_t, const float* g, const BagsT& bags, const int64_t
 
 // Another table's gradient of each gathered row, summed in the same (bag) order.
 template <typename DimT>
-void sum_gathered(DimT dim_t, const float* g, const Occurrences& occ, std::vector<float>& sums) {
+void sum_gathered(DimT dim_t, const BagRows<const float>& g, const Occurrences& occ, std::vector<float>& sums) {
   const int64_t dim = dim_t.value();
   sums.assign(occ.rows.size() * dim, 0.0f);
   for (size_t i = 0; i < occ.slot.size(); ++i) {
     float* sum = sums.data() + static_cast<int64_t>(occ.slot[i]) * dim;
-    const float* gb = g + occ.bag[i] * dim;
+    const float* gb = g.at(occ.bag[i]);
     const float scale = occ.scale[i];
     for (int64_t d = 0; d < dim; ++d) sum[d] += gb[d] * scale;
   }
@@ -357,10 +379,11 @@ void fused_update_many(std::vector<torch::Tensor> weights, std::vector<std::vect
   for (size_t t = 0; t < count; ++t) {
     check_inputs(weights[t], ids, offsets, num_fields);
     TORCH_CHECK(weights[t].size(0) == weights[0].size(0), "the tables of one call must have the same rows");
-    TORCH_CHECK(grads[t].is_contiguous() && grads[t].scalar_type() == torch::kFloat32 &&
-                    grads[t].numel() == num_bags * weights[t].size(1),
-                "grad must be a contiguous float32 (samples, fields, dim) tensor");
-    tables.push_back(Table{weights[t].data_ptr<float>(), grads[t].data_ptr<float>(), weights[t].size(1),
+    const int64_t dim = weights[t].size(1);
+    TORCH_CHECK(bag_rows_layout(grads[t], {num_bags / num_fields, num_fields, dim}),
+                "grad must be a float32 (samples, fields, dim) tensor, contiguous but for its sample stride");
+    tables.push_back(Table{weights[t].data_ptr<float>(),
+                           BagRows<const float>{grads[t].data_ptr<float>(), dim, num_fields, grads[t].stride(0)}, dim,
                            make_step(optimizers[t], hyper[t], steps[t], slots[t])});
   }
   const int64_t num_samples = num_bags / num_fields;

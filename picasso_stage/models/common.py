@@ -12,7 +12,7 @@ from torch import nn
 from picasso.batch import TorchBatch
 from picasso.sample_join.delayed_feedback import importance_weights
 from picasso.dynamic_rows import RowResets, reset_new_rows
-from picasso.embedding import PackedEmbedding, lookup_together, share_bags
+from picasso.embedding import FlatPooled, PackedEmbedding, lookup_together, share_bags
 from picasso.packing import PackingPlan
 from picasso.precision import DENSE_PRECISIONS, check_precision
 
@@ -41,6 +41,12 @@ class PackedModel(nn.Module):
     # backward pass, steps them all (stepped_lookup). Off: each embedding on its own, the
     # same arithmetic in more calls (the path the shared one is tested against).
     share_lookups: bool = True
+    # Whether the dense part reads only its flat input (flat_input: the dense values, then
+    # the first embedding's groups) of the first embedding's outputs: its lookup then writes
+    # them into that input (embedding.FlatPooled), with share_lookups. Not for a dense part
+    # that also reads the groups one by one (DeepFM's interaction): each group's gradient
+    # would then be added into the whole input's.
+    flat_lookup: bool = False
     dense_part: nn.Module
     precision: str = "fp32"  # the dense part's arithmetic (precision.DENSE_PRECISIONS); set by models.build_model
 
@@ -61,8 +67,8 @@ class PackedModel(nn.Module):
 
     def lookup(self, batch: TorchBatch) -> list[torch.Tensor]:
         embeddings = self.embeddings()
-        if self.share_lookups and share_bags(embeddings):
-            return lookup_together(embeddings, batch.ids, batch.offsets)
+        if self.share_lookups and (self.flat_lookup or share_bags(embeddings)):
+            return lookup_together(embeddings, batch.ids, batch.offsets, batch.dense if self.flat_lookup else None)
         return [p for embedding in embeddings for p in embedding(batch.ids, batch.offsets)]
 
     def forward(self, batch: TorchBatch) -> torch.Tensor:
@@ -141,9 +147,15 @@ def mlp(sizes: list[int], last_relu: bool = False) -> MLP:
     return MLP(*layers)
 
 
-def flat_input(dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
-    """(N, num_dense + Σ fields × width): dense values, then every field's embedding."""
-    return torch.cat([dense] + [p.flatten(1) for p in pooled], dim=1)
+def flat_input(dense: torch.Tensor, pooled: list[torch.Tensor], groups: int | None = None) -> torch.Tensor:
+    """(N, num_dense + Σ fields × width): dense values, then every field's embedding, of the
+    first `groups` of `pooled` (None: all of them). A lookup that wrote them into such an
+    input already (embedding.FlatPooled: a model with flat_lookup) gives that input itself,
+    whose gradient the lookup's backward then reads in place."""
+    if isinstance(pooled, FlatPooled):
+        return pooled.flat
+    embedded = pooled if groups is None else pooled[:groups]
+    return torch.cat([dense] + [p.flatten(1) for p in embedded], dim=1)
 
 
 def add_first_order(logit: torch.Tensor, dense: torch.Tensor, pooled_dim1: list[torch.Tensor],

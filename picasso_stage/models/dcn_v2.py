@@ -35,6 +35,7 @@ class DCNv2DensePart(nn.Module):
 
 
 class DCNv2(PackedModel):
+    flat_lookup = True
     def __init__(self, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...] = (256, 128),
                  cross_layers: int = 3):
         super().__init__()

@@ -22,13 +22,14 @@ class WideDeepDensePart(nn.Module):
         self.deep = mlp([num_dense + embedding_width, *hidden, 1])
 
     def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor]) -> torch.Tensor:
-        embedded, wide = pooled[: self.num_groups], pooled[self.num_groups :]
-        return add_first_order(self.deep(flat_input(dense, embedded)).squeeze(1), dense, wide, self.wide_dense)
+        deep = self.deep(flat_input(dense, pooled, self.num_groups)).squeeze(1)
+        return add_first_order(deep, dense, pooled[self.num_groups :], self.wide_dense)
 
 
 class WideDeep(PackedModel):
     lookups = ("embedding", "wide_embedding")
     wide_part = True
+    flat_lookup = True
 
     def __init__(self, spec: FeatureSpec, plan: PackingPlan, hidden: tuple[int, ...] = (256, 128)):
         super().__init__()

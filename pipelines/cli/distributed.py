@@ -28,7 +28,7 @@ import signal
 import sys
 
 from picasso.cache import parse_capacity
-from picasso.connectors.beam_files import serve_urls_through_beam
+from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.distributed.gba import GBAConfig
 from picasso.distributed.param_server import ServerAddress
 from picasso.distributed.row_cache import RowCacheConfig

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import NoReturn
 
-from picasso.connectors.beam_files import serve_urls_through_beam
+from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.pipelines.cli import noise
 from picasso.pipelines.cli.broker import add_broker_command
 from picasso.pipelines.cli.daily import add_daily_command, add_demo_command

@@ -43,7 +43,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from picasso import storage
 from picasso.checkpoint import checkpoint_metrics, latest_checkpoint
-from picasso.connectors.beam_files import serve_urls_through_beam, use_beam_filesystems
+from picasso.connectors.beam_files import use_beam_filesystems
+from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.connectors.day_files import ReadDayFiles, list_day_files
 from picasso.connectors.dead_letters.files import WriteDeadLettersToFiles
 from picasso.connectors.decoding.contracts import DecodeOptions

@@ -29,7 +29,7 @@ from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
 
 from picasso.batch import PackedBatch
-from picasso.connectors.beam_files import serve_urls_through_beam
+from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.pipelines.transforms.train_handlers import CheckpointRef, Trained, TrainHandler
 from picasso.spec import FeatureSpec
 from picasso.trainer import EvalMetrics, StepResult, TrainConfig, Trainer, TrainStats, evaluation_metrics

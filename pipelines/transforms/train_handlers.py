@@ -37,7 +37,7 @@ from apache_beam.utils.shared import Shared
 
 from picasso.batch import PackedBatch
 from picasso.checkpoint import latest_checkpoint
-from picasso.connectors.beam_files import serve_urls_through_beam
+from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.distributed.worker import WorkerStats
 from picasso.pipelines.transforms.gba_train import PSAddress, acquire_member, release_member
 from picasso.spec import FeatureSpec

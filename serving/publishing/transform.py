@@ -6,7 +6,7 @@ from pathlib import Path
 
 import apache_beam as beam
 
-from picasso.connectors.beam_files import serve_urls_through_beam
+from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.serving.publishing.contract import MLflowTarget
 from picasso.serving.publishing.outbox import PublishOutbox
 from picasso.serving.publishing.policy import PublishPolicy
