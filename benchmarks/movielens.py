@@ -39,7 +39,7 @@ are in the README ("On real data").
 
 `--sweep NAME` (repeatable) also scores one family of settings on the validation days,
 each the mean of --seeds runs, beside picasso's defaults (SWEEPS: batch-mean, batch-size,
-learning-rates, embedding-dim, mlp, model, passes, regularisation). `--batch-mean` is
+learning-rates, embedding-dim, mlp, model, passes, precision, regularisation). `--batch-mean` is
 `--sweep batch-mean`: each step's loss over its own batch (TrainConfig.loss_batch_size
 None, as a library caller that cuts its own batches gets it) against one over
 --batch-size, as `picasso daily` weighs; `--regularisation` is `--sweep regularisation`.
@@ -388,6 +388,13 @@ SWEEPS: dict[str, dict[str, Setting]] = {
     "passes": {
         f"{DEFAULTS} (each day's steps once)": Setting(),
         **{f"each day's steps {n} times": Setting(daily={"passes_per_day": n}) for n in (2, 3)},
+    },
+    # Where bf16 loses AUC, --precision auto must keep that model in fp32
+    # (picasso.precision.FP32_MODELS): every model in each precision.
+    "precision": {
+        f"{DEFAULTS} (--precision auto: {TrainConfig().precision} on this CPU)": Setting(),
+        **{f"--model {model} --precision {precision}": Setting(config={"model": model, "precision": precision})
+           for model in ("wide_deep", "deepfm", "dlrm", "dcn_v2") for precision in ("fp32", "bf16")},
     },
     "regularisation": {
         f"{DEFAULTS} (none)": Setting(),

@@ -52,10 +52,11 @@ class RowwiseAdagrad(torch.optim.Optimizer):
                 weight[rows] -= group["lr"] * values / (total.sqrt().unsqueeze(1) + group["eps"])
 
 
-def plain_torch(spec: FeatureSpec, rows: pa.Table, batch: int = BATCH) -> PlainRival:
-    """PlainRival trained once over `rows`, in order, `batch` rows a step."""
-    template = Trainer(spec, TrainConfig(hidden=HIDDEN, device="cpu")).model  # the modes' initial weights
-    rival = PlainRival(spec, template, template.precision)  # auto's, as the modes train in
+def plain_torch(spec: FeatureSpec, rows: pa.Table, batch: int = BATCH, precision: str = "auto") -> PlainRival:
+    """PlainRival trained once over `rows`, in order, `batch` rows a step, in `precision`
+    (auto: what picasso's modes take on this machine by default)."""
+    template = Trainer(spec, TrainConfig(hidden=HIDDEN, device="cpu", precision=precision)).model  # the modes' weights
+    rival = PlainRival(spec, template, template.precision)
     sparse = [weight for bags in rival.model.parts for weight in bags.parameters()]
     rival.optimizers = [RowwiseAdagrad(sparse, lr=LR_SPARSE), torch.optim.Adam(rival.dense_part.parameters(),
                                                                                 lr=LR_DENSE)]
@@ -64,7 +65,7 @@ def plain_torch(spec: FeatureSpec, rows: pa.Table, batch: int = BATCH) -> PlainR
     return rival
 
 
-def plain_torch_predictions(spec: FeatureSpec, rows: pa.Table) -> np.ndarray:
+def plain_torch_predictions(spec: FeatureSpec, rows: pa.Table, precision: str = "auto") -> np.ndarray:
     """Plain PyTorch trained on `rows`: its click probability of each held-out row."""
     held_out, _ = held_out_rows(spec)
-    return plain_torch(spec, rows).predict(held_out)
+    return plain_torch(spec, rows, precision=precision).predict(held_out)
