@@ -1,4 +1,5 @@
-"""`picasso daily` over a range of partitions: its flags, its progress and its summary.
+"""`picasso daily` over a range of partitions: its progress and its summary (its flags:
+daily_args.py).
 
 `--dates START..END` (days, or hours: 2026-11-01T00..2026-11-01T23), or `--date D`
 with `--hours H..H`, runs pipelines/runs/backfill.py's run_range: one process, one line of
@@ -9,7 +10,6 @@ partition on the next one (test-then-train) instead of a holdout slice of its ow
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING
@@ -17,31 +17,12 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.table import Table
 
-from picasso.connectors.partitions import MISSING_POLICIES, partition_range, with_hours
+from picasso.connectors.partitions import partition_range, with_hours
 from picasso.pipelines.cli.output import CommandResult, print_warnings
 from picasso.pipelines.cli.progress import Progress, number
 
 if TYPE_CHECKING:  # backfill imports Beam and MLflow: at run time only once a range runs
     from picasso.pipelines.runs.backfill import RangeProgress
-
-def add_range_args(daily: argparse.ArgumentParser) -> None:
-    which = daily.add_mutually_exclusive_group(required=True)
-    which.add_argument("--date", help="one partition: YYYY-MM-DD, or YYYY-MM-DDTHH for an hourly one")
-    which.add_argument("--dates", metavar="START..END",
-                       help="a range of partitions, in one process: 2026-11-01..2026-11-30, or with hours "
-                            "2026-11-01T00..2026-11-01T23")
-    daily.add_argument("--hours", metavar="H..H", default=None,
-                       help="split each date into these hourly partitions (date=D/hour=HH), e.g. 0..23")
-    daily.add_argument("--missing", choices=MISSING_POLICIES, default="fail",
-                       help="in a range, a partition with no files stops it (fail, the default) or is skipped "
-                            "with a warning (skip: data with days of no events)")
-    daily.add_argument("--publish-every", type=int, default=1, metavar="N",
-                       help="in a range, make a version every N partitions and at the last; the others are "
-                            "checkpointed and evaluated (default: every partition)")
-    daily.add_argument("--eval-next", action="store_true",
-                       help="in a range, train on all of each partition and score its version on the next one "
-                            "(the last on the partition after the range, which must have files) instead of a "
-                            "holdout slice")
 
 
 def range_partitions(args) -> list[str] | None:

@@ -12,7 +12,6 @@ import sys
 import threading
 from pathlib import Path
 
-from picasso.connectors.local_broker import BrokerNotInstalled, LocalBroker, PortTaken
 from picasso.pipelines.runs.stop_signals import stopped_by_signals
 
 DEFAULT_PORT = 9092  # Kafka's, and the default of every picasso command's --bootstrap-servers
@@ -30,10 +29,12 @@ def add_broker_command(commands) -> None:
                         help="address to listen on, and the one clients are told to use (default %(default)s)")
     parser.add_argument("--data", type=Path, default=Path("broker-data"),
                         help="the broker's folder: its log, tansu.log (default ./%(default)s)")
-    parser.set_defaults(run=run_broker)
 
 
 def run_broker(args) -> int:
+    # kafka-python (for its checks that the broker answers): this command's, not the parser's.
+    from picasso.connectors.local_broker import BrokerNotInstalled, LocalBroker, PortTaken
+
     broker = LocalBroker(args.host, args.port, args.data)
     stop = threading.Event()
     # From before the start: a signal while it starts must not leave the broker running

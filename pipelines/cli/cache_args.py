@@ -4,8 +4,10 @@ and `stream`."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from picasso.cache import CacheConfig, parse_capacity
+if TYPE_CHECKING:
+    from picasso.cache import CacheConfig
 
 
 def add_cache_args(parser: argparse.ArgumentParser, interleave: bool = True) -> None:
@@ -35,6 +37,8 @@ def interleave_setting(args: argparse.Namespace) -> bool | None:
 def cache_config(args: argparse.Namespace) -> CacheConfig | None:
     """The CacheConfig the options ask for; None for --cache-capacity off. A capacity that
     means nothing fails here, before any work starts."""
+    from picasso.cache import CacheConfig, parse_capacity  # torch: the flags are added without it
+
     if str(args.cache_capacity).lower() == "off":
         return None
     default, per_table = "10%", {}

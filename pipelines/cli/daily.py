@@ -1,73 +1,25 @@
-"""`picasso daily` (one partition, or a range of them: cli/backfill.py) and `picasso demo`
-(a generated day, then daily on embedded defaults)."""
+"""The runs of `picasso daily` (one partition, or a range of them: cli/backfill.py) and
+`picasso demo` (a generated day, then daily on embedded defaults); their flags are
+daily_args.py's."""
 
 from __future__ import annotations
 
-import argparse
-import os
 from dataclasses import asdict, replace
 
 from picasso import storage
 from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.serving.publishing.contract import MLflowTarget
-from picasso.pipelines.cli.backfill import add_range_args, range_partitions, run_daily_range
-from picasso.pipelines.cli.beam_options import add_pipeline_command
-from picasso.pipelines.cli.cache_args import add_cache_args, cache_config, interleave_setting
-from picasso.pipelines.cli.generate import DEMO_DATE, add_generate_args, generate_rows
-from picasso.pipelines.cli.health_args import add_health_args, health_limits
+from picasso.pipelines.cli.backfill import range_partitions, run_daily_range
+from picasso.pipelines.cli.cache_args import cache_config, interleave_setting
+from picasso.pipelines.cli.generate import generate_rows
+from picasso.pipelines.cli.generate_args import DEMO_DATE
+from picasso.pipelines.cli.health_args import health_limits
 from picasso.pipelines.cli.output import CommandResult, console, print_warnings, reported, summary
-from picasso.pipelines.cli.publish import add_publish_args, publish_policy
-from picasso.pipelines.cli.spec_arg import add_spec_arg
-from picasso.pipelines.cli.train_args import add_model_args, model_settings
+from picasso.pipelines.cli.publish_args import publish_policy
+from picasso.pipelines.cli.train_args import model_settings
 from picasso.pipelines.runs.workdir import Workdir
 from picasso.spec_refs import load_spec
-from picasso.trainer import TrainConfig
-
-
-def _add_daily_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", required=True, help="checkpoints, dead letters and run results go here")
-    parser.add_argument(
-        "--mlflow-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db)",
-    )
-    parser.add_argument("--experiment", default="picasso")
-    parser.add_argument("--model-name", default="picasso-ctr")
-    parser.add_argument("--batch-size", type=int, default=2048)
-    parser.add_argument("--holdout", type=float, default=0.1, help="fraction of the day held out for evaluation")
-    add_model_args(parser)
-    add_cache_args(parser)
-    parser.add_argument("--unknown-fields", choices=["ignore", "reject"], default="ignore")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, or auto (cuda when present)")
-    parser.add_argument("--runner", default="FnApiRunner", help="Beam runner (FnApiRunner, DirectRunner, ...)")
-    parser.add_argument("--warm-start", choices=["latest", "champion", "none"], default="latest",
-                        help="start from the latest checkpoint, the champion version's checkpoint, or scratch")
-    parser.add_argument("--force", action="store_true", help="run a date again although it is done")
-    add_publish_args(parser)
-    add_health_args(parser)
-
-
-def add_daily_command(commands) -> argparse.ArgumentParser:
-    daily = add_pipeline_command(commands, "daily", help="train on one partition, or a range of them, and publish "
-                                                        "a model version of each")
-    add_spec_arg(daily, default="criteo")
-    daily.add_argument("--data", required=True, help="root of the date=YYYY-MM-DD[/hour=HH] partitions")
-    add_range_args(daily)
-    daily.add_argument("--eval-date", default=None,
-                       help="evaluate on this day (e.g. the next one) instead of a holdout slice of --date "
-                            "(a range: --eval-next)")
-    _add_daily_args(daily)
-    daily.set_defaults(run=reported(_daily_command))
-    return daily
-
-
-def add_demo_command(commands) -> argparse.ArgumentParser:
-    demo = add_pipeline_command(commands, "demo", help="generate a small day, then run daily on embedded defaults")
-    add_spec_arg(demo, default="criteo")
-    add_generate_args(demo)
-    _add_daily_args(demo)
-    demo.set_defaults(run=reported(_demo_command))
-    return demo
+from picasso.train_config import TrainConfig
 
 
 def daily_config(args, data: str, date: str):
@@ -135,6 +87,11 @@ def _one_partition(args, data: str, date: str, auc_ceiling: float | None = None)
         console.print(f"{result.date}: trained and done, {result.not_evaluated}: no version made; the next "
                       "version covers it", soft_wrap=True)
     return CommandResult(output, pending=result.status not in ("published", "not_evaluated"))
+
+
+# The commands' runs (cli/command_runs.py calls them): each ends as cli/output.py says.
+daily_command = reported(_daily_command)
+demo_command = reported(_demo_command)
 
 
 def refusal(result) -> str:

@@ -7,11 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 
-import yaml
-
-from picasso.connectors.decoding.message_formats import FORMATS
 from picasso.connectors.kafka_clients import CLIENTS, KAFKA_PYTHON
-from picasso.connectors.kafka_config import KafkaConnection
 
 
 def add_kafka_args(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +26,11 @@ def add_kafka_client_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def kafka_connection(args):
+    # kafka-python (and yaml): for a command that connects, not for its flags.
+    import yaml
+
+    from picasso.connectors.kafka_config import KafkaConnection
+
     options = {}
     for item in args.kafka_option:
         key, sep, value = item.partition("=")
@@ -40,6 +41,8 @@ def kafka_connection(args):
 
 
 def topic_formats(items: list[str]) -> dict[str, str]:
+    from picasso.connectors.decoding.message_formats import FORMATS  # the decoders (torch): see kafka_connection
+
     topics = {}
     for item in items:
         topic, _, fmt = item.partition(":")

@@ -7,10 +7,15 @@ the exit status; main dispatches to it and to nothing else. The reporting comman
 cli/output.py says (a summary, --json, exit statuses); the distributed ones print their own
 lines (cli/distributed.py).
 
+The parser is built of the commands' flags alone, which import neither torch, Beam nor
+MLflow; each command's run (cli/command_runs.py) imports what it runs with once it runs, so
+`picasso --version` and every --help answer at once, and no command waits for the
+libraries of another.
+
 What every command needs set up is done where it starts: its exit handler is registered
 before this module's imports load anything (cli/__init__.py, process_exit.py), and main
-serves picasso's URLs through Beam's filesystems before the command touches one
-(connectors/beam_files.py), whichever command it is.
+serves picasso's URLs through Beam's filesystems (Beam imported when a URL is first
+touched: connectors/beam_urls.py), whichever command it is.
 """
 
 from __future__ import annotations
@@ -21,15 +26,15 @@ from typing import NoReturn
 from picasso.connectors.beam_urls import serve_urls_through_beam
 from picasso.pipelines.cli import noise
 from picasso.pipelines.cli.broker import add_broker_command
-from picasso.pipelines.cli.daily import add_daily_command, add_demo_command
-from picasso.pipelines.cli.distributed import add_ps_commands
-from picasso.pipelines.cli.generate import add_generate_command, add_plan_command
+from picasso.pipelines.cli.command_runs import RUNS
+from picasso.pipelines.cli.daily_args import add_daily_command, add_demo_command
+from picasso.pipelines.cli.distributed_args import add_ps_commands
+from picasso.pipelines.cli.generate_args import add_generate_command, add_plan_command
 from picasso.pipelines.cli.parser import CommandParser
 from picasso.pipelines.cli.process_exit import run_command
-from picasso.pipelines.cli.publish import add_publish_commands
+from picasso.pipelines.cli.publish_args import add_publish_commands, add_versions_command
 from picasso.pipelines.cli.serve import add_serve_command
-from picasso.pipelines.cli.stream import add_produce_parser, add_stream_parser
-from picasso.pipelines.cli.versions import add_versions_command
+from picasso.pipelines.cli.stream_args import add_produce_parser, add_stream_parser
 
 
 DEBUG_HELP = "on an error, its traceback and the library logs that come with it, not only one line"
@@ -50,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_ps_commands(commands)  # ps, gba-worker, sync-worker
     add_broker_command(commands)
     add_serve_command(commands)
-    for command in commands.choices.values():
+    for name, command in commands.choices.items():
+        command.set_defaults(run=RUNS[name])
         # After the command too, where it is easier to add to a command line; SUPPRESS:
         # not given there, it leaves the value given before the command.
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)

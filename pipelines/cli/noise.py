@@ -2,8 +2,8 @@
 its own text: never a whole logger, nor a whole category of warnings.
 
 - Beam's "apitools not found, and bigquery client libraries are not available", logged on
-  the root logger when Beam is imported, so on every command (even --help): it is about
-  BigQuery, which picasso does not use. (Logged through logging.warning, it still sets up
+  the root logger when Beam is imported, so on every command that runs a pipeline or
+  touches a URL: it is about BigQuery, which picasso does not use. (Logged through logging.warning, it still sets up
   the root logger's default handler, as it always did: only the line is gone.)
 - Beam's "No shards found to finalize", once per partition: WriteToText(skip_if_empty)
   of an empty dead-letter collection writes no file, as asked (connectors/dead_letters/files.py).

@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.logging import RichHandler
 from rich.table import Table
 
 from picasso.serving.publishing.local_store import HalfMadeStoreError
@@ -46,7 +45,7 @@ class CommandResult:
 
 
 def reported(command: Callable[..., CommandResult]) -> Callable[..., int]:
-    """The command as a `run` for argparse's set_defaults: it runs under picasso's logging
+    """The command as a command's run (cli/command_runs.py): it runs under picasso's logging
     and ends as the module docstring says."""
 
     def run(args) -> int:
@@ -89,7 +88,13 @@ def is_bad_input(err: BaseException) -> bool:
 
 def _configure_logging() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    logging.basicConfig(level=logging.INFO, format="%(message)s", handlers=[RichHandler(console=console, show_path=False)])
+    # MLflow sets its loggers' level itself when it is imported, which a command does only
+    # once it publishes (after this): at WARNING, as the libraries below.
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    # Warnings and errors in logging's default form, as every command has said them since
+    # Beam's import set the root logger up so (cli/noise.py) before this ran: Beam is now
+    # imported later, or not at all.
+    logging.basicConfig()
     for noisy in ("apache_beam", "mlflow", "alembic", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
 
-from rich.console import Console
+if TYPE_CHECKING:  # the console is the caller's: `picasso produce`'s flags (PERIOD_S) need no rich
+    from rich.console import Console
 
 
 def eta(done: int, total: int, seconds: float) -> str:

@@ -1,70 +1,16 @@
-"""The publishing side of the `picasso` command line: the publish-policy options shared by
-`daily`, `demo` and `stream`, and the `apply-delta`, `publish-pending` and `promote`
-commands."""
+"""The runs of `picasso apply-delta`, `publish-pending` and `promote` (their flags, and the
+publish policy's that daily, demo and stream share: publish_args.py), and the MLflow store
+they read versions from."""
 
 from __future__ import annotations
 
-import argparse
-import os
 from pathlib import Path
 
 from picasso.serving.publishing.local_store import sqlite_path
 from picasso.serving.publishing.contract import PUBLISHED, MLflowTarget
-from picasso.serving.publishing.policy import PublishPolicy
-from picasso.connectors.retry import RetryPolicy
 from picasso.pipelines.cli.output import CommandResult, reported, summary
+from picasso.pipelines.cli.publish_args import publish_policy
 from picasso.pipelines.runs.workdir import Workdir
-
-
-def add_publish_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--promote-epsilon", type=float, default=0.005,
-                        help="promote a version to champion when its AUC >= the champion's AUC - this")
-    parser.add_argument("--no-auto-promote", action="store_true",
-                        help="register versions as candidate only; promote by hand")
-    parser.add_argument("--no-deltas", action="store_true", help="do not store each version's changed rows")
-    parser.add_argument("--publish-attempts", type=int, default=5,
-                        help="tries per publish (backoff 1 s doubling to 30 s) before it is left pending")
-
-
-def publish_policy(args):
-    return PublishPolicy(promote_epsilon=args.promote_epsilon, auto_promote=not args.no_auto_promote,
-                         deltas=not args.no_deltas, retry=RetryPolicy(attempts=args.publish_attempts))
-
-
-def add_target_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
-                        help="default: $MLFLOW_TRACKING_URI, else sqlite:///WORKDIR/mlflow.db")
-    parser.add_argument("--experiment", default="picasso")
-    parser.add_argument("--model-name", default="picasso-ctr")
-
-
-def add_publish_commands(commands) -> list[argparse.ArgumentParser]:
-    apply = commands.add_parser(
-        "apply-delta", help="rebuild a version's serving weights from the version before it plus its delta")
-    apply.add_argument("--out", required=True, help="where the rebuilt weights.pt goes")
-    apply.add_argument("--base", help="local weights of the base version (with --delta)")
-    apply.add_argument("--delta", help="a local delta.pt (with --base)")
-    apply.add_argument("--version", help="fetch the base weights and this version's delta from MLflow instead")
-    apply.add_argument("--workdir", default=".", help="the run's work folder, whose MLflow store "
-                       "(WORKDIR/mlflow.db) holds --version, unless --mlflow-uri names another (default: .)")
-    add_target_args(apply)
-    apply.set_defaults(run=reported(_apply_delta_command))
-
-    pending = commands.add_parser("publish-pending", help="publish the checkpoints waiting in WORKDIR/publish")
-    pending.add_argument("--workdir", required=True)
-    add_target_args(pending)
-    add_publish_args(pending)
-    pending.set_defaults(run=reported(_publish_pending_command))
-
-    promote = commands.add_parser(
-        "promote", help="point the champion alias (or --alias) at a version: a promotion by hand, or a rollback")
-    promote.add_argument("--version", required=True, help="the version the alias is to point at")
-    promote.add_argument("--alias", default="champion", help="default: %(default)s")
-    promote.add_argument("--workdir", default=".", help="the work folder whose MLflow store (WORKDIR/mlflow.db) holds "
-                         "the model, unless --mlflow-uri names another (default: .)")
-    add_target_args(promote)
-    promote.set_defaults(run=reported(_promote_command))
-    return [apply, pending, promote]
 
 
 def _apply_delta_command(args) -> CommandResult:
@@ -83,6 +29,12 @@ def _promote_command(args) -> CommandResult:
     output = run_promote(args)
     summary(f"promote: {output['model_name']}@{output['alias']}", output)
     return CommandResult(output)
+
+
+# The commands' runs (cli/command_runs.py calls them): each ends as cli/output.py says.
+apply_delta_command = reported(_apply_delta_command)
+publish_pending_command = reported(_publish_pending_command)
+promote_command = reported(_promote_command)
 
 
 def run_promote(args) -> dict:

@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 from picasso.pipelines.cli.metrics_args import add_metrics_arg
-from picasso.pipelines.cli.publish import check_existing_store
 
 DEFAULT_PORT = 8080
 GIL_SWITCH_S = 0.001
@@ -60,7 +59,6 @@ def add_serve_command(commands) -> None:
     parser.add_argument("--start-timeout-s", type=float, default=300.0,
                         help="how long to wait for a first version to serve before giving up (default %(default)s)")
     add_metrics_arg(parser)
-    parser.set_defaults(run=run_serve)
 
 
 def run_serve(args) -> int:
@@ -70,6 +68,7 @@ def run_serve(args) -> int:
     from prometheus_client import CollectorRegistry
 
     from picasso.serving.publishing.contract import MLflowTarget
+    from picasso.pipelines.cli.publish import check_existing_store
     from picasso.pipelines.runs.run_metrics import MetricsEndpoint
     from picasso.serving.follower import Follower, ModelRef
     from picasso.serving.pyfunc_model import MAX_ROWS_VARIABLE

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import argparse
 import math
+from dataclasses import fields
 
-from picasso.distributed.aggregation import ROW_GRADIENTS
-from picasso.models import MODELS
+# Torch-free, all of them: the flags (and every --help) are built without torch.
 from picasso.precision import PRECISIONS
-from picasso.spec import SPARSE_OPTIMIZERS
-from picasso.trainer import TrainConfig
+from picasso.train_choices import MODEL_NAMES, ROW_GRADIENTS, SPARSE_OPTIMIZERS
+from picasso.train_config import TrainConfig
 
 # The TrainConfig fields these options set (argparse dests), for commands that pass them on
 # to processes of their own (the parameter server's shards).
@@ -44,9 +44,10 @@ def _hidden(text: str) -> tuple[int, ...]:
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
-    defaults = TrainConfig()
+    # The defaults without a TrainConfig, whose making asks torch for the device (precision auto).
+    defaults = argparse.Namespace(**{field.name: field.default for field in fields(TrainConfig)})
     group = parser.add_argument_group("model and training")
-    group.add_argument("--model", choices=sorted(MODELS), default=defaults.model)
+    group.add_argument("--model", choices=MODEL_NAMES, default=defaults.model)
     group.add_argument("--hidden", type=_hidden, default=defaults.hidden, help="MLP sizes, comma-separated (256,128)")
     group.add_argument("--lr-dense", type=_non_negative, default=defaults.lr_dense, help="Adam's, on the dense part")
     group.add_argument("--lr-sparse", type=_non_negative, default=defaults.lr_sparse,

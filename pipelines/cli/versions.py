@@ -1,6 +1,6 @@
 """`picasso versions`: a model's chain of versions, from the champion (or --from) back to the
 model trained from scratch: each version's aliases, what it trained since its parent (its
-partitions, or a stream's offsets), its parent and its AUC."""
+partitions, or a stream's offsets), its parent and its AUC. Its flags: publish_args.py."""
 
 from __future__ import annotations
 
@@ -9,19 +9,7 @@ import datetime as dt
 from rich.table import Table
 
 from picasso.pipelines.cli.output import CommandResult, console, reported
-from picasso.pipelines.cli.publish import existing_store, add_target_args
-
-
-def add_versions_command(commands):
-    versions = commands.add_parser("versions", help="a model's chain of versions: each one's parent and what it "
-                                                    "trained since (partitions, or a stream's offsets)")
-    versions.add_argument("--from", dest="start", default="champion", metavar="VERSION|ALIAS",
-                          help="where the chain starts (default: %(default)s)")
-    versions.add_argument("--workdir", default=".", help="the work folder whose MLflow store (WORKDIR/mlflow.db) holds "
-                          "the model, unless --mlflow-uri names another (default: .)")
-    add_target_args(versions)
-    versions.set_defaults(run=reported(_versions_command))
-    return versions
+from picasso.pipelines.cli.publish import existing_store
 
 
 def _versions_command(args) -> CommandResult:
@@ -36,6 +24,9 @@ def _versions_command(args) -> CommandResult:
         table.add_row(name, ", ".join(link["aliases"]), link["origin"], link["parent"], auc, created)
     console.print(table)
     return CommandResult(output)
+
+
+versions_command = reported(_versions_command)  # the command's run (cli/command_runs.py)
 
 
 def run_versions(args) -> dict:
