@@ -38,6 +38,7 @@ import pyarrow as pa
 import torch
 
 from picasso import kernels
+from picasso.kernels.group_ids import GroupIds
 from picasso.packing import PackedGroup, PackingPlan
 from picasso.sample_identity import Range, held_mask, identity_of, spans_of
 from picasso.spec import FeatureSpec
@@ -212,14 +213,18 @@ def _list_array(column: pa.Array | pa.ChunkedArray) -> pa.ListArray:
     return column
 
 
-def _pack_group(columns: dict[str, pa.ChunkedArray], n: int, group: PackedGroup) -> tuple[pa.Array, pa.Array]:
+def _pack_group(columns: dict[str, pa.ChunkedArray], n: int, group: PackedGroup) -> GroupIds:
     # One kernel call for the whole group (picasso.kernels.pack_group: C++ over the Arrow
     # buffers where it is built, else its numpy reference): at hundreds of fields, a few
     # numpy calls per field cost more than the ids. The arrays stay referenced here, as the
     # kernel reads their buffers in place.
     arrays = [_list_array(columns[name]) for name in group.fields]
-    packed = kernels.pack_group(arrays, group.id_offsets, n)
-    bag_starts, num_fields = packed.bag_starts, group.num_fields
+    return kernels.pack_group(arrays, group.id_offsets, n)
+
+
+def _group_columns(packed: GroupIds, num_fields: int) -> tuple[pa.Array, pa.Array]:
+    """A group's `g.ids` and `g.offsets` columns, on the packed arrays' memory."""
+    bag_starts = packed.bag_starts
     sample_offsets = pa.array(bag_starts[::num_fields])
     ids_column = pa.ListArray.from_arrays(sample_offsets, pa.array(packed.ids))
     offsets_column = pa.FixedSizeListArray.from_arrays(pa.array(bag_starts[:-1]), num_fields)
@@ -231,15 +236,28 @@ def pack(table: pa.Table, spec: FeatureSpec, plan: PackingPlan, positions: dict[
     """Pack a canonical table (see connectors.decoding.validation) into one PackedBatch; positions:
     per source, the next position after it; starts: its first."""
     dense_names = spec.dense_names
-    columns = {"label": pa.array(table.column("label").to_numpy().astype(np.float32, copy=False))}
+    label = table.column("label").to_numpy().astype(np.float32, copy=False)
+    dense = None
     if dense_names:
         dense = np.stack([table.column(name).to_numpy() for name in dense_names], axis=1).astype(np.float32)
-        columns["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), len(dense_names))
     # By name once: Table.column(name) looks the name up in the schema, a microsecond and
     # more per field.
     by_name = dict(zip(table.column_names, table.columns))
-    for group in plan.groups:
-        columns[f"{group.name}.ids"], columns[f"{group.name}.offsets"] = _pack_group(by_name, table.num_rows, group)
+    groups = [_pack_group(by_name, table.num_rows, group) for group in plan.groups]
+    return packed_batch(label, dense, plan, groups, positions, starts)
+
+
+def packed_batch(label: np.ndarray, dense: np.ndarray | None, plan: PackingPlan, groups: list[GroupIds],
+                 positions: dict[str, int] | None = None, starts: dict[str, int] | None = None) -> PackedBatch:
+    """The PackedBatch of packed arrays (label float32 (n,), dense float32 (n, fields) or
+    None for a spec without dense fields, and each of plan's groups' ids), on their memory:
+    what pack makes of a canonical table, and the one-pass decode
+    (connectors.decoding.packed_decode) of a raw batch."""
+    columns = {"label": pa.array(label)}
+    if dense is not None:
+        columns["dense"] = pa.FixedSizeListArray.from_arrays(pa.array(dense.reshape(-1)), dense.shape[1])
+    for group, packed in zip(plan.groups, groups):
+        columns[f"{group.name}.ids"], columns[f"{group.name}.offsets"] = _group_columns(packed, group.num_fields)
     metadata = {POSITIONS_KEY: json.dumps(positions or {}, sort_keys=True).encode()}
     if starts:
         metadata[STARTS_KEY] = json.dumps(starts, sort_keys=True).encode()

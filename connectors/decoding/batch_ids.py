@@ -177,8 +177,13 @@ def _problems_by_column(decoded: DecodedIds, columns: int) -> list[np.ndarray | 
 
 
 def _refuse(f: SparseField, problems: np.ndarray, verdicts: Verdicts) -> None:
-    for code, reason in _REASONS.items():
+    for code in _REASONS:
         found = problems[problems[:, 2] == code]
         if len(found):
             detail = dict(zip(found[:, 1].tolist(), found[:, 3].tolist()))
-            verdicts.refuse(found[:, 1], lambda i, reason=reason: reason(f, detail[i]))
+            verdicts.refuse(found[:, 1], lambda i, code=code: problem_reason(f, code, detail[i]))
+
+
+def problem_reason(f: SparseField, code: int, detail: int) -> str:
+    """Why field f refuses a row, from a kernel's problem code and detail (id_columns)."""
+    return _REASONS[code](f, detail)

@@ -67,8 +67,8 @@ class RecordDecoder:
     def _decode(self, parsed: ParsedColumns, source: str, first_position: int,
                 positions: Sequence[int] | None) -> DecodeResult:
         n = parsed.num_rows
-        return self._validate(parsed.columns, n, parsed.verdicts, source, _positions(first_position, positions, n),
-                              parsed.payload_of)
+        return self._validate(parsed.columns, n, parsed.verdicts, source,
+                              record_positions(first_position, positions, n), parsed.payload_of)
 
     def _validate(self, columns, n, verdicts, source, positions, payload_of) -> DecodeResult:
         # The one call every format's records pass through, kept on the decoder so that a
@@ -77,6 +77,6 @@ class RecordDecoder:
         return self.validator.validate(columns, n, verdicts, source, positions, payload_of)
 
 
-def _positions(first_position: int, positions: Sequence[int] | None, n: int) -> np.ndarray:
+def record_positions(first_position: int, positions: Sequence[int] | None, n: int) -> np.ndarray:
     """Each record's position in its source: given, or consecutive from first_position."""
     return np.asarray(positions) if positions is not None else first_position + np.arange(n)

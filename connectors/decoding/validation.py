@@ -89,10 +89,7 @@ class ColumnValidator:
             arrays += [out[f.name] for f in spec.id_features]
             arrays += list(events.values())
         table = pa.Table.from_arrays(arrays, schema=self.schema)
-        dead = [
-            DeadLetter(source=source, position=int(positions[i]), payload=payload_of(i), reason=verdicts.reasons[i])
-            for i in sorted(verdicts.reasons)
-        ]
+        dead = dead_letters(verdicts.reasons, source, positions, payload_of)
         return DecodeResult(table=table, dead_letters=dead, valid_mask=good, absent=absent)
 
     def _absent(self, columns: dict[str, object], n: int, good: np.ndarray) -> dict[str, int]:
@@ -116,14 +113,14 @@ class ColumnValidator:
         """The labels as read (float64, for the join fields' checks) and the label column."""
         name = self.spec.label
         if values is None and self.options.require_label:
-            verdicts.refuse(np.ones(n, dtype=bool), lambda _: f"missing label '{name}'")
+            verdicts.refuse(np.ones(n, dtype=bool), lambda _: missing_label_reason(name))
         label, label_null = _numbers(name, values, n, verdicts)
         if self.options.require_label:
-            verdicts.refuse(label_null, lambda _: f"missing label '{name}'")
+            verdicts.refuse(label_null, lambda _: missing_label_reason(name))
             not_finite = ~label_null & ~np.isfinite(label)
-            verdicts.refuse(not_finite, lambda i: f"label '{name}' is not finite ({label[i]})")
+            verdicts.refuse(not_finite, lambda i: label_not_finite_reason(name, label[i]))
             out_of_range = ~label_null & ~not_finite & ((label < 0) | (label > 1))
-            verdicts.refuse(out_of_range, lambda i: f"label '{name}' must be in [0, 1], got {label[i]}")
+            verdicts.refuse(out_of_range, lambda i: label_out_of_range_reason(name, label[i]))
         # Refused or missing labels (any value outside [0, 1]) are zeroed before the cast.
         # Adding 0.0 turns -0.0 into 0.0: json.loads reads `-0` as the integer 0, Arrow's
         # reader as -0.0 in a column of doubles, and the two paths must give one row.
@@ -148,22 +145,51 @@ class ColumnValidator:
                 column, null = _numbers(f.name, columns.get(f.name), n, verdicts)
                 values[:, j] = np.where(null, 0.0, column) if null.any() else column
         values += 0.0  # -0.0 becomes 0.0, as for labels
-        if self._log1p.all():  # Criteo's case: the whole matrix, in place
-            values = _signed_log1p(values)
-        elif self._log1p.any():
-            values[:, self._log1p] = _signed_log1p(values[:, self._log1p])
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow is what is checked next
-            dense = values.astype(np.float32)
+        values, dense = dense_values(values, self._log1p)
         bad = ~np.isfinite(dense)
         if bad.any():
             for j in np.flatnonzero(bad.any(axis=0)):
-                def reason(i: int, j: int = j) -> str:
-                    problem = "does not fit a float32" if np.isfinite(values[i, j]) else "not finite"
-                    return f"field '{fields[j].name}': {problem} ({values[i, j]})"
-
-                verdicts.refuse(bad[:, j], reason)
+                verdicts.refuse(bad[:, j], lambda i, j=j: dense_reason(fields[j].name, values[i, j]))
             dense[bad] = 0.0
         return dense
+
+
+# Why a row is refused for its label or a dense value: one text per check, whichever path
+# (this module's, or the one-pass kernel's: decoding.packed_decode) found it.
+def missing_label_reason(name: str) -> str:
+    return f"missing label '{name}'"
+
+
+def label_not_finite_reason(name: str, value: float) -> str:
+    return f"label '{name}' is not finite ({value})"
+
+
+def label_out_of_range_reason(name: str, value: float) -> str:
+    return f"label '{name}' must be in [0, 1], got {value}"
+
+
+def dense_reason(name: str, value: float) -> str:
+    """A dense value (transformed) that is not finite, or does not fit a float32."""
+    problem = "does not fit a float32" if np.isfinite(value) else "not finite"
+    return f"field '{name}': {problem} ({value})"
+
+
+def dense_values(values: np.ndarray, log1p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A (rows, fields) float64 matrix of dense values as read (missing values 0) with the
+    log1p fields transformed, and as float32; values too big for a float32 become inf."""
+    if log1p.all():  # Criteo's case: the whole matrix, in place
+        values = _signed_log1p(values)
+    elif log1p.any():
+        values[:, log1p] = _signed_log1p(values[:, log1p])
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is what the caller checks
+        return values, values.astype(np.float32)
+
+
+def dead_letters(reasons: dict[int, str], source: str, positions: np.ndarray,
+                 payload_of: Callable[[int], str]) -> list[DeadLetter]:
+    """A dead letter per refused row (by row), with its position and payload."""
+    return [DeadLetter(source=source, position=int(positions[i]), payload=payload_of(i), reason=reasons[i])
+            for i in sorted(reasons)]
 
 
 def _numbers(name: str, values, n: int, verdicts: Verdicts) -> tuple[np.ndarray, np.ndarray]:

@@ -13,6 +13,7 @@
 #include "decode_ids.cpp"
 #include "pack_groups.cpp"
 #include "cross_ids.cpp"
+#include "decode_pack.cpp"  // after decode_ids.cpp and pack_groups.cpp, whose ops it calls
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   picasso_kernels::packed_embedding::register_ops(m.def_submodule("packed_embedding"));
@@ -22,4 +23,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   picasso_kernels::decode_ids::register_ops(m.def_submodule("decode_ids"));
   picasso_kernels::pack_groups::register_ops(m.def_submodule("pack_groups"));
   picasso_kernels::cross_ids::register_ops(m.def_submodule("cross_ids"));
+  picasso_kernels::decode_pack::register_ops(m.def_submodule("decode_pack"));
 }
