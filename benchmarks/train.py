@@ -12,11 +12,12 @@ batches, decoding included:
 - torchrec: TorchRec's FusedEmbeddingBagCollection fed KeyedJaggedTensors built from the
   Arrow batches ('absent' when torchrec is not installed; the recipe is in the README);
   (the three rivals: benchmarks/train_rivals.py)
-- picasso: RecordDecoder + pack, then Trainer.train with its defaults (no hot-row cache:
-  on a CPU its fast tier would be the same memory; interleaving where it pays,
-  interleave.worth_interleaving), and the same with interleaving the other way (on where
-  the default is off, `picasso_interleaved`; off where it is on, as under `OMP_NUM_THREADS=1
-  taskset -c 0,1`: `picasso_not_interleaved`). `--cache CAPACITY`
+- picasso: RecordDecoder + pack in one pass (PackingDecoder; with crosses, one after the
+  other), then Trainer.train with its defaults (no hot-row cache: on a CPU its fast tier
+  would be the same memory; interleaving where it pays, interleave.worth_interleaving), and
+  the same with interleaving the other way (on where the default is off,
+  `picasso_interleaved`; off where it is on, as under `OMP_NUM_THREADS=1 taskset -c 0,1`:
+  `picasso_not_interleaved`). `--cache CAPACITY`
   gives every picasso run the hot-row cache (`--cache-capacity`'s values: rows, bytes or a
   share of each table, e.g. 10%), to measure interleaving where a step also stages rows
   and refreshes the cache (picasso_cache_hit_rate@F in the metrics);
@@ -57,9 +58,9 @@ import torch.nn.functional as F
 from benchmarks.harness import parse_args, report, sized, torchrec_absent
 from benchmarks.train_rivals import NaiveRival, PlainRival, TorchRecRival
 from picasso import kernels
-from picasso.batch import pack
 from picasso.builtin_specs import builtin_spec
 from picasso.cache import CacheConfig, parse_capacity
+from picasso.connectors.decoding.packed_decode import PackingDecoder
 from picasso.connectors.decoding.record_decoder import RecordDecoder
 from picasso.interleave import worth_interleaving
 from picasso.metrics import auc
@@ -124,16 +125,18 @@ def run_picasso(model_name: str, data: Data, precision: str, interleave: bool | 
                 cache: CacheConfig | None) -> Outcome:
     spec = data.spec
     plan = PackingPlan.from_spec(spec)
-    decoder = RecordDecoder(spec)
+    # Decoded and packed in one pass (one kernel call a batch) where the batch allows: a spec
+    # with crosses takes the reference path, decode_table then pack (connectors.decoding.packed_decode).
+    decoder = PackingDecoder(RecordDecoder(spec), plan)
     trainer = Trainer(spec, train_config(model_name, precision, interleave, cache))
 
     def train(batches) -> int:
         # Lazily: with interleaving on, decoding and packing run in the worker thread.
-        packed = (pack(decoder.decode_table(batch, "bench").table, spec, plan) for batch in batches)
+        packed = (decoder.decode_and_pack(batch, "bench").packed for batch in batches)
         return trainer.train(packed).samples
 
     rate = timed(train, data.train)
-    held_out = pack(decoder.decode_table(data.test, "bench").table, spec, plan)
+    held_out = decoder.decode_and_pack(data.test, "bench").packed
     hit_rate = trainer.cache.stats.hit_rate if trainer.cache is not None else None
     return Outcome(rate, auc(data.labels, trainer.predict(held_out)), hit_rate)
 
