@@ -13,7 +13,8 @@ rate = (N - n) / (T_N - T_n) samples/s is what a row costs past the command's fi
 and fixed cost = T_n - n / rate (imports, kernels, Beam's start, the broker, MLflow) is
 reported apart. --small-rows 0 runs each command once, on N: the line then goes through
 (0, 0 s), so the rate holds the fixed cost and the fixed cost reads 0 (--smoke does this:
-each process costs seconds of start-up).
+each process costs seconds of start-up). --repeat R (default 1) runs every command R times,
+in rounds that take turns, and takes the medians.
 
 What is timed: for daily and the cycle stream, the process from spawn to exit (it ends
 once everything is trained, checkpointed and its one version published); for the endless
@@ -203,20 +204,24 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def measure(name: str, run: Callable[[int, Path], float], sizes: list[int], repeat: int, root: Path) -> PastFixedCost:
-    """run(rows, fresh workdir) -> seconds, on the large then the small size, `repeat`
-    times; the medians."""
-    seconds: dict[int, list[float]] = {size: [0.0] if size == 0 else [] for size in sizes}
+def measure_in_turns(runs: dict[str, Callable[[int, Path], float]], sizes: list[int], repeat: int,
+                     root: Path) -> dict[str, PastFixedCost]:
+    """run(rows, fresh workdir) -> seconds for every command, on the large then the small
+    size, in rounds (`repeat` of them: a, b, c, a, b, c), so that a busy minute of a shared
+    machine slows every command alike rather than whichever ran then; the medians."""
+    seconds = {(name, size): [0.0] if size == 0 else [] for name in runs for size in sizes}
     for rep in range(repeat):
-        for size in sizes:
-            if size == 0:  # --small-rows 0: nothing to run
-                continue
-            workdir = root / f"{name}-{size}-{rep}"
-            workdir.mkdir(parents=True)
-            seconds[size].append(run(size, workdir))
-            say(f"{name} on {size:,} rows: {seconds[size][-1]:.1f} s")
+        for name, run in runs.items():
+            for size in sizes:
+                if size == 0:  # --small-rows 0: nothing to run
+                    continue
+                workdir = root / f"{name}-{size}-{rep}"
+                workdir.mkdir(parents=True)
+                seconds[name, size].append(run(size, workdir))
+                say(f"{name} on {size:,} rows: {seconds[name, size][-1]:.1f} s")
     large, small = sizes
-    return PastFixedCost(large, small, statistics.median(seconds[large]), statistics.median(seconds[small]))
+    return {name: PastFixedCost(large, small, statistics.median(seconds[name, large]),
+                                statistics.median(seconds[name, small])) for name in runs}
 
 
 def in_process(spec, rows: pa.Table, held_out: pa.Table, precision: str, repeat: int) -> dict[str, float]:
@@ -269,7 +274,7 @@ def main() -> None:
             "cycle_arrow": lambda n, w: cycle_seconds(topics, "arrow", n, w, flags),
             "endless": lambda n, w: endless_seconds(topics, n, w, flags),
         }
-        measured = {name: measure(name, run, sizes, args.repeat, root) for name, run in runs.items()}
+        measured = measure_in_turns(runs, sizes, args.repeat, root)
         (root / "one-row").mkdir()
         one_row_s = daily_seconds(days, 1, root / "one-row", flags)
         say(f"daily on one row: {one_row_s:.1f} s")
@@ -304,7 +309,8 @@ def print_report(args, measured: dict[str, PastFixedCost], rates: dict[str, floa
     n, small = f"{args.rows:,}", f"{args.small_rows:,}"
     report("cli", ["", "samples/s past the fixed cost", "fixed cost (s)", f"wall s, {n} rows",
                    f"wall s, {small} rows", "vs daily"], rows, ratios, metrics, args.json,
-           caption=f"{MODEL} at 39 fields, batch {BATCH}, {args.precision}, median of {args.repeat}; goals: "
+           caption=f"{MODEL} at 39 fields, batch {BATCH}, {args.precision}, median of {args.repeat}, kernels "
+                   f"{kernel_metrics['kernel_backend']}; goals: "
                    f"daily_vs_trainer >= {GOALS['daily_vs_trainer']}, stream_vs_daily >= {GOALS['stream_vs_daily']}, "
                    f"endless_vs_daily >= {GOALS['endless_vs_daily']}, daily on one row <= "
                    f"{GOALS['daily_one_row_s']:g} s, endless fixed cost <= the cycle stream's, picasso --version <= "
