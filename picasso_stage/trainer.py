@@ -151,6 +151,19 @@ class Trainer:
         """
         return self._finish(self._begin(self._prepare(batch))).loss_sum
 
+    def train_step_scored(self, batch: PackedBatch) -> tuple[float, np.ndarray]:
+        """train_step, and the batch's click probabilities before it (a stream's test-then-
+        train metrics). They are the step's own forward pass where that is predict's, score
+        for score: no dropout, and no dynamic table (a step admits new keys, predict does
+        not); else predict runs first, a second forward pass."""
+        if not batch.num_samples:
+            return self.train_step(batch), np.zeros(0, dtype=np.float32)
+        if self.config.dropout or "dynamic_rows" in self.model._modules:
+            scores = self.predict(batch)
+            return self.train_step(batch), scores
+        loss_sum = self.train_step(batch)
+        return loss_sum, self.model.scores_before_update.cpu().numpy()
+
     def pipeline(self) -> StepPipeline:
         """Steps as a pipeline (picasso.interleave.StepPipeline): push(batch) starts a step
         and returns the StepResults of the steps that finished; drain() computes the last.

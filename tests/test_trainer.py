@@ -395,3 +395,28 @@ def test_predict_and_evaluate_leave_the_mode_they_found(mode):
     trainer.predict(batch)
     trainer.evaluate([batch])
     assert all(module.training == (mode == "train") for module in trainer.model.modules())
+
+
+@pytest.mark.parametrize("setting", ["plain", "cache", "dropout", "dynamic"])
+def test_a_scored_step_gives_the_scores_predict_gives_before_it(setting):
+    """A stream's test-then-train scores come from the step's own forward pass where those
+    are predict's (plain, with a hot-row cache); with dropout or a dynamic table, predict
+    scores first. Either way: predict's scores of the batch before the step, the same step."""
+    from picasso.cache import CacheConfig
+
+    spec = SPEC
+    config = replace(CONFIG, dropout=0.3) if setting == "dropout" else replace(
+        CONFIG, cache=CacheConfig(capacity="20%")) if setting == "cache" else CONFIG
+    if setting == "dynamic":
+        raw = SPEC.to_dict()
+        raw["sparse"].append({"name": "e", "embedding_dim": 4,
+                              "dynamic": {"capacity": 60, "admit_after": 1, "evict_after_steps": 2}})
+        spec = parse_spec(raw)
+    batches, _ = planted_batches(spec, rows=4 * 128, batch_size=128)
+    plain = Trainer(spec, config)  # one after the other: each seeds torch's generator (dropout's)
+    expected = [(plain.predict(batch), plain.train_step(batch)) for batch in batches]
+    scored = Trainer(spec, config)
+    for batch, (scores, loss) in zip(batches, expected):
+        got_loss, got_scores = scored.train_step_scored(batch)
+        assert np.array_equal(got_scores, scores) and got_loss == loss
+    assert_state_equal(scored.state()["model"], plain.state()["model"])

@@ -165,13 +165,12 @@ class StreamModel:
         return result
 
     def score_and_train(self, batch: PackedBatch) -> StepResult:
-        """Score the batch (for the window's metrics), then train on it."""
-        if batch.num_samples:
-            # Scored whether or not the window is kept: a step must not depend on it.
-            scores = self.trainer.predict(batch)
-            if self.keeps_window:
-                self.window.add(batch.data.column("label").to_numpy(), scores)
-        loss_sum = self.trainer.train_step(batch)
+        """Score the batch (for the window's metrics), then train on it: the scores are the
+        model's before the step (Trainer.train_step_scored), whether or not the window is
+        kept, so that no step depends on it."""
+        loss_sum, scores = self.trainer.train_step_scored(batch)
+        if batch.num_samples and self.keeps_window:
+            self.window.add(batch.data.column("label").to_numpy(), scores)
         return StepResult(self.trainer.step, batch.num_samples, loss_sum, batch.positions)
 
     def window_metrics(self) -> dict[str, float]:
