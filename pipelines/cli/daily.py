@@ -23,14 +23,14 @@ from picasso.train_config import TrainConfig
 
 
 def daily_config(args, data: str, date: str):
-    """The DailyConfig the flags describe. It makes WORKDIR and opens its MLflow target
-    (a default SQLite store is made complete there), and trains nothing."""
-    # Beam's runners and MLflow: seconds of start-up that the commands which never run a
-    # pipeline (generate, plan, produce, ps, ...) would pay too if it were imported at the top.
-    from picasso.pipelines.runs.daily import DailyConfig
+    """The DailyConfig the flags describe. It makes WORKDIR and names its MLflow target,
+    and trains nothing. The target's store is made by the run's first call to MLflow (a
+    publish, a champion's lookup), so that a partition which publishes nothing (too small
+    to score, refused, only checkpointed in a range) never loads MLflow."""
+    from picasso.pipelines.runs.daily import DailyConfig  # Beam's runners: for the run alone
 
     workdir = storage.make_folder(args.workdir)
-    target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name)
+    target = MLflowTarget.for_workdir(workdir, args.mlflow_uri, args.experiment, args.model_name, make_store=False)
     return DailyConfig(
         data_root=data,
         date=date,

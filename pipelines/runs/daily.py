@@ -51,7 +51,6 @@ from picasso.connectors.decoding.contracts import DecodeOptions
 from picasso.connectors.partitions import parse_partition
 from picasso.serving.publishing.registry_tags import EVALUATION, ORIGIN, PARENT_CHECKPOINT
 from picasso.pipelines.runs.lineage import partitions_origin
-from picasso.serving.publishing.champion import champion_checkpoint
 from picasso.serving.publishing.contract import PUBLISHED, MLflowTarget, PublishOutcome, PublishRequest
 from picasso.serving.publishing.outbox import PublishOutbox
 from picasso.serving.publishing.policy import PublishPolicy
@@ -397,6 +396,9 @@ def _start_from(config: DailyConfig) -> tuple[str | None, str | None]:
     if config.warm_start == "none":
         return None, None
     if config.warm_start == "champion":
+        # MLflow, for the registry's champion: a run that publishes nothing loads it nowhere else.
+        from picasso.serving.publishing.champion import champion_checkpoint
+
         champion = champion_checkpoint(config.mlflow, config.policy)
         if champion is not None:
             log.info("warm start from the champion, version %s: %s", champion.version, champion.checkpoint_path)

@@ -36,7 +36,6 @@ import logging
 from dataclasses import asdict, dataclass
 
 from kafka import TopicPartition
-from mlflow.exceptions import MlflowException
 
 from picasso import storage
 from picasso.checkpoint import checkpoint_metrics, latest_checkpoint
@@ -45,9 +44,7 @@ from picasso.connectors.kafka_readers import open_reader
 from picasso.connectors.kafka_times import offsets_at_time
 from picasso.connectors.partitions import partition_end_ms
 from picasso.serving.publishing import registry_tags as tags
-from picasso.serving.publishing.mlflow_env import http_settings
 from picasso.serving.publishing.policy import CHAMPION, PublishPolicy
-from picasso.serving.publishing.registry import NO_SUCH_VERSION, client_for, latest_version, version_by_alias
 from picasso.pipelines.runs.stream_state import StreamLedger
 from picasso.trainer import Trainer
 
@@ -111,6 +108,8 @@ def find_start_model(source: str, target, policy: PublishPolicy = PublishPolicy(
     if StreamStart(source).registry:
         if target is None:
             raise ValueError(f"--warm-start {source}: a registered model needs --mlflow-uri")
+        from picasso.serving.publishing.mlflow_env import http_settings  # MLflow: see _version
+
         with http_settings(policy):
             version = _version(source, target)
         return _from_version(source, version)
@@ -118,6 +117,12 @@ def find_start_model(source: str, target, policy: PublishPolicy = PublishPolicy(
 
 
 def _version(source: str, target):
+    # MLflow, for a start from the registry alone: a stream that starts otherwise and does
+    # not publish never loads it.
+    from mlflow.exceptions import MlflowException
+
+    from picasso.serving.publishing.registry import NO_SUCH_VERSION, client_for, latest_version, version_by_alias
+
     client = client_for(target)
     name, found = target.model_name, None
     if source == "champion":

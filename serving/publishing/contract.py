@@ -23,15 +23,19 @@ class MLflowTarget:
 
     @classmethod
     def for_workdir(cls, workdir: str | Path, tracking_uri: str | None = None, experiment: str = "picasso",
-                    model_name: str = "picasso-ctr") -> "MLflowTarget":
+                    model_name: str = "picasso-ctr", make_store: bool = True) -> "MLflowTarget":
         """The given server, or by default a local store in workdir: sqlite:///WORKDIR/mlflow.db
         with artifacts under WORKDIR/mlartifacts.
 
         Every command that talks to MLflow gets its target here, before anything opens the
         store, so this is where a SQLite store (the default one, or a sqlite:/// URI given)
-        is made complete, in one step (serving/publishing/local_store.py). It raises
-        HalfMadeStoreError for a half-made store that holds data, and ValueError for a
-        workdir at a URL without a tracking URI: SQLite cannot live on an object store."""
+        is made complete, in one step (make_store). It raises HalfMadeStoreError for a
+        half-made store that holds data, and ValueError for a workdir at a URL without a
+        tracking URI: SQLite cannot live on an object store.
+
+        make_store=False leaves the store to the first client of it (registry.client_for):
+        a run that may publish nothing (a daily partition too small to score) then never
+        loads MLflow, whose import and schema take seconds."""
         if storage.is_url(workdir) and not tracking_uri:
             raise ValueError(f"the work folder {workdir} is not on a local disk, so it cannot hold the default "
                              "SQLite MLflow store: give an MLflow server (--mlflow-uri or $MLFLOW_TRACKING_URI)")
@@ -42,8 +46,14 @@ class MLflowTarget:
             model_name=model_name,
             artifact_location=None if tracking_uri else (workdir / "mlartifacts").as_uri(),
         )
-        ensure_sqlite_store(target.tracking_uri, target.artifact_location)
+        if make_store:
+            target.make_store()
         return target
+
+    def make_store(self) -> None:
+        """A sqlite:/// store made complete, in one step (serving/publishing/local_store.py:
+        ensure_sqlite_store, which imports MLflow); other URIs: nothing to do."""
+        ensure_sqlite_store(self.tracking_uri, self.artifact_location)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,6 @@ from picasso import storage
 from picasso.serving.publishing.contract import (PENDING, PUBLISHED, MLflowTarget, ModelVersionRef,
                                                     PublishOutcome, PublishRequest)
 from picasso.serving.publishing.policy import PublishPolicy
-from picasso.serving.publishing.publication import publish
 
 log = logging.getLogger(__name__)
 _REQUEST = "request.json"
@@ -111,6 +110,12 @@ class PublishOutbox:
         on the next flush, so such a record must take a version once."""
         outcomes = []
         entries = self.pending()
+        if not entries:
+            return outcomes
+        # MLflow, for a flush that publishes: adding to the outbox and reading it (a run that
+        # made no version, a count of what is pending) never loads it.
+        from picasso.serving.publishing.publication import publish
+
         for i, entry in enumerate(entries):
             request = self._request(entry)
             try:

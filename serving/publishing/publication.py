@@ -308,6 +308,7 @@ def publish(request: PublishRequest, target: MLflowTarget, policy: PublishPolicy
     """
     local_workspace = Path(workspace) if workspace and not storage.is_url(workspace) else None
     publication = _Publication(request, target, policy, local_workspace, checkpoint_dir, on_stage)
+    target.make_store()  # before the retries: a half-made store holding data is refused at once, not retried
     with http_settings(policy), fluent_uris(target.tracking_uri):
         return with_retries(publication.attempt, policy.retry, f"publishing {publication.checkpoint_id}",
                             sleep or time.sleep)

@@ -18,7 +18,10 @@ NO_SUCH_VERSION = ALIAS_ABSENT + ("NOT_FOUND",)
 
 
 def client_for(target: MLflowTarget) -> MlflowClient:
-    """A client whose tracking store and registry are both the target's."""
+    """A client whose tracking store and registry are both the target's, a SQLite store made
+    complete first (MLflowTarget.make_store: a target made without its store, or one whose
+    store went since; a complete one is only looked at)."""
+    target.make_store()
     return MlflowClient(target.tracking_uri, target.tracking_uri)
 
 
