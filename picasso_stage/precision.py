@@ -6,9 +6,9 @@ fp32, as do the embedding tables and their fused updates (models.common.dense_au
 
 `auto`, the default, takes bf16 where the hardware runs it natively and fp32 elsewhere:
 on a CPU without AVX-512 BF16 or AMX, autocast's bf16 is emulated and slower than fp32.
-On an AMD EPYC with avx512_bf16, bf16 trained Wide&Deep 1.3-2x faster than fp32 at a
-held-out AUC within 0.001 (benchmarks.train's bf16_vs_fp32@F); where a model is known to
-lose more than 0.002 AUC in bf16, auto keeps it in fp32 (FP32_MODELS).
+Where a model is known to lose more than 0.002 AUC in bf16 (a learning test, or
+benchmarks.movielens --sweep precision), auto keeps it in fp32 (FP32_MODELS); the README's
+precision note has the figures.
 
 Torch-free, so that the command line can offer the choices without importing torch.
 """

@@ -136,11 +136,15 @@ class _SteppedFlatLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, flat_grad, *own_grads):
         own = iter(own_grads)
+
+        def grad_of(look: GroupLookup, table: SteppedTable, column: int | None) -> torch.Tensor | None:
+            if column is None:
+                return next(own)
+            return None if flat_grad is None else _columns(flat_grad, column, look.bags, table)
+
         for look in ctx.lookups:
-            grads = [next(own) if column is None else None if flat_grad is None else
-                     _columns(flat_grad, column, look.bags, table)
-                     for table, column in zip(look.tables, look.columns)]
-            _step_tables(look.bags, look.tables, grads)
+            _step_tables(look.bags, look.tables,
+                         [grad_of(look, table, column) for table, column in zip(look.tables, look.columns)])
         return None, None, None, None
 
 
