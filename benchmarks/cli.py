@@ -55,7 +55,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from benchmarks.backfill import kernels_ready, picasso
-from benchmarks.endless_job import _start, _stop, _wait_trained
+from benchmarks.endless_job import start_job, stop_job, wait_trained
 from benchmarks.freshness import local_target
 from benchmarks.harness import median_seconds, parse_args, report, sized
 from benchmarks.kafka_bench import kafka_broker, produce_all
@@ -187,9 +187,9 @@ def endless_seconds(topics: Topics, rows: int, workdir: Path, flags: list[str]) 
     local_target(workdir)
     command = [*CLI, *stream_args(topics, "json", rows, workdir, flags), "--endless", "--checkpoint-every-s", "1"]
     started = time.perf_counter()
-    process = _start(command, workdir / "endless.log")
-    done = _wait_trained(process, workdir, topics.by_format_rows["json", rows], rows)  # one message, one row
-    _stop(process)
+    process = start_job(command, workdir / "endless.log")
+    done = wait_trained(process, workdir, topics.by_format_rows["json", rows], rows)  # one message, one row
+    stop_job(process)
     return done - started
 
 

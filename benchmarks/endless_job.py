@@ -80,7 +80,8 @@ def _command(workdir: Path, bootstrap: str, topic: str, args, *extra: str) -> li
             "--group-id", f"{topic}.group", *extra]
 
 
-def _start(command: list[str], log: Path) -> subprocess.Popen:
+def start_job(command: list[str], log: Path) -> subprocess.Popen:
+    """A job's process, its output appended to `log` (benchmarks.cli starts its endless job so too)."""
     with open(log, "ab") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
 
@@ -90,7 +91,7 @@ def _positions(workdir: Path) -> dict[str, int]:
     return load_checkpoint(path).positions if path else {}
 
 
-def _wait_trained(process: subprocess.Popen, workdir: Path, topic: str, end: int, timeout: float = 1800) -> float:
+def wait_trained(process: subprocess.Popen, workdir: Path, topic: str, end: int, timeout: float = 1800) -> float:
     """Until the newest checkpoint holds every one of `end` messages; the time it did."""
     deadline = time.monotonic() + timeout
     while _positions(workdir).get(f"{topic}/0", 0) < end:
@@ -101,7 +102,8 @@ def _wait_trained(process: subprocess.Popen, workdir: Path, topic: str, end: int
     return time.perf_counter()
 
 
-def _stop(process: subprocess.Popen) -> None:
+def stop_job(process: subprocess.Popen) -> None:
+    """SIGTERM, as a scheduler stops a job, and a kill only if it outlasts 5 minutes."""
     process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=300)
@@ -122,14 +124,14 @@ def freshness(kind: str, root: Path, bootstrap: str, values: list[bytes], args) 
     ensure_topic(connection, topic, 1)
     workdir = root / f"fresh-{kind}"
     flags = ("--endless",) if kind == "endless" else ()
-    process = _start(_command(workdir, bootstrap, topic, args, "--publish-every", str(args.publish_every), *flags),
+    process = start_job(_command(workdir, bootstrap, topic, args, "--publish-every", str(args.publish_every), *flags),
                      root / f"fresh-{kind}.log")
     time.sleep(args.startup_s)  # start-up (imports, the kernels) is not what a version's age measures
     producer = Producer(connection, topic, values[:int(args.rate * args.seconds)], args.rate)
     producer.start()
     producer.join()
-    _wait_trained(process, workdir, topic, len(producer.offsets))
-    _stop(process)
+    wait_trained(process, workdir, topic, len(producer.offsets))
+    stop_job(process)
     return _ages(workdir)
 
 
@@ -142,11 +144,11 @@ def throughput(kind: str, root: Path, bootstrap: str, values: list[bytes], args)
     workdir = root / f"backlog-{kind}"
     flags = ("--endless", "--checkpoint-every-s", "1") if kind == "endless" else ("--until-caught-up",)
     started = time.perf_counter()
-    process = _start(_command(workdir, bootstrap, topic, args, "--publish-every", "0", *flags),
+    process = start_job(_command(workdir, bootstrap, topic, args, "--publish-every", "0", *flags),
                      root / f"backlog-{kind}.log")
-    done = _wait_trained(process, workdir, topic, args.backlog)
+    done = wait_trained(process, workdir, topic, args.backlog)
     if kind == "endless":
-        _stop(process)
+        stop_job(process)
     process.wait(timeout=300)
     return args.backlog / (done - started)
 
@@ -166,14 +168,14 @@ def exactly_once(root: Path, bootstrap: str, values: list[bytes], args) -> dict:
     producer.start()
     kills = [round(rng.uniform(3.0, args.seconds / (KILLS + 1)), 1) for _ in range(KILLS)]
     for wait in kills:
-        process = _start(command, root / "once.log")
+        process = start_job(command, root / "once.log")
         time.sleep(wait)
         process.kill()
         process.wait()
-    process = _start(command, root / "once.log")
+    process = start_job(command, root / "once.log")
     producer.join()
-    _wait_trained(process, workdir, topic, len(producer.offsets))
-    _stop(process)
+    wait_trained(process, workdir, topic, len(producer.offsets))
+    stop_job(process)
     final = latest_checkpoint(workdir / "checkpoints")
     applied = read_applied(final).get(f"{topic}/0", [])
     good = [offset for i, offset in enumerate(producer.offsets) if i not in bad]
@@ -197,7 +199,7 @@ def memory(root: Path, bootstrap: str, values: list[bytes], args) -> dict:
     ensure_topic(connection, topic, 1)
     seconds = args.endless_minutes * 60
     workdir = root / "memory"
-    process = _start(_command(workdir, bootstrap, topic, args, "--endless", "--publish-every",
+    process = start_job(_command(workdir, bootstrap, topic, args, "--endless", "--publish-every",
                               str(args.publish_every)), root / "memory.log")
     count = int(args.rate * seconds)
     producer = Producer(connection, topic, [values[i % len(values)] for i in range(count)], args.rate)
@@ -206,7 +208,7 @@ def memory(root: Path, bootstrap: str, values: list[bytes], args) -> dict:
     while producer.is_alive():
         samples.append((time.monotonic() - started, _rss_bytes(process.pid)))
         time.sleep(5)
-    _stop(process)
+    stop_job(process)
     after_two = [rss for t, rss in samples if t >= 120] or [samples[-1][1]]
     return {"minutes": args.endless_minutes, "rss_at_minute_2_mb": after_two[0] / 2**20,
             "rss_at_end_mb": after_two[-1] / 2**20, "rss_peak_mb": max(r for _, r in samples) / 2**20,

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from picasso import kernels
+from picasso import big_tier, kernels
 from picasso.batch import TorchBatch
 from picasso.embedding import PackedEmbedding
 from picasso.hot_rows import HotRowDirectory
@@ -104,7 +104,9 @@ class TieredTable:
         names = [f"table_{group}"] + [f"slot{i}_{group}" for i in range(len(embedding.slots(group)))]
         if big_tier_dir is not None:
             for name in names:
-                embedding._buffers[name] = _memory_mapped(embedding._buffers[name], big_tier_dir / f"{id(embedding)}-{name}")
+                if big_tier.path_of(embedding._buffers[name]) is None:  # made in memory: copied into a file
+                    embedding._buffers[name] = _memory_mapped(embedding._buffers[name],
+                                                              big_tier_dir / f"{id(embedding)}-{name}")
         self.big = [embedding._buffers[name] for name in names]
         self.capacity = capacity
         self.device = device

@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from picasso import huge_pages, kernels
+from picasso import big_tier, kernels
 from picasso.kernels import SparseOptimizer
 from picasso.packing import PackedGroup, PackingPlan
 from picasso.stepped_lookup import GroupBags, GroupLookup, SteppedTable, pooled_into_flat, pooled_tables
@@ -68,9 +68,8 @@ class PackedEmbedding(nn.Module):
         self.group_dims = {g.name: dim or g.embedding_dim for g in plan.groups}
         for group in plan.groups:
             width = self.group_dims[group.name]
-            # Filled after it is asked onto huge pages: a big table's random rows then cost
-            # fewer TLB misses (huge_pages).
-            table = huge_pages.empty(group.num_rows, width).uniform_(-init_scale, init_scale)
+            # In memory on huge pages, or a file of the cache's big tier (big_tier).
+            table = big_tier.uniform(group.num_rows, width, -init_scale, init_scale, f"table_{group.name}")
             self.register_buffer(f"table_{group.name}", table)
             self.register_buffer(f"mean_{group.name}", torch.tensor(group.mean_pooled), persistent=False)
             self.register_buffer(f"max_len_{group.name}", torch.tensor(group.max_len), persistent=False)
@@ -93,12 +92,15 @@ class PackedEmbedding(nn.Module):
             optimizer = replace(default, name=group.optimizer or default.name)
             self.optimizers[group.name] = optimizer
             for i in range(2):  # drop the slots of a previous optimizer
-                self._buffers.pop(f"slot{i}_{group.name}", None)
+                dropped = self._buffers.pop(f"slot{i}_{group.name}", None)
+                if dropped is not None:
+                    big_tier.discard(dropped)
             table = getattr(self, f"table_{group.name}")
             for i, shape in enumerate(optimizer.slot_shapes(*table.shape)):
-                slot = huge_pages.empty(*shape).zero_() if table.device.type == "cpu" else torch.zeros(
+                name = f"slot{i}_{group.name}"
+                slot = big_tier.zeros(shape, name) if table.device.type == "cpu" else torch.zeros(
                     shape, device=table.device)
-                self.register_buffer(f"slot{i}_{group.name}", slot)
+                self.register_buffer(name, slot)
 
     def has_group(self, group: str) -> bool:
         """Whether this embedding has a table of `group` (a model's part, packing.for_part)."""

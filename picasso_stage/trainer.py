@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from picasso import big_tier
 from picasso.batch import PackedBatch, TorchBatch
 from picasso.cache import HotCache, PreparedBatch
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -114,11 +115,14 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.device = resolve_device(config.device)
         say_precision(config.precision, config.model, *config._device_bf16())
-        self.model = config.build_model(spec, self.plan)
-        sparse = config.sparse_optimizer_settings()
-        for module in self.model.modules():
-            if isinstance(module, PackedEmbedding):
-                module.configure_optimizer(sparse)
+        # With the cache's big tier on disk, the tables and slots are made as its files,
+        # never whole in memory (big_tier).
+        with big_tier.files_under(config.cache.big_tier_dir if config.cache else None):
+            self.model = config.build_model(spec, self.plan)
+            sparse = config.sparse_optimizer_settings()
+            for module in self.model.modules():
+                if isinstance(module, PackedEmbedding):
+                    module.configure_optimizer(sparse)
         # Built before the move to the device: with a cache, the tables stay on the host
         # as its big tier and only the fast tier goes to the device.
         self.cache = HotCache(self.model.embeddings(), config.cache, self.device, config.seed) if config.cache else None
