@@ -36,7 +36,10 @@ steps, with interleaving as picasso's default chooses it (`interleaved` in the m
    --big-tier-dir), at each table size of 1 (--cache-rows: which). Peak RSS there counts
    the mapped file's resident pages too (the kernel may drop those clean pages; they are
    not anonymous memory), so the sampled peak of anonymous memory (RssAnon, every 10 ms)
-   and the anonymous memory left after the steps are reported beside it.
+   and the anonymous memory left after the steps are reported beside it. Beside the
+   cached cases, the disk's own rates under --big-tier-dir (benchmarks.disk_rates:
+   `disk_write_mb_s`, `disk_read_mb_s` sequential, `disk_random_4k_write_mb_s` for pages
+   written at random, as a step's write-back dirties them).
 
 Ratios (higher means picasso is better): `step_flatness_A_to_B` (step at A over step at B:
 1/growth), `state_over_memory_B` (1/memory_over_state), `cached_vs_uncached_step@R`
@@ -72,6 +75,7 @@ from rich.console import Console
 from rich.progress import track
 
 from benchmarks.cache import ZipfStream
+from benchmarks.disk_rates import disk_rates
 from benchmarks.harness import cpu_description, parse_args, report, sized
 from picasso import kernels
 from picasso.kernels import cpu as cpu_kernels
@@ -234,14 +238,15 @@ def in_fresh_process(case: Case) -> dict:
 def estimated_peak(case: Case) -> int:
     """Bytes a case may need at its peak, before running it. Wide&Deep with row-wise
     Adagrad holds per row: the deep row and its slot, the wide row and its slot. With the
-    cache, the tables are built in RAM and copied into the mapped files (so twice the state
-    at the start), and the hot-row directory keeps 4 bytes per row, and 128 per fast-tier
-    slot in its count-min sketch (8 counters per slot, 4 deep)."""
+    cache, the tables are the mapped files (made on disk, picasso.big_tier: the pages the
+    steps touch stay resident, up to the whole state), the fast tier holds its rows, and
+    the hot-row directory keeps 4 bytes per row, and 128 per fast-tier slot in its
+    count-min sketch (8 counters per slot, 4 deep)."""
     state = case.rows * (case.dim + 3) * 4
     if not case.cache:
         return state
     capacity = case.rows * 0.1  # the default share; a guess for other capacities
-    return 2 * state + case.rows * 4 + int(capacity * (128 + (case.dim + 3) * 4))
+    return state + case.rows * 4 + int(capacity * (128 + (case.dim + 3) * 4))
 
 
 def available_bytes() -> int:
@@ -339,6 +344,10 @@ def main() -> None:
                            f"{results[key]['peak_rss'] / 2**20:,.0f} MiB")
 
     ratios, metrics = summarise(cases, results)
+    if any(kind == "cached" for kind, _ in results):
+        # The limit a big tier on disk can approach, on the disk it ran on.
+        metrics.update(disk_rates(args.big_tier_dir, size=sized(args, 1 << 30, 16 << 20),
+                                  random_pages=sized(args, 20_000, 500)))
     first = {}  # a case run once shows once in the table
     for key in results:
         first.setdefault(cases[key].same_as, key)

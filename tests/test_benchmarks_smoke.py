@@ -21,7 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
-HELPERS = {"__init__", "harness", "endless_job", "gba_inprocess", "kafka_bench", "movielens_crosses", "movielens_stream",
+HELPERS = {"__init__", "harness", "disk_rates", "endless_job", "gba_inprocess", "kafka_bench", "movielens_crosses", "movielens_stream",
            "sparse_rowwise_adagrad", "tensorpipe_channel", "train_rivals"}
 # Generous: a smoke run takes seconds on an idle machine, but starts brokers, servers and
 # worker processes, and the suite shares two cores with other work.
