@@ -20,7 +20,8 @@ def add_cache_args(parser: argparse.ArgumentParser, interleave: bool = True) -> 
     group.add_argument("--cache-refresh-every", type=int, default=100, help="steps between admissions and evictions")
     group.add_argument("--cache-half-life", type=float, default=2000.0, help="steps for an access count to halve")
     group.add_argument("--big-tier-dir", default=None,
-                       help="memory-map every table from files here (tables larger than RAM)")
+                       help="make every table and optimizer slot as a file here, memory-mapped, never "
+                            "whole in memory (tables larger than RAM); the files stay after the run")
     if interleave:
         group.add_argument("--interleave", choices=["auto", "on", "off"], default="auto",
                            help="prepare the next batch while a step computes: auto (default) does so with a GPU, "
