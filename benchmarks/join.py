@@ -12,14 +12,18 @@ All three are fed the very same calls: events in event-time order, cut into call
 key's hash and the key itself (join_keys, join_ids: all three compare keys exactly).
 
 - Throughput, on one core: the joins take the same calls until 1M impressions wait for
-  their label (15 minutes of traffic at 1,500 impressions a second); then the next
-  --timed-events events are timed. `vs_dict_join` is the dict join's time over picasso's,
-  `vs_reference_join` the reference join's.
-- Memory per pending impression, at 1M pending: what the join's state allocated (Python
-  objects and numpy arrays, the feature rows and the keys' text among them, by
-  tracemalloc; and for the dict join the Arrow tables its records hold, which tracemalloc
-  does not see), over the impressions it holds; against the raw event's size as JSON on
-  the topic.
+  their label (15 minutes of traffic at 1,500 impressions a second); then --repeat windows
+  of --timed-events events each are timed, the joins in turns (window 1 of each, then
+  window 2, ...), each join reading on from where its last window left it. The median
+  window is reported, and the spread (fastest less slowest). `vs_dict_join` is the dict
+  join's median time over picasso's, `vs_reference_join` the reference join's.
+- Memory per pending impression, at 1M pending: for picasso, its state's own count of
+  every buffer it holds (JoinState.nbytes: the feature rows, the arrays, the keys' text
+  and the key index's C++ table, which tracemalloc does not see), checked against the
+  resident memory a fresh process grows by while its join fills (`rss_bytes_per_pending`,
+  `nbytes_over_rss`), with tracemalloc's count beside them; for the dict joins, which hold
+  Python objects, what tracemalloc counts plus the Arrow tables their records point at;
+  against the raw event's size as JSON on the topic.
 - Exactness: a whole stream joined to its end, every sample's label (and every correction)
   against an offline join of the stream's truth with the same policy. `label_errors` counts
   the impressions whose samples differ.
@@ -35,9 +39,12 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing as mp
 import os
+import statistics
 import time
 import tracemalloc
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 import numpy as np
@@ -67,7 +74,7 @@ LATE_SHARE = "late_share"  # the benchmark's own column: d̂ when the sample was
 JOINS = {"picasso": JoinState, "dict join": ArrowDictJoin, "reference join": DictJoin}
 # --smoke: a size that runs in seconds, to check the benchmark works (its figures mean nothing).
 SMOKE = {"pending": 3_000, "timed_events": 2_000, "call_events": 1_000, "quality_rows": 4_000,
-         "quality_call_events": 500, "held_out_rows": 1_000, "batch": 500}
+         "quality_call_events": 500, "held_out_rows": 1_000, "batch": 500, "repeat": 2}
 
 
 def decoded_features(spec, impressions: pa.Table) -> pa.Table:
@@ -119,41 +126,78 @@ def raw_event_bytes(stream, sample: int = 20_000) -> float:
 # -- throughput and memory ----------------------------------------------------------------
 
 
-def throughput(spec, args) -> dict:
+def _calls(spec, args) -> tuple[list, float]:
+    """The calls every join is fed (enough to fill args.pending, then args.repeat timed
+    windows of args.timed_events), and the raw impression event's size as JSON."""
     # About a fifth of the impressions are clicked within W and leave at once: for
     # `pending` to wait, W must hold a third more impressions than that.
     rate = 1.35 * args.pending / (WAIT_MS / 1000)
-    rows = int(rate * WAIT_MS / 1000 * 1.1) + args.timed_events
+    rows = int(rate * WAIT_MS / 1000 * 1.1) + args.timed_events * args.repeat
     stream = make_event_stream(PlantedModel(spec), rows, stream=1,
                                config=EventStreamConfig(start_ms=START_MS, impressions_per_s=rate))
-    calls = calls_of(spec, stream, args.call_events)
-    raw = raw_event_bytes(stream)
-    del stream
+    return calls_of(spec, stream, args.call_events), raw_event_bytes(stream)
+
+
+def _fill(join, calls, pending: int) -> int:
+    """Feed calls (their ids made anew, as a host decodes them) until `pending` wait; the
+    calls taken."""
+    filled = 0
+    while join.pending < pending:
+        join.advance(*with_new_ids(calls[filled]))
+        filled += 1
+    return filled
+
+
+def resident_growth(spec, args) -> dict:
+    """In a fresh process: picasso's join filled to args.pending, its resident memory's
+    growth over the fill (VmRSS after less before, the calls made before) beside its own
+    count of every buffer (JoinState.nbytes)."""
+    calls, _ = _calls(spec, args)
+    gc.collect()
+    before = _resident_bytes()
+    join = JoinState(JoinPolicy(wait_ms=WAIT_MS), calls[0][0].rows.schema)
+    _fill(join, calls, args.pending)
+    gc.collect()
+    return {"rss_growth": _resident_bytes() - before, "nbytes": join.nbytes(), "pending": join.pending}
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+def throughput(spec, args) -> dict:
+    """Every join filled to args.pending, then args.repeat timed windows of
+    args.timed_events events each, the joins in turns; the median window and the spread."""
+    calls, raw = _calls(spec, args)
     policy = JoinPolicy(wait_ms=WAIT_MS)
     schema = calls[0][0].rows.schema
-    results = {}
+    joins, cursors, results = {}, {}, {}
     for name, join_class in JOINS.items():
         gc.collect()
         tracemalloc.start()
         join = join_class(policy, schema)
-        filled = 0
-        while join.pending < args.pending:
-            join.advance(*with_new_ids(calls[filled]))
-            filled += 1
-        state_bytes = tracemalloc.get_traced_memory()[0] + getattr(join, "arrow_bytes", 0)
+        cursors[name] = _fill(join, calls, args.pending)
+        traced = tracemalloc.get_traced_memory()[0] + getattr(join, "arrow_bytes", 0)
         tracemalloc.stop()
-        pending = join.pending
-        timed, events = calls[filled:], 0
-        started = time.perf_counter()
-        for call in timed:
-            join.advance(*call)
-            events += sum(len(part) for part in call[:2] if part is not None)
-            if events >= args.timed_events:
-                break
-        seconds = time.perf_counter() - started
-        results[name] = {"events_per_s": events / seconds, "events": events, "pending": pending,
-                         "bytes_per_pending": state_bytes / pending}
-        del join
+        # picasso's state counts its own buffers, the key index's C++ table among them,
+        # which tracemalloc does not see; the dict joins are Python objects and the Arrow
+        # tables they point at, which tracemalloc and arrow_bytes do see.
+        state_bytes = join.nbytes() if hasattr(join, "nbytes") else traced
+        joins[name] = join
+        results[name] = {"pending": join.pending, "bytes_per_pending": state_bytes / join.pending,
+                         "traced_bytes_per_pending": traced / join.pending, "windows": []}
+    for _ in range(args.repeat):
+        for name, join in joins.items():
+            events, started = 0, time.perf_counter()
+            while events < args.timed_events and cursors[name] < len(calls):
+                call = calls[cursors[name]]
+                cursors[name] += 1
+                join.advance(*call)
+                events += sum(len(part) for part in call[:2] if part is not None)
+            results[name]["windows"].append(events / (time.perf_counter() - started))
+    for name, result in results.items():
+        result["events_per_s"] = statistics.median(result["windows"])
     results["raw_event_bytes"] = raw
     return results
 
@@ -273,7 +317,8 @@ def main() -> None:
                        help="events per join call in the quality runs (a poll's worth)"),
         p.add_argument("--held-out-rows", type=int, default=50_000),
         p.add_argument("--batch", type=int, default=1_000),
-        p.add_argument("--smoke", action="store_true", help="a size that runs in seconds (overrides the sizes)")))
+        p.add_argument("--smoke", action="store_true", help="a size that runs in seconds (overrides the sizes)"),
+        p.set_defaults(repeat=3)))
     if args.smoke:
         vars(args).update(SMOKE)
     spec = criteo_spec()
@@ -281,6 +326,9 @@ def main() -> None:
     os.sched_setaffinity(0, {min(cpus)})  # the join on one core
     speed = throughput(spec, args)
     os.sched_setaffinity(0, cpus)
+    # spawn, not fork: the child's resident memory is its own, not the parent's pages.
+    with ProcessPoolExecutor(1, mp_context=mp.get_context("spawn")) as pool:
+        resident = pool.submit(resident_growth, spec, args).result()
     quality_results = quality(spec, args)
     core, plain, reference = speed["picasso"], speed["dict join"], speed["reference join"]
     raw = speed["raw_event_bytes"]
@@ -290,6 +338,12 @@ def main() -> None:
         "pending": core["pending"], "bytes_per_pending": core["bytes_per_pending"],
         "dict_join_bytes_per_pending": plain["bytes_per_pending"],
         "reference_join_bytes_per_pending": reference["bytes_per_pending"], "raw_event_bytes": raw,
+        "traced_bytes_per_pending": core["traced_bytes_per_pending"],
+        "rss_bytes_per_pending": resident["rss_growth"] / resident["pending"],
+        # a smoke run's join is smaller than the allocator's slack: its growth may be <= 0
+        "nbytes_over_rss": resident["nbytes"] / resident["rss_growth"] if resident["rss_growth"] > 0 else float("nan"),
+        **{f"{key}events_per_s_spread": max(r["windows"]) - min(r["windows"])
+           for key, r in (("", core), ("dict_join_", plain), ("reference_join_", reference))},
         "memory_over_raw": core["bytes_per_pending"] / raw,
         "label_errors": quality_results["label_errors@drop"] + quality_results["label_errors@correct"],
         **quality_results,
@@ -303,8 +357,12 @@ def main() -> None:
     rows = [
         [f"events/s, {core['pending']:,} pending (one core)", core["events_per_s"], plain["events_per_s"],
          reference["events_per_s"]],
-        ["bytes per pending impression", core["bytes_per_pending"], plain["bytes_per_pending"],
-         reference["bytes_per_pending"]],
+        [f"events/s spread over {args.repeat} windows in turns", metrics["events_per_s_spread"],
+         metrics["dict_join_events_per_s_spread"], metrics["reference_join_events_per_s_spread"]],
+        ["bytes per pending impression (picasso: nbytes; dicts: tracemalloc + Arrow)", core["bytes_per_pending"],
+         plain["bytes_per_pending"], reference["bytes_per_pending"]],
+        ["  picasso: tracemalloc's count / resident growth in a fresh process",
+         f"{core['traced_bytes_per_pending']:.0f} / {metrics['rss_bytes_per_pending']:.0f}", "-", "-"],
         ["raw impression event (JSON bytes)", raw, raw, raw],
         ["label errors (drop + correct)", metrics["label_errors"], "-", "-"],
         ["AUC: true labels / drop / correct",
