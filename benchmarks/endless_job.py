@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.harness import report
+from benchmarks.harness import report, rss_bytes
 from benchmarks.kafka_bench import kafka_broker
 from picasso.builtin_specs import criteo_spec
 from picasso.checkpoint import latest_checkpoint, load_checkpoint, read_applied
@@ -185,14 +185,6 @@ def exactly_once(root: Path, bootstrap: str, values: list[bytes], args) -> dict:
             "doubled": max(0, samples - covered), "samples_trained": samples}
 
 
-def _rss_bytes(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def memory(root: Path, bootstrap: str, values: list[bytes], args) -> dict:
     """The endless job at args.rate for args.endless_minutes; its RSS from minute 2 on."""
     connection, topic = KafkaConnection(bootstrap), f"memory-{int(time.time())}"
@@ -206,7 +198,7 @@ def memory(root: Path, bootstrap: str, values: list[bytes], args) -> dict:
     producer.start()
     started, samples = time.monotonic(), []
     while producer.is_alive():
-        samples.append((time.monotonic() - started, _rss_bytes(process.pid)))
+        samples.append((time.monotonic() - started, rss_bytes(process.pid)))
         time.sleep(5)
     stop_job(process)
     after_two = [rss for t, rss in samples if t >= 120] or [samples[-1][1]]

@@ -77,6 +77,13 @@ def median_seconds(fn: Callable[[], object], repeat: int, warmup: int = 1) -> fl
     return statistics.median(times)
 
 
+def rss_bytes(pid: int | None = None) -> int:
+    """A process's resident memory (VmRSS), this one's by default (0 for a process that has
+    no memory of its own left: a zombie's status has no VmRSS line)."""
+    with open(f"/proc/{pid or 'self'}/status") as status:
+        return next((int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:")), 0)
+
+
 def cpu_description() -> str:
     """The CPU's model name, the cores this process may use, and the bf16 units some
     figures depend on (read at run time: it changes from one machine to the next)."""

@@ -50,7 +50,7 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.harness import parse_args, report
+from benchmarks.harness import parse_args, report, rss_bytes
 from picasso.batch import pack
 from picasso.builtin_specs import criteo_spec
 from picasso.connectors.decoding.contracts import DecodeOptions
@@ -154,16 +154,11 @@ def resident_growth(spec, args) -> dict:
     count of every buffer (JoinState.nbytes)."""
     calls, _ = _calls(spec, args)
     gc.collect()
-    before = _resident_bytes()
+    before = rss_bytes()
     join = JoinState(JoinPolicy(wait_ms=WAIT_MS), calls[0][0].rows.schema)
     _fill(join, calls, args.pending)
     gc.collect()
-    return {"rss_growth": _resident_bytes() - before, "nbytes": join.nbytes(), "pending": join.pending}
-
-
-def _resident_bytes() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    return {"rss_growth": rss_bytes() - before, "nbytes": join.nbytes(), "pending": join.pending}
 
 
 def throughput(spec, args) -> dict:

@@ -76,6 +76,15 @@ def zeros(shape: tuple[int, ...], name: str) -> torch.Tensor:
     return _file_tensor(folder, name, shape)  # a new sparse file reads as zeros
 
 
+def file_copy(tensor: torch.Tensor, folder: str | Path, name: str) -> torch.Tensor:
+    """A file-backed copy in `folder` of a float32 host tensor made in memory (a table of
+    an embedding built outside files_under, which the cache's big tier then holds)."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    copy = _file_tensor(Path(folder), name, tuple(tensor.shape))
+    copy.copy_(tensor)
+    return copy
+
+
 def path_of(tensor: torch.Tensor) -> Path | None:
     """The file a tensor made under files_under lives in; None for a tensor in memory."""
     return getattr(tensor, "_picasso_big_tier_file", None)

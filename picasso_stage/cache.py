@@ -29,7 +29,6 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from picasso import big_tier, kernels
@@ -105,8 +104,7 @@ class TieredTable:
         if big_tier_dir is not None:
             for name in names:
                 if big_tier.path_of(embedding._buffers[name]) is None:  # made in memory: copied into a file
-                    embedding._buffers[name] = _memory_mapped(embedding._buffers[name],
-                                                              big_tier_dir / f"{id(embedding)}-{name}")
+                    embedding._buffers[name] = big_tier.file_copy(embedding._buffers[name], big_tier_dir, name)
         self.big = [embedding._buffers[name] for name in names]
         self.capacity = capacity
         self.device = device
@@ -149,13 +147,6 @@ class TieredTable:
 
 _ALL = torch.zeros(0, dtype=torch.int64)  # copy_rows: every row in order
 _NONE = torch.zeros(0, dtype=torch.int64)  # no rows in flight
-
-
-def _memory_mapped(tensor: torch.Tensor, path: Path) -> torch.Tensor:
-    array = np.memmap(path, dtype=np.float32, mode="w+", shape=tuple(tensor.shape))
-    mapped = torch.from_numpy(array)
-    mapped.copy_(tensor)
-    return mapped
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from picasso import big_tier
-from picasso.cache import CacheConfig
+from picasso.cache import CacheConfig, HotCache
 from picasso.trainer import Trainer
 
 from test_trainer import CONFIG, SPEC
@@ -97,3 +97,17 @@ def test_a_trainer_with_a_big_tier_dir_makes_its_tables_and_slots_as_the_folders
     for cached, plain in zip(trainer.model.embeddings(), seeded_in_memory.model.embeddings()):
         for group in plain.tables:
             assert torch.equal(cached.tables[group], plain.tables[group]), group
+
+
+def test_a_cache_over_tables_made_in_memory_copies_them_into_the_folder(tmp_path):
+    """An embedding built outside a Trainer's files_under: the cache's big tier holds file
+    copies of its tables and slots, the same values."""
+    trainer = Trainer(SPEC, CONFIG)
+    embeddings = trainer.model.embeddings()
+    before = [{group: e.tables[group].clone() for group in e.tables} for e in embeddings]
+    HotCache(embeddings, CacheConfig(capacity="10%", big_tier_dir=str(tmp_path / "big")), torch.device("cpu"))
+    for embedding, tables in zip(embeddings, before):
+        for group, values in tables.items():
+            for tensor in (embedding.tables[group], *embedding.slots(group)):
+                assert big_tier.path_of(tensor).parent == tmp_path / "big"
+            assert torch.equal(embedding.tables[group], values), group
